@@ -1,0 +1,34 @@
+# rollstack: `make demo` runs the main job, `make test` runs the tests. Each sets itself up.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-unit test-integration bench-quick clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup-system.sh
+	bash scripts/setup-system.sh
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip==24.3.1
+	$(BIN)/pip install -q -e '.[dev,minisweagent]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/rollstack demo
+
+test: setup
+	$(BIN)/python -m pytest -q -ra tests
+
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+test-integration: setup
+	$(BIN)/python -m pytest -q -ra tests/integration
+
+bench-quick: setup
+	$(BIN)/rollstack bench init --quick
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,177 @@
+"""rollstack's one error tree.
+
+Every error a user, a plan, a registry or an environment can cause is a `RollstackError` with a
+stable `code` (the string the CLI prints, the HTTP API returns and the SDK maps back to a class)
+and an HTTP `status`. Lower-level errors are translated once, at the boundary that sees them:
+OSError -> errno in FUSE ops, httpx -> `RegistryError` in the registry client, `RollstackError` ->
+HTTP status + JSON in the node agent, -> one `error: <code>: <message>` line in the CLI.
+
+    RollstackError
+    ├── InvalidRequest            invalid_request       400
+    │   ├── PlanInvalid           plan_invalid          422
+    │   ├── UnsafePath            unsafe_path           400
+    │   └── SourceInvalid         source_invalid        400   (bad tarball / directory to convert)
+    ├── NotFound                  not_found             404
+    │   ├── GroupNotFound         group_not_found       404
+    │   ├── BlobNotFound          blob_not_found        404
+    │   ├── ManifestNotFound      manifest_not_found    404
+    │   └── EnvironmentNotFound   environment_not_found 404
+    ├── FormatError               format_error          422   (a blob that is not a valid layer)
+    │   └── IntegrityError        integrity_error       502   (bytes do not match their digest)
+    ├── RegistryError             registry_error        502
+    │   ├── RegistryUnavailable   registry_unavailable  503
+    │   └── RegistryAuthError     registry_auth         502
+    ├── Unauthorized              unauthorized          401
+    ├── InsufficientCapacity      insufficient_capacity 503
+    ├── MutationFailed            mutation_failed       422
+    ├── ExecTimeout               exec_timeout          504
+    ├── OomTerminated             oom_terminated        409
+    ├── EnvironmentGone           environment_gone      409
+    ├── RuntimeFailure            runtime_error         500
+    ├── NodeUnavailable           node_unavailable      503
+    └── InternalError             internal_error        500
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RollstackError(Exception):
+    """Base of every rollstack error. `code` is stable; `message` is for people."""
+
+    code = "rollstack_error"
+    status = 500
+
+    def __init__(self, message: str = "", **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+    def __str__(self) -> str:
+        return self.message or self.code
+
+
+class InvalidRequest(RollstackError, ValueError):
+    code, status = "invalid_request", 400
+
+
+class PlanInvalid(InvalidRequest):
+    code, status = "plan_invalid", 422
+
+
+class UnsafePath(InvalidRequest):
+    code, status = "unsafe_path", 400
+
+
+class SourceInvalid(InvalidRequest):
+    code, status = "source_invalid", 400
+
+
+class NotFound(RollstackError, LookupError):
+    code, status = "not_found", 404
+
+
+class GroupNotFound(NotFound):
+    code = "group_not_found"
+
+
+class BlobNotFound(NotFound):
+    code = "blob_not_found"
+
+
+class ManifestNotFound(NotFound):
+    code = "manifest_not_found"
+
+
+class EnvironmentNotFound(NotFound):
+    code = "environment_not_found"
+
+
+class FormatError(RollstackError, ValueError):
+    code, status = "format_error", 422
+
+
+class IntegrityError(FormatError):
+    code, status = "integrity_error", 502
+
+
+class RegistryError(RollstackError):
+    code, status = "registry_error", 502
+
+
+class RegistryUnavailable(RegistryError, ConnectionError):
+    code, status = "registry_unavailable", 503
+
+
+class RegistryAuthError(RegistryError, PermissionError):
+    code, status = "registry_auth", 502
+
+
+class Unauthorized(RollstackError, PermissionError):
+    code, status = "unauthorized", 401
+
+
+class InsufficientCapacity(RollstackError):
+    code, status = "insufficient_capacity", 503
+
+
+class MutationFailed(RollstackError):
+    code, status = "mutation_failed", 422
+
+
+class ExecTimeout(RollstackError, TimeoutError):
+    code, status = "exec_timeout", 504
+
+
+class OomTerminated(RollstackError):
+    code, status = "oom_terminated", 409
+
+
+class EnvironmentGone(RollstackError):
+    code, status = "environment_gone", 409
+
+
+class RuntimeFailure(RollstackError, OSError):
+    code, status = "runtime_error", 500
+
+
+class NodeUnavailable(RollstackError, ConnectionError):
+    code, status = "node_unavailable", 503
+
+
+class InternalError(RollstackError):
+    code, status = "internal_error", 500
+
+
+def _all_classes() -> list[type[RollstackError]]:
+    seen: list[type[RollstackError]] = []
+    stack: list[type[RollstackError]] = [RollstackError]
+    while stack:
+        cls = stack.pop()
+        seen.append(cls)
+        stack.extend(cls.__subclasses__())
+    return seen
+
+
+def error_class(code: str) -> type[RollstackError]:
+    """The class for a wire `code` (unknown codes map to `RollstackError`)."""
+    for cls in _all_classes():
+        if cls.code == code:
+            return cls
+    return RollstackError
+
+
+def from_dict(body: dict[str, Any]) -> RollstackError:
+    """Rebuild a typed error from the `{"code", "message"}` the API returns."""
+    cls = error_class(str(body.get("code", "")))
+    err = cls(str(body.get("message", "")), **(body.get("details") or {}))
+    if cls is RollstackError:
+        err.code = str(body.get("code", "rollstack_error"))
+    return err
