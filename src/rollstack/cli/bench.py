@@ -1,7 +1,25 @@
-"""`rollstack bench ...` commands."""
+"""`rollstack bench ...`: every benchmark, one command group.
+
+Each benchmark lives in `rollstack.bench.<name>` and exposes `register(app)`, which adds its
+command(s) to this group. Benchmarks import heavy dependencies lazily.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 import typer
 
-app = typer.Typer(no_args_is_help=True, help="bench commands")
+app = typer.Typer(no_args_is_help=True, help="Benchmarks (each prints a report; --json for one JSON document).")
+
+BENCHMARKS = ("convert", "mutation", "fetch", "env", "elastic", "corpus", "init", "iteration", "packaging")
+
+for _name in BENCHMARKS:
+    _modname = f"rollstack.bench.{_name}"
+    try:
+        _mod = importlib.import_module(_modname)
+    except ModuleNotFoundError as exc:  # a benchmark not written yet; real import errors propagate
+        if exc.name != _modname:
+            raise
+        continue
+    _mod.register(app)
