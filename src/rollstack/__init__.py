@@ -1,0 +1,36 @@
+"""rollstack: an environment manager for agentic RL (lazy seekable OCI layers, overlayfs, runc,
+elastic quotas, a node agent with an HTTP API, this SDK and a CLI).
+
+    from rollstack import Client, AsyncClient, Node
+
+Importing `rollstack` has no side effects; the names below are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Client": "rollstack.client.sync",
+    "AsyncClient": "rollstack.client.aio",
+    "Environment": "rollstack.client.environment",
+    "AsyncEnvironment": "rollstack.client.aio",
+    "ExecResult": "rollstack.node.models",
+    "Evaluation": "rollstack.node.models",
+    "Node": "rollstack.node.local",
+}
+
+__all__ = sorted([*_EXPORTS, "errors"])
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "errors":
+        return importlib.import_module("rollstack.errors")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollstack' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,267 @@
+"""The node agent's HTTP API (FastAPI): routes of interface.md over an `EnvironmentService`.
+
+- Bearer-token auth on every route but `/healthz` (401 with the error body otherwise).
+- Every error is `{"error": {"code", "message"}}` with the error class's HTTP status; request
+  validation errors are `invalid_request` (400) in that same body, never FastAPI's default.
+- Service calls block (runc, mounts, disk); they run in worker threads under the app's own
+  capacity limiter, sized for many concurrent environments (anyio's default of 40 is too few for
+  64 environments each with an exec in flight).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+
+import anyio
+import anyio.to_thread
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unauthorized
+from rollstack.node.models import (
+    CreateRequest,
+    CreateResponse,
+    EnvironmentInfo,
+    EnvironmentList,
+    ErrorBody,
+    Evaluation,
+    ExecChunk,
+    ExecRequest,
+    ExecResult,
+    Health,
+    Stats,
+)
+from rollstack.node.protocol import EnvironmentService
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_THREADS = 256
+"""Worker threads for blocking service calls (a parked exec holds one for its whole run)."""
+
+_ERRORS: dict[int | str, dict[str, Any]] = {"default": {"model": ErrorBody, "description": "error"}}
+
+
+def create_app(
+    service: EnvironmentService,
+    token: str | None,
+    threads: int = DEFAULT_THREADS,
+) -> FastAPI:
+    """The API over `service`. `token=None` disables auth (in-process tests only)."""
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state["limiter"] = anyio.CapacityLimiter(threads)
+        yield
+
+    def limiter() -> anyio.CapacityLimiter:
+        if "limiter" not in state:  # lifespan not run (e.g. a bare ASGI transport in tests)
+            state["limiter"] = anyio.CapacityLimiter(threads)
+        return state["limiter"]
+
+    app = FastAPI(
+        title="rollstack node agent",
+        version="1",
+        lifespan=lifespan,
+        responses=_ERRORS,
+    )
+    metrics = _Metrics(service)
+
+    async def call(op: str, fn: Callable[..., T], *args: Any) -> T:
+        start = time.perf_counter()
+        try:
+            return await anyio.to_thread.run_sync(partial(fn, *args), limiter=limiter())
+        finally:
+            metrics.observe(op, time.perf_counter() - start)
+
+    def authorize(request: Request) -> None:
+        if token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            raise Unauthorized("missing or wrong bearer token")
+
+    _install_error_handlers(app)
+    auth = [Depends(authorize)]
+
+    @app.get("/healthz", response_model=Health)
+    async def healthz() -> Health:
+        return await call("health", service.health)
+
+    @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
+    async def prometheus() -> Response:
+        body, content_type = await call("metrics", metrics.render)
+        return Response(body, media_type=content_type)
+
+    @app.post("/v1/environments", dependencies=auth, response_model=CreateResponse, status_code=201)
+    async def create(req: CreateRequest) -> CreateResponse:
+        return await call("create", service.create, req.plan)
+
+    @app.get("/v1/environments", dependencies=auth, response_model=EnvironmentList)
+    async def list_environments() -> EnvironmentList:
+        return EnvironmentList(environments=await call("list", service.list))
+
+    @app.get("/v1/environments/{env_id}", dependencies=auth, response_model=EnvironmentInfo)
+    async def info(env_id: str) -> EnvironmentInfo:
+        return await call("info", service.info, env_id)
+
+    @app.delete("/v1/environments/{env_id}", dependencies=auth, status_code=204)
+    async def destroy(env_id: str) -> Response:
+        await call("destroy", service.destroy, env_id)
+        return Response(status_code=204)
+
+    @app.post("/v1/environments/{env_id}/exec", dependencies=auth, response_model=ExecResult)
+    async def exec_(env_id: str, req: ExecRequest) -> ExecResult:
+        return await call("exec", service.exec, env_id, req)
+
+    @app.post(
+        "/v1/environments/{env_id}/exec/stream",
+        dependencies=auth,
+        response_class=StreamingResponse,
+        responses={200: {"content": {"application/x-ndjson": {}}, "description": "ExecChunk lines"}},
+    )
+    async def exec_stream(env_id: str, req: ExecRequest) -> StreamingResponse:
+        # Open the stream before answering so that an unknown id is a plain 404, not a 200
+        # whose first line is an error.
+        chunks = await call("exec_stream", service.exec_stream, env_id, req)
+        first = await call("exec_stream", _next_or_none, chunks)
+        return StreamingResponse(
+            _ndjson(first, chunks, limiter()), media_type="application/x-ndjson"
+        )
+
+    @app.get("/v1/environments/{env_id}/files", dependencies=auth, response_class=Response)
+    async def read_file(env_id: str, path: str = Query(..., min_length=1)) -> Response:
+        data = await call("read_file", service.read_file, env_id, path)
+        return Response(data, media_type="application/octet-stream")
+
+    @app.put("/v1/environments/{env_id}/files", dependencies=auth, status_code=204)
+    async def write_file(env_id: str, request: Request, path: str = Query(..., min_length=1)) -> Response:
+        data = await request.body()
+        await call("write_file", service.write_file, env_id, path, data)
+        return Response(status_code=204)
+
+    @app.get("/v1/environments/{env_id}/diff", dependencies=auth, response_class=PlainTextResponse)
+    async def diff(env_id: str) -> PlainTextResponse:
+        return PlainTextResponse(await call("diff", service.diff, env_id))
+
+    @app.post("/v1/environments/{env_id}/evaluate", dependencies=auth, response_model=Evaluation)
+    async def evaluate(env_id: str) -> Evaluation:
+        return await call("evaluate", service.evaluate, env_id)
+
+    @app.get("/v1/environments/{env_id}/stats", dependencies=auth, response_model=Stats)
+    async def stats(env_id: str) -> Stats:
+        return await call("stats", service.stats, env_id)
+
+    return app
+
+
+_DONE = object()
+
+
+def _next_or_none(it: Iterator[ExecChunk]) -> Any:
+    return next(it, _DONE)
+
+
+async def _ndjson(first: Any, chunks: Iterator[ExecChunk], limiter: anyio.CapacityLimiter) -> AsyncIterator[bytes]:
+    item = first
+    try:
+        while item is not _DONE:
+            yield (item.model_dump_json(exclude_none=True) + "\n").encode()
+            item = await anyio.to_thread.run_sync(_next_or_none, chunks, limiter=limiter)
+    except RollstackError as exc:  # headers are gone: the error becomes the last line
+        yield (ExecChunk(type="error", error=exc.to_dict()).model_dump_json(exclude_none=True) + "\n").encode()
+    except Exception as exc:  # noqa: BLE001 - never cut a stream without saying why
+        log.exception("exec stream failed")
+        err = InternalError(f"{type(exc).__name__}: {exc}")
+        yield (ExecChunk(type="error", error=err.to_dict()).model_dump_json(exclude_none=True) + "\n").encode()
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            await anyio.to_thread.run_sync(close, limiter=limiter)
+
+
+def error_response(err: RollstackError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthorized) else None
+    return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RollstackError)
+    async def _rollstack(_req: Request, exc: RollstackError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(InvalidRequest(_describe_validation(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        body = {"error": {"code": code, "message": str(exc.detail)}}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in the node API")
+        return error_response(InternalError(f"{type(exc).__name__}: {exc}"))
+
+
+def _describe_validation(errors: Any) -> str:
+    parts = []
+    for err in list(errors)[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+class _Metrics:
+    """Prometheus metrics of one app: request latency by operation, and the service's gauges."""
+
+    def __init__(self, service: EnvironmentService) -> None:
+        from prometheus_client import CollectorRegistry, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.latency = Histogram(
+            "rollstack_api_seconds",
+            "Node API call latency by operation",
+            ["op"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+        )
+        self.registry.register(_ServiceCollector(service))
+
+    def observe(self, op: str, seconds: float) -> None:
+        self.latency.labels(op).observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _ServiceCollector:
+    def __init__(self, service: EnvironmentService) -> None:
+        self.service = service
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            values = self.service.metrics()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because a gauge did
+            log.exception("service metrics failed")
+            return
+        for name, value in sorted(values.items()):
+            yield GaugeMetricFamily(f"rollstack_{name}", name.replace("_", " "), value=float(value))

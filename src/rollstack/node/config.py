@@ -1,0 +1,84 @@
+"""`NodeConfig`: everything a node agent is configured with, as one explicit value object."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_ROOT = Path("/var/lib/rollstack")
+DEFAULT_LISTEN = "127.0.0.1:7878"
+
+
+class NodeConfig(BaseModel):
+    """A node agent's configuration (all paths on the node's local disk)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: Path = DEFAULT_ROOT
+    """State directory: environments (upper/work dirs, bundles), the lazy store's mountpoint and
+    caches, runc state, pid and token files. Everything the agent leaves is under it."""
+    store: str | None = None
+    """Artifact store spec (`oci:PATH`, a path, `http(s)://host:port`); None: $ROLLSTACK_STORE or the default."""
+    listen: str = DEFAULT_LISTEN
+    """host:port the HTTP API binds to."""
+    token_file: Path | None = None
+    """Bearer token file (default `<root>/token`)."""
+    max_environments: int = Field(default=128, ge=1)
+    """Admission: more live environments than this are refused with insufficient_capacity."""
+    capacity_cpu: float | None = None
+    """Cores the provisioner may hand out (default: the machine's)."""
+    capacity_memory: int | None = None
+    """Bytes the provisioner may hand out (default: the machine's RAM minus `reserve_memory`)."""
+    reserve_memory: int = 1 << 30
+    """Bytes kept back for the host and the agent itself."""
+    default_timeout: float = Field(default=3600.0, gt=0)
+    """Seconds an environment lives when its plan sets no timeout."""
+    reap_interval: float = Field(default=5.0, gt=0)
+    """Seconds between sweeps for expired environments."""
+    resolve_ttl: float = 300.0
+    """Seconds a resolved tag stays cached."""
+    cache_budget: int = 20 << 30
+    """Bytes of the lazy store's disk chunk cache."""
+    peers: list[str] = Field(default_factory=list)
+    """Peer nodes' chunk endpoints (the lazy store asks them before the registry)."""
+    exec_output_limit: int = 16 << 20
+    """Bytes of stdout (and of stderr) an exec keeps; past it the output is truncated and flagged."""
+    provision: bool = True
+    """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
+
+    @property
+    def token_path(self) -> Path:
+        return self.token_file or self.root / "token"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.root / "agent.pid"
+
+    @property
+    def envs_dir(self) -> Path:
+        return self.root / "envs"
+
+    @property
+    def lazy_dir(self) -> Path:
+        return self.root / "lazy"
+
+    @property
+    def resolve_cache(self) -> Path:
+        return self.root / "resolve-cache"
+
+    @property
+    def runc_root(self) -> Path:
+        return self.root / "runc"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "agent.log"
+
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    def url(self) -> str:
+        host, port = self.host_port()
+        return f"http://{host}:{port}"

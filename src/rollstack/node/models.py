@@ -1,0 +1,176 @@
+"""The node agent's wire contract: every request and response body, in one file.
+
+The HTTP API (`rollstack.node.api`), the in-process `Node` and the SDK (`rollstack.client`) all
+speak these pydantic models, so a field means the same thing on both sides of the wire. Shapes
+follow interface.md (`env create --json`, exec, evaluate, stats, the error body).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_EXEC_TIMEOUT = 600.0
+"""Seconds an exec may run when the request names no timeout."""
+
+
+class _Wire(BaseModel):
+    # Unknown fields from a newer peer are kept, not rejected: the contract may only grow.
+    model_config = ConfigDict(extra="allow")
+
+
+class CreateRequest(BaseModel):
+    """`POST /v1/environments`: the plan (the YAML plan as JSON; a mutation may be inline)."""
+
+    model_config = ConfigDict(extra="forbid")
+    plan: dict[str, Any]
+
+
+class Timings(_Wire):
+    """Seconds spent in each create phase."""
+
+    resolve: float = 0.0
+    toc: float = 0.0
+    mount: float = 0.0
+    mutation: float = 0.0
+    start: float = 0.0
+    total: float = 0.0
+
+
+class FetchStats(_Wire):
+    """Bytes of the layer stack, and where the bytes read before the environment was ready came from."""
+
+    stack_bytes: int = 0
+    fetched_bytes: int = 0
+    """Bytes pulled from the registry for this environment before it was ready."""
+    from_cache_bytes: int = 0
+    from_peer_bytes: int = 0
+
+
+class CreateResponse(_Wire):
+    """The `env create --json` document."""
+
+    id: str
+    timings: Timings = Field(default_factory=Timings)
+    fetch: FetchStats = Field(default_factory=FetchStats)
+    stack_digest: str | None = None
+    layers: int = 0
+
+
+class ExecRequest(BaseModel):
+    """`POST .../exec`: exactly one of `argv` (run as is) or `command` (run by /bin/sh -c)."""
+
+    model_config = ConfigDict(extra="forbid")
+    argv: list[str] | None = None
+    command: str | None = None
+    cwd: str | None = None
+    """Working directory inside the environment (default: the plan's workdir)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables, on top of the plan's."""
+    timeout: float | None = Field(default=None, gt=0)
+    """Seconds; on expiry the whole process tree is killed and `timed_out` is reported."""
+    stdin: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ExecRequest":
+        if (self.argv is None) == (self.command is None):
+            raise ValueError("give exactly one of 'argv' or 'command'")
+        if self.argv is not None and not self.argv:
+            raise ValueError("'argv' must not be empty")
+        return self
+
+    def resolved_argv(self) -> list[str]:
+        """The argv to execute: `argv` as is, or `command` through the shell."""
+        if self.argv is not None:
+            return list(self.argv)
+        return ["/bin/sh", "-c", self.command or ""]
+
+
+class ExecResult(_Wire):
+    """The outcome of one command."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    timed_out: bool = False
+    truncated: bool = False
+    """True when output went past the cap and was cut."""
+
+
+class ExecChunk(_Wire):
+    """One line of the `exec/stream` NDJSON answer: output, then one final `result` (or `error`)."""
+
+    type: Literal["stdout", "stderr", "result", "error"]
+    data: str | None = None
+    result: ExecResult | None = None
+    error: dict[str, Any] | None = None
+
+
+class Quotas(_Wire):
+    """An environment's current limits (cores, bytes)."""
+
+    cpu_limit: float | None = None
+    memory_limit: int | None = None
+
+
+class EnvironmentInfo(_Wire):
+    """`GET /v1/environments[/{id}]`."""
+
+    id: str
+    state: str
+    """creating | running | destroying | destroyed | oom_terminated | failed"""
+    plan_name: str | None = None
+    age: float = 0.0
+    timeout: float | None = None
+    quotas: Quotas = Field(default_factory=Quotas)
+
+
+class EnvironmentList(_Wire):
+    environments: list[EnvironmentInfo] = Field(default_factory=list)
+
+
+class Evaluation(_Wire):
+    """`POST .../evaluate`: reward of the rollout, scored in a fresh clean environment."""
+
+    reward: float
+    exit_code: int
+    output: str = ""
+    timings: dict[str, float] = Field(default_factory=dict)
+    timed_out: bool = False
+
+
+class Sample(_Wire):
+    """One provisioner sample (t in seconds since the environment started)."""
+
+    t: float
+    cpu_limit: float | None = None
+    memory_limit: int | None = None
+    cpu_usage: float | None = None
+    memory_usage: int | None = None
+
+
+class Stats(_Wire):
+    """`GET .../stats`: usage and quota history, and provisioning events."""
+
+    history: list[Sample] = Field(default_factory=list)
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    state: str | None = None
+
+
+class ErrorDetail(_Wire):
+    code: str
+    message: str = ""
+
+
+class ErrorBody(_Wire):
+    """Every error answer: `{"error": {"code", "message"}}`."""
+
+    error: ErrorDetail
+
+
+class Health(_Wire):
+    status: str = "ok"
+    environments: int = 0
+    version: str | None = None

@@ -1,0 +1,55 @@
+"""The interface every environment backend implements: `NodeService` (the real one), the fakes
+in tests. The HTTP API wraps one, the in-process `Node` wraps one, and the SDK's `Client`
+implements the same calls over HTTP, so an `Environment` handle works the same on all three.
+
+All methods are blocking; callers on an event loop run them in a worker thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol
+
+from rollstack.node.models import (
+    CreateResponse,
+    EnvironmentInfo,
+    Evaluation,
+    ExecChunk,
+    ExecRequest,
+    ExecResult,
+    Health,
+    Stats,
+)
+
+
+class EnvironmentService(Protocol):
+    def create(self, plan: dict[str, Any]) -> CreateResponse: ...
+
+    def list(self) -> list[EnvironmentInfo]: ...
+
+    def info(self, env_id: str) -> EnvironmentInfo: ...
+
+    def exec(self, env_id: str, request: ExecRequest) -> ExecResult: ...
+
+    def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
+        """Output chunks as they come, then exactly one `result` chunk."""
+        ...
+
+    def read_file(self, env_id: str, path: str) -> bytes: ...
+
+    def write_file(self, env_id: str, path: str, data: bytes) -> None: ...
+
+    def diff(self, env_id: str) -> str: ...
+
+    def evaluate(self, env_id: str) -> Evaluation: ...
+
+    def stats(self, env_id: str) -> Stats: ...
+
+    def destroy(self, env_id: str) -> None:
+        """Idempotent: destroying an unknown or already destroyed environment is not an error."""
+        ...
+
+    def health(self) -> Health: ...
+
+    def metrics(self) -> dict[str, float]:
+        """Gauges for /metrics: name -> value (names without the `rollstack_` prefix)."""
+        ...

@@ -1,0 +1,108 @@
+"""An in-memory `EnvironmentService` for API and SDK tests (no runc, no mounts)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, PlanInvalid, UnsafePath
+from rollstack.node.models import (
+    CreateResponse,
+    EnvironmentInfo,
+    Evaluation,
+    ExecChunk,
+    ExecRequest,
+    ExecResult,
+    Health,
+    Stats,
+    Timings,
+)
+
+
+class FakeService:
+    def __init__(self, max_environments: int = 4) -> None:
+        self.max = max_environments
+        self.envs: dict[str, dict[str, bytes]] = {}
+        self.destroyed: set[str] = set()
+        self.ids = itertools.count(1)
+        self.last_exec: ExecRequest | None = None
+
+    def _env(self, env_id: str) -> dict[str, bytes]:
+        if env_id not in self.envs:
+            raise EnvironmentNotFound(f"no environment {env_id}")
+        return self.envs[env_id]
+
+    def create(self, plan: dict[str, Any]) -> CreateResponse:
+        if "groups" not in plan:
+            raise PlanInvalid("plan has no groups")
+        if len(self.envs) >= self.max:
+            raise InsufficientCapacity("full")
+        env_id = f"env-{next(self.ids)}"
+        self.envs[env_id] = {}
+        return CreateResponse(id=env_id, timings=Timings(total=0.01))
+
+    def list(self) -> list[EnvironmentInfo]:
+        return [self.info(i) for i in self.envs]
+
+    def info(self, env_id: str) -> EnvironmentInfo:
+        self._env(env_id)
+        return EnvironmentInfo(id=env_id, state="running", plan_name="fake")
+
+    def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
+        self._env(env_id)
+        self.last_exec = request
+        argv = request.resolved_argv()
+        if argv[:1] == ["fail"]:
+            return ExecResult(exit_code=3, stderr="failed\n")
+        return ExecResult(exit_code=0, stdout=" ".join(argv) + "\n" + (request.stdin or ""))
+
+    def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
+        self._env(env_id)
+        return self._stream(request)
+
+    def _stream(self, request: ExecRequest) -> Iterator[ExecChunk]:
+        for word in request.resolved_argv():
+            yield ExecChunk(type="stdout", data=word + "\n")
+        yield ExecChunk(type="stderr", data="err\n")
+        if request.argv and request.argv[0] == "explode":
+            raise PlanInvalid("boom mid-stream")
+        yield ExecChunk(type="result", result=ExecResult(exit_code=7))
+
+    def read_file(self, env_id: str, path: str) -> bytes:
+        files = self._env(env_id)
+        if ".." in path:
+            raise UnsafePath(f"{path} escapes the root")
+        if path not in files:
+            from rollstack.errors import NotFound
+
+            raise NotFound(f"no file {path}")
+        return files[path]
+
+    def write_file(self, env_id: str, path: str, data: bytes) -> None:
+        if ".." in path:
+            raise UnsafePath(f"{path} escapes the root")
+        self._env(env_id)[path] = data
+
+    def diff(self, env_id: str) -> str:
+        return "".join(f"--- a{p}\n+++ b{p}\n" for p in sorted(self._env(env_id)))
+
+    def evaluate(self, env_id: str) -> Evaluation:
+        self._env(env_id)
+        return Evaluation(reward=1.0, exit_code=0, output="ok", timings={"total": 0.1})
+
+    def stats(self, env_id: str) -> Stats:
+        self._env(env_id)
+        return Stats(history=[{"t": 0.0, "cpu_limit": 0.5, "memory_limit": 1 << 28}], events=[{"type": "start"}])
+
+    def destroy(self, env_id: str) -> None:
+        if env_id in self.destroyed:
+            return
+        self._env(env_id)
+        del self.envs[env_id]
+        self.destroyed.add(env_id)
+
+    def health(self) -> Health:
+        return Health(environments=len(self.envs))
+
+    def metrics(self) -> dict[str, float]:
+        return {"environments": float(len(self.envs))}
