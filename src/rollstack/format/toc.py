@@ -6,8 +6,10 @@ Paths are relative, normalised, '/'-separated, without a leading '/' ("" is the 
 
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
 
 
 class EntryType(str, enum.Enum):
@@ -61,3 +63,121 @@ class TocEntry:
     @property
     def parent(self) -> str:
         return self.path.rsplit("/", 1)[0] if "/" in self.path else ""
+
+
+TOC_ZSTD_LEVEL = 9  # TOCs are written once, read by every node: spend a bit more CPU on them
+
+
+class Toc:
+    """All entries of one layer, sorted by path (code-point order, so a directory's subtree is
+    one contiguous run right after it). Decoded TOCs materialise `TocEntry` objects lazily:
+    opening a 50k-entry layer costs one decompress and one split, not 50k object constructions.
+    """
+
+    __slots__ = ("_paths", "_entries", "_load", "_index")
+
+    def __init__(self, entries: Iterable[TocEntry] = ()) -> None:
+        ents = sorted(entries, key=_path_key)
+        for prev, cur in zip(ents, ents[1:]):
+            if prev.path == cur.path:
+                raise ValueError(f"duplicate TOC entry {cur.path!r}")
+        self._paths: list[str] = [e.path for e in ents]
+        self._entries: list[TocEntry | None] = list(ents)
+        self._load: Callable[[int], TocEntry] | None = None
+        self._index: dict[str, int] | None = None
+
+    @classmethod
+    def _lazy(cls, paths: list[str], load: Callable[[int], TocEntry]) -> "Toc":
+        """A TOC whose entry `i` is built by `load(i)` on first use (used by the decoder)."""
+        toc = cls.__new__(cls)
+        toc._paths = paths
+        toc._entries = [None] * len(paths)
+        toc._load = load
+        toc._index = None
+        return toc
+
+    # -- access -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __iter__(self) -> Iterator[TocEntry]:
+        for i in range(len(self._paths)):
+            yield self._at(i)
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, str) and self._find(path) >= 0
+
+    @property
+    def paths(self) -> list[str]:
+        """Every path, in TOC order (do not mutate)."""
+        return self._paths
+
+    @property
+    def entries(self) -> list[TocEntry]:
+        """Every entry in path order (materialises all of them)."""
+        return [self._at(i) for i in range(len(self._paths))]
+
+    def lookup(self, path: str) -> TocEntry | None:
+        i = self._find(path)
+        return self._at(i) if i >= 0 else None
+
+    def children(self, path: str) -> list[TocEntry]:
+        """Direct children of directory `path` ("" is the root), in name order."""
+        lo, hi = self._subtree(path)
+        depth_prefix = path + "/" if path else ""
+        out = []
+        for i in range(lo, hi):
+            rest = self._paths[i][len(depth_prefix):]
+            if rest and "/" not in rest:
+                out.append(self._at(i))
+        return out
+
+    def resolve(self, entry: TocEntry) -> TocEntry:
+        """The entry whose payload/metadata a hardlink shares (the entry itself otherwise)."""
+        if entry.type is not EntryType.HARDLINK:
+            return entry
+        target = self.lookup(entry.link)
+        if target is None or target.type is EntryType.HARDLINK:
+            from rollstack.errors import FormatError
+
+            raise FormatError(f"hardlink {entry.path!r} points to missing entry {entry.link!r}")
+        return target
+
+    def encode(self, level: int = TOC_ZSTD_LEVEL) -> bytes:
+        """The TOC as stored in a blob: zstd-compressed binary (docs/format.md)."""
+        from rollstack.format import toc_codec
+
+        return toc_codec.compress(toc_codec.encode_raw(self.entries), level)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Toc":
+        """Inverse of `encode` (raises FormatError on anything malformed)."""
+        from rollstack.format import toc_codec
+
+        return toc_codec.decode_raw(toc_codec.decompress(data))
+
+    # -- internals ----------------------------------------------------------------------
+    def _at(self, i: int) -> TocEntry:
+        e = self._entries[i]
+        if e is None:
+            assert self._load is not None
+            e = self._entries[i] = self._load(i)
+        return e
+
+    def _find(self, path: str) -> int:
+        if self._index is None:
+            # one dict build beats bisect once a few hundred lookups happen (FUSE does many)
+            self._index = {p: i for i, p in enumerate(self._paths)}
+        return self._index.get(path, -1)
+
+    def _subtree(self, path: str) -> tuple[int, int]:
+        """Index range of the strict descendants of `path`."""
+        if not path:
+            return (1 if self._paths and self._paths[0] == "" else 0), len(self._paths)
+        lo = bisect.bisect_left(self._paths, path + "/")
+        hi = bisect.bisect_left(self._paths, path + "0")  # '0' == '/' + 1
+        return lo, hi
+
+
+def _path_key(e: TocEntry) -> str:
+    return e.path

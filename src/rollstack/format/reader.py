@@ -1,0 +1,120 @@
+"""Reading a layer blob through any `BlobSource`: footer -> TOC -> chunks, all verified.
+
+Opening costs one `size()` and one speculative tail read of `max(64 KiB, ...)` bytes; only a
+TOC larger than that tail costs a second read (of exactly the missing prefix). File reads map a
+byte range to the minimal run of chunks and verify each chunk before returning any byte.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from dataclasses import dataclass
+
+from rollstack.errors import FormatError, IntegrityError, NotFound
+from rollstack.format.chunk import decode_chunk
+from rollstack.format.footer import FOOTER_SIZE, Footer
+from rollstack.format.source import BlobSource
+from rollstack.format.toc import Chunk, EntryType, Toc, TocEntry
+from rollstack.format import toc_codec
+
+TAIL_READ = 64 << 10
+
+__all__ = ["LayerReader", "OpenedToc", "decode_chunk", "open_toc", "read_toc", "TAIL_READ"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedToc:
+    toc: Toc
+    footer: Footer
+    blob_size: int
+    requests: int  # read_at calls it took
+
+
+def read_toc(source: BlobSource, tail: int = TAIL_READ) -> OpenedToc:
+    """Footer + verified TOC of the blob behind `source`, in one or two `read_at` calls."""
+    size = source.size()
+    if size < FOOTER_SIZE:
+        raise FormatError(f"blob of {size} bytes is too small to be a rollstack layer")
+    start = max(0, size - max(tail, FOOTER_SIZE))
+    buf = source.read_at(start, size - start)
+    requests = 1
+    footer = Footer.decode(buf[-FOOTER_SIZE:], blob_size=size)
+    if footer.toc_offset < start:  # the TOC is bigger than the speculative tail
+        buf = source.read_at(footer.toc_offset, start - footer.toc_offset) + buf
+        requests += 1
+        start = footer.toc_offset
+    lo = footer.toc_offset - start
+    toc_bytes = buf[lo:lo + footer.toc_length]
+    if "sha256:" + hashlib.sha256(toc_bytes).hexdigest() != footer.toc_digest:
+        raise IntegrityError("TOC does not match the digest in the footer")
+    raw = toc_codec.decompress(toc_bytes)
+    if len(raw) != footer.toc_raw_length:
+        raise FormatError(f"TOC decompresses to {len(raw)} bytes, footer says {footer.toc_raw_length}")
+    return OpenedToc(toc_codec.decode_raw(raw), footer, size, requests)
+
+
+def open_toc(source: BlobSource) -> Toc:
+    return read_toc(source).toc
+
+
+class LayerReader:
+    """Random access to one layer's files. Thread-safe if the source is."""
+
+    def __init__(self, source: BlobSource, *, tail: int = TAIL_READ) -> None:
+        self.source = source
+        opened = read_toc(source, tail)
+        self.toc = opened.toc
+        self.footer = opened.footer
+        self.blob_size = opened.blob_size
+        self.open_requests = opened.requests
+
+    def entry(self, path: str) -> TocEntry:
+        e = self.toc.lookup(path)
+        if e is None:
+            raise NotFound(f"no entry {path!r} in the layer")
+        return e
+
+    def read(self, path_or_entry: str | TocEntry, offset: int = 0, length: int = -1) -> bytes:
+        """Bytes [offset, offset+length) of a regular file (length -1: to the end)."""
+        entry = self.entry(path_or_entry) if isinstance(path_or_entry, str) else path_or_entry
+        entry = self.toc.resolve(entry)
+        if entry.type is not EntryType.REG:
+            raise FormatError(f"{entry.path!r} is a {entry.type.value}, not a regular file")
+        offset, length = _clamp(entry, offset, length)
+        if length == 0:
+            return b""
+        chunks = chunks_for(entry, offset, length)
+        if not chunks or chunks[0].offset > offset or chunks[-1].offset + chunks[-1].size < offset + length:
+            raise FormatError(f"chunk table of {entry.path!r} does not cover [{offset}, {offset + length})")
+        data = b"".join(self.read_chunk(c) for c in chunks)
+        start = offset - chunks[0].offset
+        return data[start:start + length]
+
+    def chunks_for(self, entry: TocEntry, offset: int = 0, length: int = -1) -> list[Chunk]:
+        """The minimal run of chunks covering [offset, offset+length) of `entry`'s payload."""
+        entry = self.toc.resolve(entry)
+        return chunks_for(entry, offset, length)
+
+    def read_chunk(self, chunk: Chunk) -> bytes:
+        return decode_chunk(chunk, self.source.read_at(chunk.blob_offset, chunk.blob_size))
+
+
+def chunks_for(entry: TocEntry, offset: int = 0, length: int = -1) -> list[Chunk]:
+    """Pure: the minimal run of `entry.chunks` covering [offset, offset+length)."""
+    offset, length = _clamp(entry, offset, length)
+    if length == 0 or not entry.chunks:
+        return []
+    starts = [c.offset for c in entry.chunks]
+    lo = bisect.bisect_right(starts, offset) - 1
+    hi = bisect.bisect_left(starts, offset + length)
+    return entry.chunks[max(lo, 0):hi]
+
+
+def _clamp(entry: TocEntry, offset: int, length: int) -> tuple[int, int]:
+    if offset < 0:
+        raise ValueError(f"negative offset {offset}")
+    if offset >= entry.size:
+        return entry.size, 0
+    end = entry.size if length < 0 else min(entry.size, offset + length)
+    return offset, end - offset

@@ -1,0 +1,218 @@
+"""Writes one layer blob: payload chunks as they stream in, then the TOC, then the footer.
+
+`LayerWriter` knows nothing about tar or directories (see `convert`): it takes entries with
+already-normalised paths plus a payload stream for regular files, and enforces the layer's
+invariants: safe paths, hardlinks to earlier entries inside the layer, no conflicting
+duplicates, every ancestor a directory (missing ones are added, deterministically). Memory is
+O(entries + unique chunks), never O(payload).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, replace
+from typing import BinaryIO
+
+import zstandard
+
+from rollstack.errors import SourceInvalid, UnsafePath
+from rollstack.format import paths as layer_paths
+from rollstack.format import toc_codec
+from rollstack.format.chunk import encode_chunk
+from rollstack.format.footer import Footer
+from rollstack.format.toc import TOC_ZSTD_LEVEL, Chunk, Compression, EntryType, Toc, TocEntry
+
+DEFAULT_CHUNK_SIZE = 1 << 20
+MIN_CHUNK_SIZE = 4 << 10
+MAX_CHUNK_SIZE = 64 << 20
+DEFAULT_LEVEL = 3
+IMPLICIT_DIR_MODE = 0o755
+from rollstack.format import LAYER_MEDIA_TYPE  # noqa: E402  (one definition)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerInfo:
+    """What a conversion produced (the blob's OCI descriptor plus statistics)."""
+
+    digest: str  # sha256 of the whole blob: its OCI descriptor digest
+    size: int  # blob bytes
+    toc_size: int  # compressed TOC bytes (as stored)
+    toc_raw_size: int  # TOC bytes before zstd
+    entries: int
+    files: int  # regular files
+    chunks: int  # stored (unique) chunks
+    chunk_refs: int  # chunk references from files (>= chunks when chunks dedupe)
+    payload_size: int  # sum of regular file sizes, uncompressed
+    stored_payload_size: int  # payload bytes in the blob
+    chunk_size: int
+    media_type: str = LAYER_MEDIA_TYPE
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class _HashingSink:
+    """Counts and hashes every byte written, so the blob digest costs no second pass."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.offset = 0
+        self.sha = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        self.out.write(data)
+        self.sha.update(data)
+        self.offset += len(data)
+
+
+class LayerWriter:
+    def __init__(self, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 level: int = DEFAULT_LEVEL) -> None:
+        if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
+            raise SourceInvalid(f"chunk size {chunk_size} outside [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
+        self._sink = _HashingSink(out)
+        self.chunk_size = chunk_size
+        self._cctx = zstandard.ZstdCompressor(level=level)  # single-threaded: deterministic frames
+        self._entries: dict[str, TocEntry] = {}
+        self._stored: dict[str, tuple[int, int, Compression]] = {}  # digest -> where it lives
+        self._opaque: set[str] = set()
+        self._chunk_refs = 0
+        self._payload = 0
+        self._finished = False
+
+    # -- adding entries -----------------------------------------------------------------
+    def add(self, entry: TocEntry, payload: BinaryIO | None = None) -> TocEntry:
+        """Add one entry. Regular files need `payload` (read to EOF; `entry.size` is set from
+        what was read). Returns the entry as recorded."""
+        if entry.path != layer_paths.normalize(entry.path):
+            raise UnsafePath(f"entry {entry.path!r} is not a normalised layer path")
+        if entry.type is EntryType.REG:
+            entry = replace(entry, chunks=[], size=0)
+            if payload is not None:
+                self._write_payload(entry, payload)
+        elif entry.type is EntryType.HARDLINK:
+            entry = self._check_hardlink(entry)
+        else:
+            entry = replace(entry, chunks=[], size=0 if entry.type is not EntryType.SYMLINK else len(entry.link.encode("utf-8", "surrogateescape")))
+        if entry.type is EntryType.DIR and entry.path in self._opaque:
+            entry.opaque = True
+        self._put(entry)
+        return entry
+
+    def mark_opaque(self, directory: str) -> None:
+        """OCI `.wh..wh..opq`: `directory` hides everything below it in lower layers."""
+        self._opaque.add(directory)
+        cur = self._entries.get(directory)
+        if cur is not None and cur.type is EntryType.DIR:
+            cur.opaque = True
+
+    def _put(self, entry: TocEntry) -> None:
+        cur = self._entries.get(entry.path)
+        if cur is None:
+            self._entries[entry.path] = entry
+        elif cur.type is EntryType.DIR and entry.type is EntryType.DIR:
+            entry.opaque = entry.opaque or cur.opaque  # a repeated directory: the last header wins
+            self._entries[entry.path] = entry
+        elif not _same(cur, entry):
+            raise SourceInvalid(f"duplicate conflicting entries for {entry.path!r} ({cur.type.value} vs {entry.type.value})")
+
+    def _check_hardlink(self, entry: TocEntry) -> TocEntry:
+        target_path = layer_paths.normalize(entry.link, what=f"hardlink target of {entry.path!r}")
+        target = self._entries.get(target_path)
+        if target is None:
+            raise UnsafePath(f"hardlink {entry.path!r} points to {entry.link!r}, which is not an earlier entry of the layer")
+        if target.type is EntryType.HARDLINK:  # chains collapse onto the first name
+            target_path, target = target.link, self._entries[target.link]
+        if target.type in (EntryType.DIR, EntryType.WHITEOUT):
+            raise SourceInvalid(f"hardlink {entry.path!r} points to {target.type.value} {target_path!r}")
+        if target_path == entry.path:
+            raise SourceInvalid(f"hardlink {entry.path!r} points to itself")
+        return replace(entry, link=target_path, size=target.size, chunks=[])
+
+    # -- payload ------------------------------------------------------------------------
+    def _write_payload(self, entry: TocEntry, payload: BinaryIO) -> None:
+        size = 0
+        while True:
+            data = _read_full(payload, self.chunk_size)
+            if not data:
+                break
+            entry.chunks.append(self._store_chunk(size, data))
+            size += len(data)
+            if len(data) < self.chunk_size:
+                break
+        entry.size = size
+        self._payload += size
+
+    def _store_chunk(self, file_offset: int, data: bytes) -> Chunk:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self._chunk_refs += 1
+        where = self._stored.get(digest)
+        if where is None:  # identical chunks are stored once per layer
+            stored, comp = encode_chunk(data, self._cctx)
+            where = (self._sink.offset, len(stored), comp)
+            self._sink.write(stored)
+            self._stored[digest] = where
+        return Chunk(file_offset, len(data), where[0], where[1], digest, where[2])
+
+    # -- finishing ----------------------------------------------------------------------
+    def finish(self) -> LayerInfo:
+        """Complete the entry set, write TOC + footer, return the blob's descriptor + stats."""
+        if self._finished:
+            raise RuntimeError("LayerWriter.finish() called twice")
+        self._finished = True
+        payload_end = self._sink.offset
+        for d in sorted(self._opaque):
+            if d not in self._entries:
+                self._entries[d] = TocEntry(d, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=True)
+        self._add_implicit_dirs()
+        toc = Toc(self._entries.values())
+        raw = toc_codec.encode_raw(toc.entries)
+        raw_len = len(raw)
+        toc_bytes = toc_codec.compress(raw, TOC_ZSTD_LEVEL)
+        toc_digest = "sha256:" + hashlib.sha256(toc_bytes).hexdigest()
+        toc_offset = self._sink.offset
+        self._sink.write(toc_bytes)
+        self._sink.write(Footer(toc_offset, len(toc_bytes), raw_len, toc_digest).encode())
+        return LayerInfo(
+            digest="sha256:" + self._sink.sha.hexdigest(), size=self._sink.offset,
+            toc_size=len(toc_bytes), toc_raw_size=raw_len, entries=len(toc),
+            files=sum(1 for e in self._entries.values() if e.type is EntryType.REG),
+            chunks=len(self._stored), chunk_refs=self._chunk_refs, payload_size=self._payload,
+            stored_payload_size=payload_end, chunk_size=self.chunk_size,
+        )
+
+    def _add_implicit_dirs(self) -> None:
+        if "" not in self._entries:
+            self._entries[""] = TocEntry("", EntryType.DIR, IMPLICIT_DIR_MODE)
+        elif self._entries[""].type is not EntryType.DIR:
+            raise SourceInvalid("the layer root is not a directory")
+        for path in list(self._entries):
+            for anc in layer_paths.ancestors(path):
+                cur = self._entries.get(anc)
+                if cur is None:
+                    self._entries[anc] = TocEntry(anc, EntryType.DIR, IMPLICIT_DIR_MODE)
+                elif cur.type is not EntryType.DIR:
+                    raise SourceInvalid(f"entry {path!r} lies below {anc!r}, which is a {cur.type.value}, not a directory")
+
+
+def _same(a: TocEntry, b: TocEntry) -> bool:
+    """Duplicates are tolerated only when they describe exactly the same entry."""
+    key = lambda e: (e.type, e.mode, e.uid, e.gid, e.mtime_ns, e.size, e.link, e.rdev_major,  # noqa: E731
+                     e.rdev_minor, e.xattrs, [c.digest for c in e.chunks])
+    return key(a) == key(b)
+
+
+def _read_full(stream: BinaryIO, n: int) -> bytes:
+    """Read exactly n bytes unless EOF comes first (streams may return short reads)."""
+    data = stream.read(n)
+    if not data or len(data) == n:
+        return data or b""
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = stream.read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)

@@ -1,0 +1,99 @@
+"""Layer format basics: TOC codec round trip, convert -> read back, dedupe, determinism."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from rollstack.format import (BytesBlobSource, Chunk, EntryType, LayerReader, Toc, TocEntry,
+                              convert_tar, open_toc)
+from rollstack.format.footer import FOOTER_SIZE, Footer
+
+
+def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for ti, data in members:
+            if data is not None:
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+            else:
+                tf.addfile(ti)
+    return buf.getvalue()
+
+
+def _ti(name: str, type_: bytes = tarfile.REGTYPE, **kw: object) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.type = type_
+    for k, v in kw.items():
+        setattr(ti, k, v)
+    return ti
+
+
+def _layer(members: list[tuple[tarfile.TarInfo, bytes | None]], **kw: int) -> bytes:
+    out = io.BytesIO()
+    convert_tar(io.BytesIO(_tar(members)), out, **kw)
+    return out.getvalue()
+
+
+def test_toc_codec_round_trip_all_fields() -> None:
+    entries = [
+        TocEntry("", EntryType.DIR, 0o755),
+        TocEntry("a", EntryType.DIR, 0o1777, 1, 2, -5, opaque=True, xattrs={"user.x": b"\0\xff"}),
+        TocEntry("a/f", EntryType.REG, 0o4755, 1000, 1000, 123456789123456789, 10,
+                 chunks=[Chunk(0, 10, 0, 7, "sha256:" + "ab" * 32)]),
+        TocEntry("a/l", EntryType.SYMLINK, 0o777, link="../f\udcff"),
+        TocEntry("a/h", EntryType.HARDLINK, link="a/f", size=10),
+        TocEntry("dev", EntryType.BLOCK, rdev_major=8, rdev_minor=1),
+        TocEntry("gone", EntryType.WHITEOUT, 0),
+    ]
+    toc = Toc(entries)
+    back = Toc.decode(toc.encode())
+    assert back.paths == sorted(e.path for e in entries)
+    assert back.entries == toc.entries
+    assert back.lookup("a/f") == entries[2]
+    assert back.lookup("nope") is None
+    assert [e.path for e in back.children("a")] == ["a/f", "a/h", "a/l"]
+    assert back.resolve(back.lookup("a/h")).path == "a/f"
+
+
+def test_convert_and_read_back() -> None:
+    big = os.urandom(300_000)
+    blob = _layer([
+        (_ti("./etc", tarfile.DIRTYPE, mode=0o755), None),
+        (_ti("./etc/passwd", mode=0o644, uid=0, mtime=1700000000), b"root:x:0:0\n"),
+        (_ti("./big", mode=0o600), big),
+        (_ti("./big2", mode=0o600), big),  # same content: chunks stored once
+        (_ti("./hl", tarfile.LNKTYPE, linkname="./big"), None),
+        (_ti("./etc/.wh.shadow"), b""),
+        (_ti("./var/.wh..wh..opq"), b""),
+        (_ti("./empty"), b""),
+    ], chunk_size=64 << 10)
+    src = BytesBlobSource(blob)
+    r = LayerReader(src)
+    assert r.open_requests == 1 and src.requests == 1
+    assert r.read("etc/passwd") == b"root:x:0:0\n"
+    assert r.read("big") == big and r.read("big2") == big and r.read("hl") == big
+    assert r.read("big", 70_000, 100_000) == big[70_000:170_000]
+    assert len(r.chunks_for(r.toc.lookup("big"), 65535, 2)) == 2
+    assert r.read("empty") == b""
+    assert r.toc.lookup("etc/shadow").type is EntryType.WHITEOUT
+    assert r.toc.lookup("var").opaque is True
+    e1, e2 = r.toc.lookup("big"), r.toc.lookup("big2")
+    assert [c.blob_offset for c in e1.chunks] == [c.blob_offset for c in e2.chunks]
+    assert r.toc.lookup("etc/passwd").mtime_ns == 1700000000 * 10**9
+
+
+def test_deterministic() -> None:
+    members = [(_ti(f"d{i}/f{i}", mode=0o644), os.urandom(1000) * 5) for i in range(5)]
+    assert _layer(members) == _layer(members)
+
+
+def test_footer_round_trip_and_open_toc() -> None:
+    blob = _layer([(_ti("x"), b"x")])
+    f = Footer.decode(blob[-FOOTER_SIZE:], blob_size=len(blob))
+    assert f.toc_offset + f.toc_length == len(blob) - FOOTER_SIZE
+    assert open_toc(BytesBlobSource(blob)).lookup("x").size == 1
