@@ -1,0 +1,192 @@
+"""`RegistryServer`: runs Debian's `docker-registry` (CNCF distribution) with a generated config.
+
+Used by the test fixtures and by `rollstack registry serve`. The config puts filesystem storage
+under `root/data`, enables deletes, and (optionally) htpasswd or token auth. Port 0 picks a free
+loopback port (the registry cannot report the port it bound, so we choose one and retry on the
+rare race with another process). `start()` returns once `GET /v2/` answers; `stop()` always
+reaps the process (terminate, wait, kill). The registry's log goes to `root/registry.log`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from rollstack.errors import InvalidRequest, RegistryUnavailable
+
+DEFAULT_BINARY = "/usr/bin/docker-registry"
+
+
+def _bcrypt(password: str) -> str:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt  # glibc/libxcrypt does bcrypt; the only hash docker-registry accepts
+
+    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not (0 <= int(port) < 65536):
+        raise InvalidRequest(f"invalid address {addr!r} (want HOST:PORT)")
+    return host or "127.0.0.1", int(port)
+
+
+class RegistryServer:
+    """A docker-registry process. Context manager; `.url` once started."""
+
+    def __init__(
+        self,
+        root: Path | str,
+        addr: str = "127.0.0.1:0",
+        *,
+        htpasswd: dict[str, str] | None = None,
+        auth: dict[str, Any] | None = None,
+        binary: str = DEFAULT_BINARY,
+        log_level: str = "warn",
+        start_timeout: float = 20.0,
+    ) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.host, self.port = parse_addr(addr)
+        self.htpasswd = htpasswd
+        self.auth = auth  # a raw `auth:` config section (e.g. token auth in tests)
+        self.binary = binary
+        self.log_level = log_level
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "registry.log"
+
+    def __enter__(self) -> "RegistryServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "version": 0.1,
+            "log": {"level": self.log_level, "accesslog": {"disabled": True}, "formatter": "text"},
+            "storage": {
+                "filesystem": {"rootdirectory": str(self.root / "data")},
+                "delete": {"enabled": True},
+                "maintenance": {"uploadpurging": {"enabled": False}},
+            },
+            "http": {
+                "addr": f"{self.host}:{self.port}",
+                "secret": secrets.token_hex(16),
+                "headers": {"X-Content-Type-Options": ["nosniff"]},
+            },
+        }
+        if self.htpasswd is not None:
+            path = self.root / "htpasswd"
+            path.write_text("".join(f"{u}:{_bcrypt(p)}\n" for u, p in self.htpasswd.items()))
+            cfg["auth"] = {"htpasswd": {"realm": "rollstack", "path": str(path)}}
+        elif self.auth is not None:
+            cfg["auth"] = self.auth
+        return cfg
+
+    def start(self) -> "RegistryServer":
+        if self.process is not None:
+            return self
+        if not os.access(self.binary, os.X_OK):
+            raise RegistryUnavailable(f"{self.binary} not found (install the docker-registry package)")
+        self.root.mkdir(parents=True, exist_ok=True)
+        pick_port = self.port == 0
+        for _ in range(5 if pick_port else 1):
+            if pick_port:
+                self.port = free_port(self.host)
+            elif not _port_free(self.host, self.port):
+                # something else (e.g. the distro's own registry service) answers there
+                raise RegistryUnavailable(f"address {self.host}:{self.port} is already in use")
+            if self._spawn_and_wait():
+                return self
+        raise RegistryUnavailable(f"docker-registry did not start on {self.host}:{self.port}: {self._log_tail()}",
+                                  log=str(self.log_path))
+
+    def _spawn_and_wait(self) -> bool:
+        config_path = self.root / "config.yml"
+        config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [self.binary, "serve", str(config_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in a terminal reaches us, we stop it cleanly
+            )
+        deadline = time.monotonic() + self.start_timeout
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    self.process = None
+                    return False
+                try:
+                    if client.get(f"{self.url}/v2/").status_code in (200, 401):
+                        return True
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        self.stop()
+        return False
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL without cleanup (tests: a registry that dies under its clients)."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def wait(self) -> int:
+        """Blocks until the registry exits (foreground `rollstack registry serve`)."""
+        return self.process.wait() if self.process is not None else 0
+
+    def _log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:].strip()
+        except OSError:
+            return ""

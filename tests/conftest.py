@@ -1,0 +1,84 @@
+"""Shared fixtures for every test package (keep small and generic).
+
+- `require_root()`: call it (or mark a test `integration`) to skip, with the reason, when not
+  root. Integration tests need root; CI runs them as root.
+- `registry` (session): a started `RegistryServer` on a free loopback port; `.url`. Always stopped.
+- `registry_store`: a `RegistryStore` on it (fresh client per test; counters in `.stats`).
+- `oci_store`: an `OciLayoutStore` in `tmp_path`.
+- `store`: parametrized, runs the test against BOTH stores (ids `oci` and `registry`).
+- `unique_repo`: a repository name no other test uses (the session registry is shared).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rollstack.store.server import DEFAULT_BINARY
+
+
+def require_root() -> None:
+    """Skips the calling test unless running as root (with the reason)."""
+    if os.geteuid() != 0:
+        pytest.skip("integration test needs root (CI runs as root)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("integration") is not None:
+        require_root()
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    """A real docker-registry for the whole session (stopped at the end, even on failure)."""
+    from rollstack.store.server import RegistryServer
+
+    if not os.access(DEFAULT_BINARY, os.X_OK):
+        pytest.skip(f"{DEFAULT_BINARY} missing (Debian package docker-registry)")
+    root = tmp_path_factory.mktemp("registry")
+    server = RegistryServer(root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def registry_store(registry):
+    from rollstack.store.registry import RegistryStore
+
+    store = RegistryStore(registry.url, timeout=10.0)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def oci_store(tmp_path: Path):
+    from rollstack.store.ocilayout import OciLayoutStore
+
+    store = OciLayoutStore(tmp_path / "oci-store")
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture(params=["oci", "registry"])
+def store(request: pytest.FixtureRequest):
+    """Each test using this runs twice: on an OCI layout and on the real registry."""
+    if request.param == "registry":
+        require_root()  # the registry variant is an integration test
+    return request.getfixturevalue(f"{request.param}_store")
+
+
+@pytest.fixture
+def unique_repo() -> str:
+    return f"test/{uuid.uuid4().hex[:12]}"
