@@ -41,52 +41,23 @@ def default_token(root: Path | str | None = None) -> str | None:
 
 
 def plan_to_wire(plan: Any) -> dict[str, Any]:
-    """A plan given as a dict, a path to a YAML file, or a `Plan` object -> the JSON the API takes.
+    """A plan given as a dict, a path to a YAML/JSON file, or a `Plan` -> the JSON the API takes.
 
-    A mutation named by file (relative to the plan file) is read here and sent inline, since the
-    node cannot see the caller's files.
+    A file plan is validated here and its mutation file (relative to the plan file) is read and
+    sent inline as `mutation_text`, since the node cannot see the caller's files. A dict goes as
+    is (the node validates it).
     """
     if isinstance(plan, dict):
         return plan
-    if isinstance(plan, (str, Path)):
-        return _plan_file_to_wire(Path(plan))
-    dump = getattr(plan, "model_dump", None)
-    if dump is not None:
-        return dump(mode="json", exclude_none=True)
-    raise InvalidRequest(f"a plan is a dict, a path or a Plan, not {type(plan).__name__}")
+    if not isinstance(plan, (str, Path)) and getattr(plan, "model_dump", None) is None:
+        raise InvalidRequest(f"a plan is a dict, a path or a Plan, not {type(plan).__name__}")
+    from rollstack.plan.model import load_plan
 
-
-def _plan_file_to_wire(path: Path) -> dict[str, Any]:
-    import yaml
-
-    from rollstack.errors import PlanInvalid
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PlanInvalid(f"cannot read plan {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise PlanInvalid(f"plan {path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise PlanInvalid(f"plan {path} must be a mapping")
-    _inline_mutation(data, path.parent)
-    ev = data.get("evaluator")
-    if isinstance(ev, dict):
-        _inline_mutation(ev, path.parent)
-    return data
-
-
-def _inline_mutation(data: dict[str, Any], base: Path) -> None:
-    from rollstack.errors import PlanInvalid
-
-    mutation = data.get("mutation")
-    if not isinstance(mutation, str) or not mutation or "\n" in mutation:
-        return  # absent, or already an inline diff
-    file = Path(mutation) if Path(mutation).is_absolute() else base / mutation
-    try:
-        data["mutation"] = {"diff": file.read_text()}
-    except OSError as exc:
-        raise PlanInvalid(f"cannot read mutation {file}: {exc.strerror or exc}") from exc
+    loaded = load_plan(plan)
+    wire = loaded.model_dump(mode="json", exclude_none=True)
+    if loaded.mutation_text is not None:
+        wire.pop("mutation", None)
+    return wire
 
 
 def exec_request(

@@ -141,7 +141,7 @@ def test_plan_file_inlines_its_mutation(tmp_path: Path) -> None:
     (tmp_path / "fix.diff").write_text("--- a/x\n+++ b/x\n")
     (tmp_path / "plan.yaml").write_text("name: p\ngroups: [os/base:1]\nmutation: fix.diff\n")
     wire = plan_to_wire(tmp_path / "plan.yaml")
-    assert wire["mutation"] == {"diff": "--- a/x\n+++ b/x\n"}
+    assert wire["mutation_text"] == "--- a/x\n+++ b/x\n" and "mutation" not in wire
     with pytest.raises(errors.PlanInvalid):
         plan_to_wire(tmp_path / "missing.yaml")
 

@@ -1,0 +1,67 @@
+"""`EnvRecord`: what the node service knows about one environment, and its life states.
+
+States: creating -> running -> destroying -> destroyed; running -> oom_terminated (the
+provisioner ended it for lack of memory; its pieces are still reclaimed by destroy); creating ->
+failed (the create raised; everything it built was torn down).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollstack.node.models import CreateResponse, EnvironmentInfo, Quotas
+
+CREATING, RUNNING, DESTROYING, DESTROYED = "creating", "running", "destroying", "destroyed"
+OOM_TERMINATED, FAILED = "oom_terminated", "failed"
+LIVE_STATES = (CREATING, RUNNING, OOM_TERMINATED)
+"""States that hold node resources (count against admission)."""
+
+
+@dataclass
+class EnvRecord:
+    id: str
+    plan: Any
+    """The validated `rollstack.plan.model.Plan`."""
+    timeout: float
+    internal: bool = False
+    """An evaluator environment the node created for itself (not listed)."""
+    state: str = CREATING
+    started_at: float = field(default_factory=time.time)
+    started_mono: float = field(default_factory=time.monotonic)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held by destroy and by anything that must not race it (files, diff); never by exec."""
+    runtime: Any = None
+    """The running environment (rollstack.run side)."""
+    refs: list[Any] = field(default_factory=list)
+    created: CreateResponse | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    execs: int = 0
+    """Execs in flight (an OOM kill marks them failed)."""
+
+    @property
+    def deadline(self) -> float:
+        return self.started_mono + self.timeout
+
+    def age(self) -> float:
+        return time.monotonic() - self.started_mono
+
+    def event(self, kind: str, **data: Any) -> None:
+        self.events.append({"t": round(self.age(), 3), "type": kind, **data})
+
+    def info(self, quotas: Quotas | None = None) -> EnvironmentInfo:
+        if quotas is None:
+            res = getattr(self.plan, "resources", None)
+            quotas = Quotas(
+                cpu_limit=getattr(res, "cpu", None), memory_limit=getattr(res, "memory", None)
+            )
+        return EnvironmentInfo(
+            id=self.id,
+            state=self.state,
+            plan_name=getattr(self.plan, "name", None),
+            age=round(self.age(), 3),
+            timeout=self.timeout,
+            quotas=quotas,
+        )

@@ -1,0 +1,390 @@
+"""`NodeService`: the one place that strings the stages together, for many environments at once.
+
+create = admission -> resolve -> lazy store (TOCs; or a full fetch when the plan says eager) ->
+overlay + mutation + spec + runc (`rollstack.run.environment`) -> register with the provisioner,
+each phase timed. Also exec (plain and streaming), files, diff, evaluate, stats, destroy, list;
+a reaper for expired environments; recovery of a previous run's leftovers on start; a graceful
+stop that destroys everything this service owns.
+
+Concurrency: every method blocks and is safe to call from many threads at once. A registry lock
+guards only the id -> record map and admission counting (never held across I/O); each record has
+its own lock that destroy holds, so creates, execs and destroys of different environments run in
+parallel, and an exec never holds a lock (a long command must not block destroy).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+from rollstack.errors import (
+    EnvironmentGone,
+    EnvironmentNotFound,
+    InsufficientCapacity,
+    OomTerminated,
+    PlanInvalid,
+    RollstackError,
+)
+from rollstack.node import record as st
+from rollstack.node.config import NodeConfig
+from rollstack.node.execution import stream, to_wire
+from rollstack.node.models import (
+    CreateResponse,
+    EnvironmentInfo,
+    Evaluation,
+    ExecChunk,
+    ExecRequest,
+    ExecResult,
+    FetchStats,
+    Health,
+    Quotas,
+    Stats,
+    Timings,
+)
+from rollstack.node.record import EnvRecord
+from rollstack.node.stages import Stages
+
+log = logging.getLogger(__name__)
+
+_TOMBSTONES = 4096
+"""Destroyed ids remembered so that a repeated destroy is a no-op, not a 404."""
+
+
+class NodeService:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self._envs: dict[str, EnvRecord] = {}
+        self._gone: dict[str, str] = {}  # destroyed id -> final state
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._reaper: threading.Thread | None = None
+        self.stages: Stages | None = None
+        self.started_at = time.time()
+        self.counters = {"created": 0, "destroyed": 0, "create_failures": 0, "execs": 0, "evaluations": 0, "reaped": 0}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Clean up a previous run's leftovers, start the lazy store, provisioner and reaper."""
+        self.stages = Stages.start(self.config, on_terminate=self._on_terminate)
+        self._reaper = threading.Thread(target=self._reap_loop, name="rollstack-reaper", daemon=True)
+        self._reaper.start()
+
+    def stop(self) -> None:
+        """Destroy every environment this service owns, then stop the stages. Idempotent."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        with self._lock:
+            ids = list(self._envs)
+        if ids:
+            with ThreadPoolExecutor(max_workers=min(16, len(ids))) as pool:
+                list(pool.map(self._destroy_quietly, ids))
+        if self._reaper is not None:
+            self._reaper.join(timeout=10)
+        if self.stages is not None:
+            self.stages.stop()
+
+    def _destroy_quietly(self, env_id: str) -> None:
+        try:
+            self.destroy(env_id)
+        except Exception:  # noqa: BLE001 - stop must go on; the next start's recovery cleans up
+            log.exception("destroying %s during stop failed", env_id)
+
+    def _stages(self) -> Stages:
+        if self.stages is None or self._stopping.is_set():
+            raise EnvironmentGone("the node service is not running")
+        return self.stages
+
+    # -- create -------------------------------------------------------------------------------
+
+    def create(self, plan: dict[str, Any] | Any) -> CreateResponse:
+        return self._create(self._load(plan), internal=False)
+
+    @staticmethod
+    def _load(plan: dict[str, Any] | Any) -> Any:
+        from rollstack.plan.model import load_plan
+
+        if isinstance(plan, dict) and plan.get("mutation") and plan.get("mutation_text") is None:
+            # A mutation file path would be read on the node's disk: refuse; clients send it inline.
+            text = str(plan["mutation"])
+            if "\n" not in text:
+                raise PlanInvalid("mutation: send the diff inline (mutation_text), not a file path")
+        return load_plan(plan)
+
+    def _create(self, plan: Any, internal: bool) -> CreateResponse:
+        stages = self._stages()
+        rec = self._admit(plan, internal)
+        t0 = time.perf_counter()
+        timings = Timings()
+        try:
+            built = stages.build(rec, timings)
+            rec.runtime, rec.refs = built.runtime, built.refs
+            timings.total = round(time.perf_counter() - t0, 6)
+            rec.created = CreateResponse(
+                id=rec.id,
+                timings=timings,
+                fetch=FetchStats(**built.fetch),
+                stack_digest=built.stack_digest,
+                layers=len(built.refs),
+            )
+            with rec.lock:
+                if rec.state == st.CREATING:
+                    rec.state = st.RUNNING
+            rec.event("created", total=timings.total)
+            self.counters["created"] += 1
+            return rec.created
+        except BaseException:
+            self.counters["create_failures"] += 1
+            try:
+                self._teardown(rec, final=st.FAILED)
+            except Exception:  # noqa: BLE001 - the create's own error is the one to report
+                log.exception("cleaning up the failed create of %s failed", rec.id)
+            raise
+
+    def _admit(self, plan: Any, internal: bool) -> EnvRecord:
+        env_id = f"e{uuid.uuid4().hex[:12]}"
+        timeout = float(plan.timeout or self.config.default_timeout)
+        rec = EnvRecord(id=env_id, plan=plan, timeout=timeout, internal=internal)
+        with self._lock:
+            live = sum(1 for r in self._envs.values() if r.state in st.LIVE_STATES)
+            if live >= self.config.max_environments:
+                raise InsufficientCapacity(
+                    f"node is full: {live} of {self.config.max_environments} environments"
+                )
+            self._stages().admit(env_id, plan)  # raises InsufficientCapacity
+            self._envs[env_id] = rec
+        return rec
+
+    # -- destroy ------------------------------------------------------------------------------
+
+    def destroy(self, env_id: str) -> None:
+        """Kill, runc delete, unmount, remove dirs and cgroup. Idempotent."""
+        with self._lock:
+            rec = self._envs.get(env_id)
+            if rec is None:
+                if env_id in self._gone:
+                    return
+                raise EnvironmentNotFound(f"no environment {env_id!r}")
+        self._teardown(rec, final=st.DESTROYED)
+
+    def _teardown(self, rec: EnvRecord, final: str) -> None:
+        with rec.lock:
+            if rec.state in (st.DESTROYED, st.FAILED):
+                return
+            terminated = rec.state == st.OOM_TERMINATED
+            rec.state = st.DESTROYING
+            try:
+                if self.stages is not None:
+                    self.stages.teardown(rec)
+            finally:
+                rec.state = st.OOM_TERMINATED if terminated and final == st.DESTROYED else final
+                rec.event("destroyed")
+                with self._lock:
+                    self._envs.pop(rec.id, None)
+                    self._gone[rec.id] = rec.state
+                    while len(self._gone) > _TOMBSTONES:
+                        self._gone.pop(next(iter(self._gone)))
+                if final == st.DESTROYED:
+                    self.counters["destroyed"] += 1
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def _get(self, env_id: str) -> EnvRecord:
+        with self._lock:
+            rec = self._envs.get(env_id)
+        if rec is None:
+            state = self._gone.get(env_id)
+            if state == st.OOM_TERMINATED:
+                raise OomTerminated(f"environment {env_id} was terminated for lack of memory")
+            if state is not None:
+                raise EnvironmentNotFound(f"environment {env_id!r} was destroyed")
+            raise EnvironmentNotFound(f"no environment {env_id!r}")
+        return rec
+
+    def _running(self, env_id: str) -> EnvRecord:
+        rec = self._get(env_id)
+        if rec.state == st.OOM_TERMINATED:
+            raise OomTerminated(f"environment {env_id} was terminated for lack of memory")
+        if rec.state != st.RUNNING:
+            raise EnvironmentGone(f"environment {env_id} is {rec.state}")
+        return rec
+
+    def info(self, env_id: str) -> EnvironmentInfo:
+        rec = self._get(env_id)
+        return rec.info(self._quotas(rec))
+
+    def list(self) -> list[EnvironmentInfo]:
+        with self._lock:
+            recs = [r for r in self._envs.values() if not r.internal]
+        return [r.info(self._quotas(r)) for r in sorted(recs, key=lambda r: r.started_mono)]
+
+    def _quotas(self, rec: EnvRecord) -> Quotas | None:
+        if self.stages is None:
+            return None
+        return self.stages.quotas(rec.id)
+
+    def stats(self, env_id: str) -> Stats:
+        rec = self._get(env_id)
+        history, events = self._stages().history(rec.id)
+        merged = sorted([*rec.events, *events], key=lambda e: e.get("t", 0.0))
+        return Stats(history=history, events=merged, state=rec.state)
+
+    def health(self) -> Health:
+        from rollstack import __version__
+
+        with self._lock:
+            n = sum(1 for r in self._envs.values() if r.state in st.LIVE_STATES)
+        status = "stopping" if self._stopping.is_set() else "ok"
+        return Health(status=status, environments=n, version=__version__)
+
+    def metrics(self) -> dict[str, float]:
+        with self._lock:
+            states = [r.state for r in self._envs.values()]
+        out = {f"{k}_total": float(v) for k, v in self.counters.items()}
+        out["environments"] = float(sum(1 for s in states if s in st.LIVE_STATES))
+        out["environments_max"] = float(self.config.max_environments)
+        if self.stages is not None:
+            out.update(self.stages.metrics())
+        return out
+
+    # -- exec ---------------------------------------------------------------------------------
+
+    def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
+        rec = self._running(env_id)
+        self.counters["execs"] += 1
+        rec.execs += 1
+        try:
+            result = self._stages().exec(rec, request, None)
+        except EnvironmentGone:
+            self._raise_if_oom(rec)
+            raise
+        finally:
+            rec.execs -= 1
+        self._raise_if_oom(rec)
+        return to_wire(result)
+
+    def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
+        rec = self._running(env_id)
+        stages = self._stages()
+        self.counters["execs"] += 1
+
+        def run(on_output: Any) -> Any:
+            rec.execs += 1
+            try:
+                return stages.exec(rec, request, on_output)
+            except EnvironmentGone:
+                self._raise_if_oom(rec)
+                raise
+            finally:
+                rec.execs -= 1
+
+        def finish(result: Any) -> ExecResult:
+            self._raise_if_oom(rec)
+            return to_wire(result)
+
+        return stream(run, finish, name=f"exec-{env_id}")
+
+    def _raise_if_oom(self, rec: EnvRecord) -> None:
+        if rec.state == st.OOM_TERMINATED:
+            raise OomTerminated(f"environment {rec.id} was terminated for lack of memory (its exec was killed)")
+
+    def _on_terminate(self, env_id: str, reason: str = "oom_terminated", **detail: Any) -> None:
+        """Provisioner callback: it killed `env_id`'s processes for lack of memory."""
+        with self._lock:
+            rec = self._envs.get(env_id)
+        if rec is None:
+            return
+        if rec.state in (st.RUNNING, st.CREATING):
+            rec.state = st.OOM_TERMINATED
+        rec.event("oom_terminated", reason=reason, **detail)
+
+    # -- files and diff -----------------------------------------------------------------------
+
+    def read_file(self, env_id: str, path: str) -> bytes:
+        rec = self._get(env_id)
+        with rec.lock:
+            self._check_files(rec)
+            return self._stages().read_file(rec, path)
+
+    def write_file(self, env_id: str, path: str, data: bytes) -> None:
+        rec = self._get(env_id)
+        with rec.lock:
+            self._check_files(rec)
+            self._stages().write_file(rec, path, data)
+
+    def diff(self, env_id: str) -> str:
+        rec = self._get(env_id)
+        with rec.lock:
+            self._check_files(rec)
+            return self._stages().diff(rec)
+
+    @staticmethod
+    def _check_files(rec: EnvRecord) -> None:
+        # The root stays mounted after an OOM kill, so files and diff still work then.
+        if rec.state not in (st.RUNNING, st.OOM_TERMINATED) or rec.runtime is None:
+            raise EnvironmentGone(f"environment {rec.id} is {rec.state}")
+
+    # -- evaluate -----------------------------------------------------------------------------
+
+    def evaluate(self, env_id: str) -> Evaluation:
+        from rollstack.node.scoring import evaluator_plan, reward_file_path, reward_from
+
+        rec = self._get(env_id)
+        if rec.plan.evaluator is None:
+            raise PlanInvalid(f"plan {rec.plan.name!r} has no evaluator")
+        t0 = time.perf_counter()
+        patch = self.diff(env_id)
+        t_diff = time.perf_counter()
+        ev = rec.plan.evaluator
+        created = self._create(evaluator_plan(rec.plan, patch), internal=True)
+        t_created = time.perf_counter()
+        try:
+            result = self.exec(created.id, ExecRequest(argv=ev.argv, timeout=ev.timeout))
+            t_run = time.perf_counter()
+            path = reward_file_path(ev, rec.plan.evaluator_workdir)
+            data = self._read_reward(created.id, path) if path else None
+        finally:
+            self.destroy(created.id)
+        self.counters["evaluations"] += 1
+        t_end = time.perf_counter()
+        return Evaluation(
+            reward=reward_from(ev, result.exit_code, data),
+            exit_code=result.exit_code,
+            output=result.stdout + result.stderr,
+            timed_out=result.timed_out,
+            timings={
+                "diff": round(t_diff - t0, 6),
+                "create": round(t_created - t_diff, 6),
+                "run": round(t_run - t_created, 6),
+                "destroy": round(t_end - t_run, 6),
+                "total": round(t_end - t0, 6),
+            },
+        )
+
+    def _read_reward(self, env_id: str, path: str) -> bytes | None:
+        try:
+            return self.read_file(env_id, path)
+        except RollstackError:
+            return None
+
+    # -- reaper -------------------------------------------------------------------------------
+
+    def _reap_loop(self) -> None:
+        while not self._stopping.wait(self.config.reap_interval):
+            self.reap_expired()
+
+    def reap_expired(self) -> list[str]:
+        """Destroy every environment past its timeout; returns their ids."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [r.id for r in self._envs.values() if r.state != st.CREATING and r.deadline <= now]
+        for env_id in expired:
+            log.info("environment %s expired; destroying", env_id)
+            self._destroy_quietly(env_id)
+            self.counters["reaped"] += 1
+        return expired

@@ -1,0 +1,305 @@
+"""`Stages`: the node's one instance of each stage, and the calls the service makes into them.
+
+- plan/store: `open_store`, `Resolver` (resolution cache under the node root)
+- lazy store: `LazyStoreClient` (FUSE daemon in its own process; layers as directories)
+- runtime: `EnvironmentRuntime` (overlay, runc, cgroups, leftovers) under the node root
+- provision: `Provisioner` (200 ms quota loop, admission by capacity, OOM termination)
+
+Start order is recovery first (a previous run's environments are destroyed before anything new
+mounts over their paths), then the lazy store, then the provisioner. Stop is the reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rollstack.errors import InsufficientCapacity
+from rollstack.node.config import NodeConfig
+from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
+from rollstack.node.record import EnvRecord
+
+log = logging.getLogger(__name__)
+
+DIFF_BASE = "/"
+"""The diff names paths from the environment root (the evaluator applies it the same way)."""
+
+
+@dataclass
+class Built:
+    runtime: Any
+    refs: list[Any]
+    stack_digest: str | None
+    fetch: dict[str, int] = field(default_factory=dict)
+
+
+class Stages:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.store: Any = None
+        self.resolver: Any = None
+        self.lazy: Any = None
+        self.runtime: Any = None
+        self.provisioner: Any = None
+        self.recovered: Any = None
+
+    @classmethod
+    def start(cls, config: NodeConfig, on_terminate: Callable[..., None]) -> "Stages":
+        self = cls(config)
+        try:
+            self._start(on_terminate)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, on_terminate: Callable[..., None]) -> None:
+        from rollstack.plan.resolve import Resolver
+        from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
+        from rollstack.store import default_store_spec, open_store
+
+        cfg = self.config
+        cfg.root.mkdir(parents=True, exist_ok=True)
+        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root))
+        self.recovered = self.runtime.cleanup_leftovers()
+        if not self.recovered.empty():
+            log.warning("cleaned up leftovers of a previous run: %s", self.recovered)
+        spec = cfg.store or default_store_spec()
+        self.store = open_store(spec)
+        self.resolver = Resolver(self.store, cfg.resolve_cache, cfg.resolve_ttl)
+        self.lazy = self._start_lazy(spec)
+        if cfg.provision:
+            self.provisioner = self._start_provisioner(on_terminate)
+
+    def _start_lazy(self, spec: str) -> Any:
+        from rollstack.mount.client import LazyStoreClient
+
+        lazy = self.config.lazy_dir
+        mountpoint = lazy / "mnt"
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        return LazyStoreClient.start(mountpoint, lazy / "state", spec)
+
+    def _start_provisioner(self, on_terminate: Callable[..., None]) -> Any:
+        try:
+            from rollstack.provision.controller import Provisioner
+        except ModuleNotFoundError as exc:
+            if exc.name != "rollstack.provision.controller":
+                raise
+            log.warning("rollstack.provision.controller missing: running without elastic quotas")
+            return None
+        from rollstack.provision.backend import detect_backend
+        from rollstack.provision.config import NodeCapacity, PolicyConfig
+
+        capacity = NodeCapacity.detect() if hasattr(NodeCapacity, "detect") else NodeCapacity()
+        prov = Provisioner(detect_backend(), PolicyConfig(), capacity)
+        if hasattr(prov, "on_terminate"):
+            prov.on_terminate(on_terminate)
+        if hasattr(prov, "start"):
+            prov.start()
+        return prov
+
+    def stop(self) -> None:
+        for name in ("provisioner", "lazy"):
+            part = getattr(self, name)
+            if part is None:
+                continue
+            try:
+                part.stop()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                log.exception("stopping the %s failed", name)
+            setattr(self, name, None)
+        for name in ("store",):
+            part = getattr(self, name)
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def admit(self, env_id: str, plan: Any) -> None:
+        """Raises InsufficientCapacity when the provisioner cannot reserve the plan's start quotas."""
+        if self.provisioner is None or not hasattr(self.provisioner, "admit"):
+            return
+        ok = self.provisioner.admit(env_id, plan.resources)
+        if ok is False:
+            raise InsufficientCapacity(f"not enough node capacity for {plan.resources.cpu} cores, {plan.resources.memory} bytes")
+
+    # -- create / teardown ----------------------------------------------------------------------
+
+    def build(self, rec: EnvRecord, timings: Timings) -> Built:
+        """Resolve, ensure layers, mount + mutate + start; fills the phase timings."""
+        from rollstack.run.ocispec import SpecParams
+
+        plan = rec.plan
+        t = time.perf_counter()
+        stack = self.resolver.resolve(plan)
+        timings.resolve = round(time.perf_counter() - t, 6)
+        refs = list(stack.layers)
+
+        t = time.perf_counter()
+        self.lazy.add_layers(refs)
+        if plan.fetch.eager:
+            self.lazy.fetch_all(refs)
+        self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager)
+        lowers = [Path(self.lazy.layer_dir(r.digest)) for r in reversed(refs)]  # top first
+        timings.toc = round(time.perf_counter() - t, 6)
+
+        params = SpecParams(
+            env_id=rec.id,
+            cwd=plan.workdir,
+            env=dict(plan.env),
+            cpu=plan.resources.cpu,
+            memory=plan.resources.memory,
+        )
+        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan))
+        timings.mount = round(env.timings.get("mount", 0.0), 6)
+        timings.mutation = round(env.timings.get("mutation", 0.0), 6)
+        timings.start = round(env.timings.get("start", 0.0), 6)
+        rec.runtime = env
+        if self.provisioner is not None:
+            self.provisioner.register(rec.id, plan.resources)
+        fetch = self._fetch_stats(rec.id)
+        fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
+        return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch)
+
+    def _fetch_stats(self, env_id: str) -> dict[str, int]:
+        try:
+            doc = self.lazy.env_stats(env_id) or {}
+        except Exception:  # noqa: BLE001 - statistics must never fail a create
+            log.exception("env_stats(%s) failed", env_id)
+            doc = {}
+        keys = ("fetched_bytes", "from_cache_bytes", "from_peer_bytes")
+        return {k: int(doc.get(k, 0) or 0) for k in keys}
+
+    def teardown(self, rec: EnvRecord) -> None:
+        """Undo whatever part of `build` happened. Raises if something could not be reclaimed."""
+        errors: list[BaseException] = []
+        if self.provisioner is not None:
+            _try([], self.provisioner.unregister, rec.id)  # may never have been registered
+        env = rec.runtime
+        if env is None and self.runtime is not None:
+            from rollstack.run.environment import Environment
+
+            env = Environment(self.runtime, rec.id)  # a create that failed half-way
+        if env is not None:
+            _try(errors, env.destroy)
+        if self.lazy is not None:
+            _try([], self.lazy.end_env, rec.id)  # may never have begun
+        if errors:
+            raise errors[0]
+
+    # -- use ----------------------------------------------------------------------------------
+
+    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: Any) -> Any:
+        return rec.runtime.exec(
+            req.resolved_argv(),
+            cwd=req.cwd,
+            env=req.env or None,
+            stdin=req.stdin.encode() if req.stdin is not None else None,
+            timeout=req.timeout,
+            output_limit=self.config.exec_output_limit,
+            on_output=on_output,
+        )
+
+    def read_file(self, rec: EnvRecord, path: str) -> bytes:
+        return rec.runtime.files.read_file(path)
+
+    def write_file(self, rec: EnvRecord, path: str, data: bytes) -> None:
+        rec.runtime.files.write_file(path, data)
+
+    def diff(self, rec: EnvRecord) -> str:
+        return rec.runtime.diff(base=DIFF_BASE)
+
+    # -- provisioning -------------------------------------------------------------------------
+
+    def quotas(self, env_id: str) -> Quotas | None:
+        hist = self._history(env_id)
+        if not hist:
+            return None
+        last = hist[-1]
+        return Quotas(cpu_limit=last.get("cpu_limit"), memory_limit=last.get("memory_limit"))
+
+    def _history(self, env_id: str) -> list[dict[str, Any]]:
+        if self.provisioner is None:
+            return []
+        try:
+            return [_as_dict(s) for s in self.provisioner.history(env_id)]
+        except Exception:  # noqa: BLE001 - an unknown env has no history
+            return []
+
+    def history(self, env_id: str) -> tuple[list[Sample], list[dict[str, Any]]]:
+        samples = [Sample.model_validate(s) for s in self._history(env_id)]
+        events: list[dict[str, Any]] = []
+        if self.provisioner is not None:
+            try:
+                events = [_as_dict(e) for e in self.provisioner.events(env_id)]
+            except Exception:  # noqa: BLE001
+                events = []
+        return samples, events
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.lazy is not None:
+            try:
+                stats = self.lazy.stats() or {}
+            except Exception:  # noqa: BLE001 - metrics never fail a scrape
+                stats = {}
+            for key, value in _flatten(stats, "lazy"):
+                out[key] = value
+        out["agent_rss_bytes"] = float(_rss())
+        return out
+
+
+def _mutator(plan: Any) -> Callable[[Path], None] | None:
+    if not plan.mutation_text:
+        return None
+    from rollstack.plan.mutation import apply_mutation
+
+    text, workdir = plan.mutation_text, plan.workdir
+
+    def apply(rootfs: Path) -> None:
+        apply_mutation(rootfs, text, workdir=workdir)
+
+    return apply
+
+
+def _try(errors: list[BaseException], fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - collected, the first one re-raised by the caller
+        log.warning("teardown step %s failed: %s", getattr(fn, "__name__", fn), exc)
+        errors.append(exc)
+
+
+def _as_dict(item: Any) -> dict[str, Any]:
+    if isinstance(item, dict):
+        return item
+    if hasattr(item, "model_dump"):
+        return item.model_dump()
+    if hasattr(item, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(item)
+    return dict(vars(item))
+
+
+def _flatten(doc: Any, prefix: str) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += _flatten(v, f"{prefix}_{k}")
+    elif isinstance(doc, (int, float)) and not isinstance(doc, bool):
+        out.append((prefix.replace(".", "_").replace("-", "_"), float(doc)))
+    return out
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
