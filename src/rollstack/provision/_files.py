@@ -1,0 +1,75 @@
+"""Small, fast cgroupfs file helpers shared by the v1 and v2 backends.
+
+Sampling 256 environments every 200 ms must cost well under 2% of a core, and in CPython an
+open/read/close triple costs ~7 us per file while a `pread` on a cached descriptor costs ~1 us.
+So samples go through `FdCache` (one descriptor per file per cgroup, closed on `forget`), and
+writes (rare) open the file each time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+UNLIMITED_V1 = 9223372036854771712
+"""What v1 reports for "no limit" (PAGE_COUNTER_MAX in bytes, page-aligned)."""
+
+
+def write_text(path: Path, value: str) -> None:
+    """Write one value the way cgroupfs wants it: a single write() of the whole string."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def read_text(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
+
+
+def parse_flat_keyed(data: bytes) -> dict[bytes, int]:
+    """`key value` lines (cpu.stat, memory.events, oom_control) -> {key: int}."""
+    out: dict[bytes, int] = {}
+    for line in data.split(b"\n"):
+        k, _, v = line.partition(b" ")
+        if v:
+            out[k] = int(v)
+    return out
+
+
+def parse_psi_some_total(data: bytes) -> int:
+    """The `some ... total=N` microseconds of a PSI file (cpu.pressure / memory.pressure)."""
+    line = data.split(b"\n", 1)[0]
+    idx = line.rfind(b"total=")
+    if not line.startswith(b"some") or idx < 0:
+        raise ValueError(f"not a PSI file: {data[:80]!r}")
+    return int(line[idx + 6 :])
+
+
+class FdCache:
+    """Read-only descriptors for one cgroup's files, opened on first use."""
+
+    __slots__ = ("fds",)
+
+    def __init__(self) -> None:
+        self.fds: dict[Path, int] = {}
+
+    def read(self, path: Path) -> bytes:
+        fd = self.fds.get(path)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fds[path] = fd
+        return os.pread(fd, 4096, 0)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds.clear()

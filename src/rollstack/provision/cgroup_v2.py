@@ -1,0 +1,162 @@
+"""`CgroupV2`: the unified hierarchy (most production hosts).
+
+File names and formats follow the kernel's cgroup-v2 documentation: `cpu.max` ("$MAX $PERIOD"),
+`cpu.stat` (usage_usec, nr_periods, nr_throttled, throttled_usec), `memory.current`,
+`memory.max` / `memory.high` ("max" or bytes), `memory.events` (low/high/max/oom/oom_kill),
+`memory.pressure` / `cpu.pressure` (PSI; rollstack uses the `some total=` microsecond counter,
+because the avg10 averages only refresh every 2 s), `pids.max`.
+
+v2 cannot pause a task at its limit the way v1's oom_kill_disable does, so the elastic quota is
+applied as `memory.high` (reclaim + throttle above it) with `memory.max` at the environment's cap
+(the kernel OOM-kills only there). `under_oom` is reported when usage has reached the quota.
+
+This host's v2 mount has no cpu/memory controllers, so this backend is tested against a fake
+cgroupfs tree with the kernel's file formats (tests/unit/provision/test_provision_cgroup_v2.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.provision._files import FdCache, parse_flat_keyed, parse_psi_some_total, read_text, write_text
+from rollstack.provision.backend import CFS_PERIOD_US, CgroupBackend
+from rollstack.provision.sample import CgroupSample
+
+UNDER_OOM_SLACK = 256 * 1024
+"""Usage within this many bytes of the quota counts as "at the limit" (v2 has no under_oom flag)."""
+
+CONTROLLERS = ("cpu", "memory", "pids")
+
+
+class CgroupV2(CgroupBackend):
+    """Elastic control through v2 files under one unified `root`."""
+
+    version = 2
+
+    def __init__(self, root: Path = Path("/sys/fs/cgroup")) -> None:
+        self.root = Path(root)
+        self._cache: dict[str, tuple[FdCache, Path]] = {}
+
+    def dir(self, path: str) -> Path:
+        rel = str(path).strip("/")
+        if not rel or ".." in rel.split("/"):
+            raise InvalidRequest(f"bad cgroup path {path!r}", path=str(path))
+        return self.root / rel
+
+    def _dirs(self, path: str) -> list[Path]:
+        d = self.dir(path)
+        return [d] if d.exists() else []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def create(self, path: str) -> None:
+        d = self.dir(path)
+        # Controllers must be enabled in every ancestor's subtree_control for the leaf to get files.
+        parent = self.root
+        for part in d.relative_to(self.root).parts:
+            self._enable_controllers(parent)
+            parent = parent / part
+            parent.mkdir(exist_ok=True)
+
+    def _enable_controllers(self, d: Path) -> None:
+        ctl = d / "cgroup.subtree_control"
+        enabled = set(read_text(ctl).split())
+        missing = [c for c in CONTROLLERS if c not in enabled]
+        if missing:
+            try:
+                write_text(ctl, " ".join("+" + c for c in missing))
+            except OSError as exc:
+                raise RuntimeFailure(f"cannot enable {missing} in {d}: {exc}", path=str(d)) from exc
+
+    def exists(self, path: str) -> bool:
+        return self.dir(path).is_dir()
+
+    def procs(self, path: str) -> list[int]:
+        try:
+            return sorted(int(x) for x in read_text(self.dir(path) / "cgroup.procs").split())
+        except FileNotFoundError:
+            return []
+
+    def add_proc(self, path: str, pid: int) -> None:
+        write_text(self.dir(path) / "cgroup.procs", str(pid))
+
+    def forget(self, path: str) -> None:
+        entry = self._cache.pop(path, None)
+        if entry:
+            entry[0].close()
+
+    # -- limits --------------------------------------------------------------------------------
+    def set_cpu(self, path: str, cores: float | None) -> None:
+        quota = "max" if cores is None else str(max(1000, int(round(cores * CFS_PERIOD_US))))
+        write_text(self.dir(path) / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+
+    def set_memory(self, path: str, limit_bytes: int, high: int | None = None) -> int:
+        d = self.dir(path)
+        # Order matters for the kernel only in that high > max is pointless; write high first when
+        # shrinking so the cgroup is reclaimed gently before the hard limit moves.
+        write_text(d / "memory.high", "max" if high is None else str(int(high)))
+        write_text(d / "memory.max", str(int(limit_bytes)))
+        return int(limit_bytes) if high is None else int(high)
+
+    def set_memory_quota(self, path: str, quota: int, cap: int) -> int:
+        return self.set_memory(path, max(int(cap), int(quota)), high=int(quota))
+
+    def _unlimit_memory(self, path: str) -> None:
+        d = self.dir(path)
+        write_text(d / "memory.high", "max")
+        write_text(d / "memory.max", "max")
+
+    def set_pids(self, path: str, max_pids: int | None) -> None:
+        write_text(self.dir(path) / "pids.max", "max" if max_pids is None else str(int(max_pids)))
+
+    # -- sampling ------------------------------------------------------------------------------
+    def sample(self, path: str, now: float | None = None) -> CgroupSample:
+        entry = self._cache.get(path)
+        if entry is None:
+            entry = (FdCache(), self.dir(path))
+            self._cache[path] = entry
+        cache, d = entry
+        try:
+            cpu = parse_flat_keyed(cache.read(d / "cpu.stat"))
+            cpu_max = cache.read(d / "cpu.max").split()
+            current = int(cache.read(d / "memory.current"))
+            mmax = _limit(cache.read(d / "memory.max"))
+            high = _limit(cache.read(d / "memory.high"))
+            events = parse_flat_keyed(cache.read(d / "memory.events"))
+            mem_psi = _optional_psi(cache, d / "memory.pressure")
+            cpu_psi = _optional_psi(cache, d / "cpu.pressure")
+        except OSError:
+            self.forget(path)
+            raise
+        limit = high if high is not None else mmax
+        limit_bytes = limit if limit is not None else 1 << 63
+        quota = cpu_max[0]
+        return CgroupSample(
+            t=time.monotonic() if now is None else now,
+            cpu_usage_ns=cpu.get(b"usage_usec", 0) * 1000,
+            nr_periods=cpu.get(b"nr_periods", 0),
+            nr_throttled=cpu.get(b"nr_throttled", 0),
+            throttled_ns=cpu.get(b"throttled_usec", 0) * 1000,
+            memory_usage=current,
+            memory_limit=limit_bytes,
+            events_high=events.get(b"high", 0),
+            events_max=events.get(b"max", 0),
+            oom_kill_count=events.get(b"oom_kill", 0),
+            under_oom=current + UNDER_OOM_SLACK >= limit_bytes,
+            pressure_total_us=mem_psi,
+            cpu_pressure_total_us=cpu_psi,
+            cpu_limit=None if quota == b"max" else int(quota) / int(cpu_max[1]),
+        )
+
+
+def _limit(raw: bytes) -> int | None:
+    raw = raw.strip()
+    return None if raw == b"max" else int(raw)
+
+
+def _optional_psi(cache: FdCache, path: Path) -> int | None:
+    try:
+        return parse_psi_some_total(cache.read(path))
+    except FileNotFoundError:  # kernels built without PSI, or psi=0
+        return None

@@ -1,0 +1,350 @@
+"""`Provisioner`: the node's 200 ms elastic-quota loop (a background thread, not asyncio).
+
+Each tick samples every registered environment's cgroup, asks the pure `QuotaPolicy` what to do,
+reclaims from idle environments when a grow would eat the admission reserve, and writes the new
+quotas straight into the cgroup files (rollstack owns those cgroups). It keeps a bounded history
+and an event log per environment and calls `on_terminate(env_id, reason)` when an OOM emergency
+persists; the node agent then kills the environment and reports `oom_terminated`.
+
+One lock guards all state; a tick holds it while it samples and writes (~40 us per environment),
+so `register`/`admit` wait at most one tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest
+from rollstack.provision.backend import CgroupBackend
+from rollstack.provision.config import NodeCapacity, PolicyConfig
+from rollstack.provision.policy import Decision, EnvState, QuotaPolicy
+
+log = logging.getLogger(__name__)
+
+TerminateCallback = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class _Env:
+    env_id: str
+    path: str
+    state: EnvState
+    history: deque = field(default_factory=deque)
+    events: deque = field(default_factory=deque)
+    status: str = "active"
+    """active | terminated (emergency; waiting for the agent to unregister) | gone (cgroup vanished)."""
+
+
+class Provisioner:
+    """Elastic CPU/memory quotas for every registered environment on this node."""
+
+    def __init__(
+        self,
+        backend: CgroupBackend,
+        config: PolicyConfig | None = None,
+        capacity: NodeCapacity | None = None,
+        *,
+        on_terminate: TerminateCallback | None = None,
+        history_len: int = 600,
+        events_len: int = 1000,
+        registry: Any = None,
+    ) -> None:
+        self.backend = backend
+        self.config = config or PolicyConfig()
+        self.capacity = capacity or _host_capacity()
+        self.policy = QuotaPolicy(self.config, self.capacity)
+        self.on_terminate = on_terminate
+        self._history_len = history_len
+        self._events_len = events_len
+        self._envs: dict[str, _Env] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wall_offset = time.time() - time.monotonic()
+        self._write_us: deque[float] = deque(maxlen=4096)
+        self._cost = {"ticks": 0, "samples": 0, "cpu_s": 0.0, "wall_s": 0.0, "sample_cpu_s": 0.0}
+        self.registry = registry
+        if registry is not None:
+            from rollstack.provision.metrics import ProvisionerCollector
+
+            registry.register(ProvisionerCollector(self))
+
+    # -- registration and admission ----------------------------------------------------------
+    def admit(self, cpu: float, memory: int) -> bool:
+        """Would an environment with these start quotas be admitted now (reserve may be used)?"""
+        with self._lock:
+            return self._node().admits(cpu, memory)
+
+    def register(
+        self,
+        env_id: str,
+        cgroup_path: str,
+        start_cpu: float,
+        start_memory: int,
+        max_cpu: float | None = None,
+        max_memory: int | None = None,
+        *,
+        check_admission: bool = True,
+    ) -> dict[str, Any]:
+        """Start managing `cgroup_path`: apply the start quotas (and v1 oom_kill_disable).
+
+        Raises `InsufficientCapacity` if `check_admission` and the start quotas do not fit.
+        Returns the applied quotas and caps.
+        """
+        if start_cpu <= 0 or start_memory <= 0:
+            raise InvalidRequest("start quotas must be positive", cpu=start_cpu, memory=start_memory)
+        with self._lock:
+            if env_id in self._envs:
+                raise InvalidRequest(f"environment {env_id} is already registered", env=env_id)
+            now = time.monotonic()
+            state = self.policy.new_state(env_id, start_cpu, start_memory, max_cpu, max_memory, now)
+            if check_admission and not self._node().admits(state.cpu, state.memory):
+                raise InsufficientCapacity(
+                    f"node cannot admit {state.cpu:g} cores / {state.memory} bytes",
+                    **self.committed(),
+                )
+            # Idempotent: the runtime may have created it already; this also sets v1 oom_kill_disable.
+            self.backend.create(cgroup_path)
+            self._write(self.backend.set_cpu, cgroup_path, state.cpu)
+            applied = self._write(self.backend.set_memory_quota, cgroup_path, state.memory, state.max_memory)
+            state = replace(state, memory=int(applied))
+            env = _Env(env_id, cgroup_path, state, deque(maxlen=self._history_len), deque(maxlen=self._events_len))
+            self._envs[env_id] = env
+            self._record_history(env, time.time(), 0.0, 0)
+            return {"cpu": state.cpu, "memory": state.memory, "max_cpu": state.max_cpu, "max_memory": state.max_memory}
+
+    def unregister(self, env_id: str) -> None:
+        """Stop managing the environment and release its committed quotas (the cgroup is left)."""
+        with self._lock:
+            env = self._envs.pop(env_id, None)
+            if env is not None:
+                self.backend.forget(env.path)
+
+    # -- queries -------------------------------------------------------------------------------
+    def committed(self) -> dict[str, Any]:
+        """Node totals: committed quotas, reserve, capacity (CPU capacity already x overcommit)."""
+        with self._lock:
+            n = self._node()
+            return {
+                "cpu": n.committed_cpu, "memory": n.committed_memory,
+                "reserve_cpu": n.reserve_cpu, "reserve_memory": n.reserve_memory,
+                "capacity_cpu": n.cpu_capacity, "capacity_memory": n.memory_capacity,
+                "environments": len(self._envs),
+            }  # fmt: skip
+
+    def quotas(self, env_id: str) -> dict[str, Any]:
+        with self._lock:
+            env = self._get(env_id)
+            s = env.state
+            return {
+                "cpu": s.cpu, "memory": s.memory, "max_cpu": s.max_cpu, "max_memory": s.max_memory,
+                "start_cpu": s.start_cpu, "start_memory": s.start_memory, "status": env.status,
+                "peak_cpu": s.peak_cpu, "peak_memory": s.peak_memory,
+            }  # fmt: skip
+
+    def history(self, env_id: str) -> list[dict[str, Any]]:
+        """`[{t, cpu_limit, memory_limit, cpu_usage (cores), memory_usage}]`, oldest first (bounded)."""
+        with self._lock:
+            rows = list(self._get(env_id).history)
+        keys = ("t", "cpu_limit", "memory_limit", "cpu_usage", "memory_usage")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def events(self, env_id: str | None = None) -> list[dict[str, Any]]:
+        """The decision events of one environment (or of all, time-ordered)."""
+        with self._lock:
+            if env_id is not None:
+                return list(self._get(env_id).events)
+            out = [e for env in self._envs.values() for e in env.events]
+        return sorted(out, key=lambda e: e["t"])
+
+    def stats(self, env_id: str) -> dict[str, Any]:
+        """What `env stats ID --json` shows: quotas, history, events."""
+        return {"quota": self.quotas(env_id), "history": self.history(env_id), "events": self.events(env_id)}
+
+    def env_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._envs)
+
+    def write_latency(self) -> dict[str, float]:
+        """Latency of cgroup quota writes so far, microseconds."""
+        with self._lock:
+            xs = sorted(self._write_us)
+        if not xs:
+            return {"count": 0}
+        pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+        return {"count": len(xs), "p50_us": pick(0.5), "p99_us": pick(0.99), "max_us": xs[-1]}
+
+    def loop_cost(self) -> dict[str, float]:
+        """CPU the loop has used: per tick, per sample, and as % of one core over its wall time."""
+        with self._lock:
+            c = dict(self._cost)
+        samples = max(1, c["samples"])
+        c["us_per_sample"] = c["cpu_s"] / samples * 1e6
+        c["us_per_sample_read"] = c["sample_cpu_s"] / samples * 1e6
+        c["percent_of_core"] = 100 * c["cpu_s"] / c["wall_s"] if c["wall_s"] else 0.0
+        return c
+
+    # -- the loop ------------------------------------------------------------------------------
+    def start(self) -> "Provisioner":
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="rollstack-provisioner", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> "Provisioner":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        period = self.config.sample_period_s
+        started = time.monotonic()
+        next_at = started
+        while not self._stop.is_set():
+            c0 = time.thread_time()
+            try:
+                self.tick()
+            except Exception:  # the loop must survive anything one tick hits
+                log.exception("provisioner tick failed")
+            with self._lock:
+                self._cost["cpu_s"] += time.thread_time() - c0
+                self._cost["wall_s"] = time.monotonic() - started
+            next_at += period
+            delay = next_at - time.monotonic()
+            if delay < 0:  # overran: skip missed ticks rather than bursting to catch up
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def tick(self) -> None:
+        """One pass over every active environment: sample, decide, reclaim if needed, apply."""
+        terminations: list[tuple[_Env, dict[str, Any]]] = []
+        with self._lock:
+            self._cost["ticks"] += 1
+            for env in list(self._envs.values()):
+                if env.status != "active":
+                    continue
+                c0 = time.thread_time()
+                try:
+                    sample = self.backend.sample(env.path)
+                except OSError as exc:
+                    env.status = "gone"
+                    self._log(env, {"t": time.monotonic(), "env": env.env_id, "signal": "cgroup_gone",
+                                    "resource": "-", "old": None, "new": None, "reason": str(exc)})  # fmt: skip
+                    continue
+                self._cost["sample_cpu_s"] += time.thread_time() - c0
+                self._cost["samples"] += 1
+                decision = self._decide(env, sample)
+                self._apply(env, decision)
+                self._record_history(env, sample.t + self._wall_offset, decision.state.cpu_usage, sample.memory_usage)
+                if decision.terminate is not None:
+                    env.status = "terminated"
+                    terminations.append((env, self._terminate_reason(env, decision.terminate)))
+        for env, reason in terminations:  # callbacks outside the lock: they may call back in
+            self._terminate(env, reason)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _decide(self, env: _Env, sample: Any) -> Decision:
+        decision = self.policy.decide(env.state, sample, self._node())
+        if decision.short_cpu <= 0 and decision.short_memory <= 0:
+            return decision
+        others = [e.state for e in self._envs.values() if e.status == "active"]
+        plan = self.policy.plan_reclaim(others, decision.short_cpu, decision.short_memory, exclude=env.env_id)
+        if not plan:
+            return decision
+        for ev in plan:
+            victim = self._envs[ev["env"]]
+            if ev["resource"] == "cpu":
+                self._write(self.backend.set_cpu, victim.path, ev["new"])
+            else:
+                applied = self._write(self.backend.set_memory_quota, victim.path, int(ev["new"]), victim.state.max_memory)
+                ev = dict(ev, new=int(applied))
+            victim.state = self.policy.apply_reclaim(victim.state, ev, sample.t)
+            self._log(victim, ev)
+        return self.policy.decide(env.state, sample, self._node())  # same sample, more room
+
+    def _apply(self, env: _Env, d: Decision) -> None:
+        old = env.state
+        state = d.state
+        if d.new_cpu != old.cpu:
+            self._write(self.backend.set_cpu, env.path, d.new_cpu)
+        if d.new_memory != old.memory:
+            applied = int(self._write(self.backend.set_memory_quota, env.path, d.new_memory, state.max_memory))
+            if applied != d.new_memory:
+                d.events.append({"t": state.prev.t, "env": env.env_id, "signal": "write_refused",
+                                 "resource": "memory", "old": d.new_memory, "new": applied,
+                                 "reason": "kernel kept the old limit (usage above the new one: EBUSY)"})  # fmt: skip
+                state = replace(state, memory=applied)
+        env.state = state
+        for ev in d.events:
+            self._log(env, ev)
+
+    def _write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._write_us.append((time.perf_counter() - t0) * 1e6)
+
+    def _log(self, env: _Env, ev: dict[str, Any]) -> None:
+        ev = dict(ev, t=ev["t"] + self._wall_offset)
+        env.events.append(ev)
+        log.debug("provision %s", ev)
+
+    def _record_history(self, env: _Env, t: float, cpu_usage: float, memory_usage: int) -> None:
+        s = env.state
+        env.history.append((t, s.cpu, s.memory, cpu_usage, memory_usage))
+
+    def _terminate_reason(self, env: _Env, reason: dict[str, Any]) -> dict[str, Any]:
+        reason = dict(reason, t=reason["t"] + self._wall_offset)
+        reason["quota_history"] = [
+            {"t": r[0], "cpu_limit": r[1], "memory_limit": r[2]}
+            for i, r in enumerate(env.history)
+            if i == 0 or r[1:3] != env.history[i - 1][1:3]
+        ]
+        return reason
+
+    def _terminate(self, env: _Env, reason: dict[str, Any]) -> None:
+        log.warning("provisioner terminating %s: %s", env.env_id, reason.get("cause"))
+        if self.on_terminate is None:
+            self.backend.kill(env.path)
+            return
+        try:
+            self.on_terminate(env.env_id, reason)
+        except Exception:
+            log.exception("on_terminate callback failed for %s", env.env_id)
+
+    def _node(self):
+        cpu = 0.0
+        mem = 0
+        for e in self._envs.values():
+            if e.status != "gone":
+                cpu += e.state.cpu
+                mem += e.state.memory
+        return self.policy.node(cpu, mem)
+
+    def _get(self, env_id: str) -> _Env:
+        env = self._envs.get(env_id)
+        if env is None:
+            raise EnvironmentNotFound(f"environment {env_id} is not provisioned", env=env_id)
+        return env
+
+
+def _host_capacity() -> NodeCapacity:
+    import os
+
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return NodeCapacity(cpu=float(os.cpu_count() or 1), memory=int(pages))

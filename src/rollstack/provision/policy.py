@@ -1,0 +1,395 @@
+"""`QuotaPolicy`: the pure elastic-quota rules (no I/O, no clock, property-tested).
+
+Per environment and per sample: one pressure sample grows the quota (x2 ordinary, x4 severe; CPU
+and memory decided independently), sustained low usage shrinks it stepwise, never below the start
+value (memory never below usage + headroom), never above the environment's cap.
+
+Node rules (defined here, enforced by the provisioner through `NodeView`):
+- *committed* = the sum of the quotas currently applied to registered environments.
+- *admission* (`NodeView.admits`): a new environment fits if committed + its start quotas <=
+  capacity (CPU capacity = cores x cpu_overcommit). Admission MAY use the reserve: that is what
+  the reserve is for.
+- *scale-up*: a grow may only raise committed up to capacity x (1 - reserve). A grow that does
+  not fit is first helped by reclaiming from idle environments (`plan_reclaim`), then capped to
+  what fits, else denied; every cap/denial is an event with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rollstack.provision.config import MiB, NodeCapacity, PolicyConfig
+from rollstack.provision.sample import CgroupSample
+
+PAGE = 4096
+CPU_EPS = 1e-6
+
+__all__ = [
+    "PolicyConfig",
+    "NodeCapacity",
+    "EnvState",
+    "NodeView",
+    "Decision",
+    "QuotaPolicy",
+    "Pressure",
+    "cpu_pressure",
+    "memory_pressure",
+    "memory_floor",
+]
+
+
+@dataclass(frozen=True)
+class EnvState:
+    """What the policy remembers about one environment between samples."""
+
+    env: str
+    start_cpu: float
+    start_memory: int
+    max_cpu: float
+    max_memory: int
+    cpu: float
+    """CPU quota in force (cores)."""
+    memory: int
+    """Memory quota in force (bytes)."""
+    prev: CgroupSample | None = None
+    cpu_usage: float = 0.0
+    """CPU usage over the last sample interval (cores)."""
+    memory_usage: int = 0
+    cpu_low_since: float | None = None
+    mem_low_since: float | None = None
+    cpu_changed_at: float = 0.0
+    mem_changed_at: float = 0.0
+    oom_at_cap: int = 0
+    oom_stalled: int = 0
+    peak_cpu: float = 0.0
+    peak_memory: int = 0
+    cpu_denied: bool = False
+    mem_denied: bool = False
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The node as a decision sees it: capacity (CPU already x overcommit) and what is committed."""
+
+    cpu_capacity: float
+    memory_capacity: int
+    committed_cpu: float
+    committed_memory: int
+    reserve_cpu: float
+    reserve_memory: int
+
+    @classmethod
+    def of(cls, capacity: NodeCapacity, config: PolicyConfig, committed_cpu: float, committed_memory: int) -> "NodeView":
+        cpu_cap = capacity.cpu * config.cpu_overcommit
+        return cls(
+            cpu_capacity=cpu_cap,
+            memory_capacity=capacity.memory,
+            committed_cpu=committed_cpu,
+            committed_memory=committed_memory,
+            reserve_cpu=cpu_cap * config.reserve_cpu_fraction,
+            reserve_memory=int(capacity.memory * config.reserve_memory_fraction),
+        )
+
+    def grow_budget_cpu(self) -> float:
+        """How much CPU quota scale-ups may still add without eating the reserve (>= 0)."""
+        return max(0.0, self.cpu_capacity - self.reserve_cpu - self.committed_cpu)
+
+    def grow_budget_memory(self) -> int:
+        return max(0, self.memory_capacity - self.reserve_memory - self.committed_memory)
+
+    def admits(self, cpu: float, memory: int) -> bool:
+        """Admission: start quotas fit in capacity minus committed (the reserve may be used)."""
+        return (
+            self.committed_cpu + cpu <= self.cpu_capacity + CPU_EPS
+            and self.committed_memory + memory <= self.memory_capacity
+        )
+
+    def with_delta(self, cpu: float, memory: int) -> "NodeView":
+        return replace(self, committed_cpu=self.committed_cpu + cpu, committed_memory=self.committed_memory + memory)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one sample for one environment."""
+
+    state: EnvState
+    new_cpu: float
+    new_memory: int
+    events: list[dict[str, Any]] = field(default_factory=list)
+    terminate: dict[str, Any] | None = None
+    """None, or the termination reason (code `oom_terminated`, cause, peaks, quotas)."""
+    short_cpu: float = 0.0
+    """CPU quota a grow wanted but the node budget did not give (the provisioner may reclaim)."""
+    short_memory: int = 0
+
+
+@dataclass(frozen=True)
+class Pressure:
+    level: int
+    """0 none, 1 ordinary, 2 severe."""
+    signal: str
+    """What triggered it (e.g. `cpu_throttled`, `mem_under_oom`), or `low`/`ok`."""
+
+
+def cpu_pressure(config: PolicyConfig, prev: CgroupSample, cur: CgroupSample, quota: float) -> tuple[Pressure, float]:
+    """CPU pressure level and usage (cores) between two samples."""
+    dt = cur.t - prev.t
+    usage = max(0, cur.cpu_usage_ns - prev.cpu_usage_ns) / 1e9 / dt if dt > 0 else 0.0
+    periods = max(0, cur.nr_periods - prev.nr_periods)
+    throttled = max(0, cur.nr_throttled - prev.nr_throttled)
+    if periods and throttled / periods >= config.cpu_severe_throttled_fraction:
+        return Pressure(2, "cpu_throttled"), usage
+    if throttled:
+        return Pressure(1, "cpu_throttled"), usage
+    if usage >= config.cpu_ordinary_usage * quota:
+        return Pressure(1, "cpu_usage_high"), usage
+    if usage < config.shrink_below * quota:
+        return Pressure(0, "low"), usage
+    return Pressure(0, "ok"), usage
+
+
+def memory_pressure(config: PolicyConfig, prev: CgroupSample, cur: CgroupSample, quota: int) -> Pressure:
+    """Memory pressure level between two samples (usage measured against the quota in force)."""
+    usage = cur.memory_usage
+    if cur.under_oom:
+        return Pressure(2, "mem_under_oom")
+    if usage >= config.mem_severe_usage * quota:
+        return Pressure(2, "mem_usage_severe")
+    if usage >= config.mem_ordinary_usage * quota:
+        return Pressure(1, "mem_usage_high")
+    if cur.failcnt > prev.failcnt:
+        return Pressure(1, "mem_failcnt")
+    if cur.events_high > prev.events_high or cur.events_max > prev.events_max:
+        return Pressure(1, "mem_events")
+    if (
+        cur.pressure_total_us is not None
+        and prev.pressure_total_us is not None
+        and cur.pressure_total_us - prev.pressure_total_us > config.mem_pressure_us
+    ):
+        return Pressure(1, "mem_psi")
+    if usage < config.shrink_below * quota:
+        return Pressure(0, "low")
+    return Pressure(0, "ok")
+
+
+def memory_floor(config: PolicyConfig, usage: int) -> int:
+    """The lowest memory quota a shrink may set for this usage: usage plus headroom, page-aligned."""
+    headroom = max(int(usage * config.mem_headroom_fraction), config.mem_headroom_min)
+    return _page_up(usage + headroom)
+
+
+def _page_up(n: int) -> int:
+    return -(-int(n) // PAGE) * PAGE
+
+
+def _event(t: float, env: str, signal: str, resource: str, old: float, new: float, reason: str) -> dict[str, Any]:
+    return {"t": t, "env": env, "signal": signal, "resource": resource, "old": old, "new": new, "reason": reason}
+
+
+class QuotaPolicy:
+    """Pure decisions: `new_state` at registration, `decide` per sample, `plan_reclaim` per node."""
+
+    def __init__(self, config: PolicyConfig, capacity: NodeCapacity) -> None:
+        self.config = config
+        self.capacity = capacity
+
+    # -- registration --------------------------------------------------------------------------
+    def caps(self, max_cpu: float | None, max_memory: int | None) -> tuple[float, int]:
+        """Per-environment caps: the plan's (or the defaults), clamped to the node."""
+        c = self.config
+        cpu = min(max_cpu if max_cpu is not None else c.default_max_cpu, self.capacity.cpu)
+        mem = min(max_memory if max_memory is not None else c.default_max_memory, self.capacity.memory)
+        return max(cpu, c.min_cpu), max(int(mem), c.min_memory)
+
+    def new_state(
+        self, env: str, start_cpu: float, start_memory: int, max_cpu: float | None, max_memory: int | None, t: float
+    ) -> EnvState:
+        cap_cpu, cap_mem = self.caps(max_cpu, max_memory)
+        cpu = min(max(start_cpu, self.config.min_cpu), cap_cpu)
+        mem = min(_page_up(max(start_memory, self.config.min_memory)), cap_mem)
+        return EnvState(
+            env=env, start_cpu=cpu, start_memory=mem, max_cpu=cap_cpu, max_memory=cap_mem,
+            cpu=cpu, memory=mem, cpu_changed_at=t, mem_changed_at=t,
+        )  # fmt: skip
+
+    def node(self, committed_cpu: float, committed_memory: int) -> NodeView:
+        return NodeView.of(self.capacity, self.config, committed_cpu, committed_memory)
+
+    # -- one sample ----------------------------------------------------------------------------
+    def decide(self, state: EnvState, sample: CgroupSample, node: NodeView) -> Decision:
+        """Decide the next quotas for one environment from its newest sample."""
+        prev = state.prev
+        if prev is None or sample.t <= prev.t:
+            st = replace(state, prev=sample, memory_usage=sample.memory_usage,
+                         peak_memory=max(state.peak_memory, sample.memory_usage))  # fmt: skip
+            return Decision(st, state.cpu, state.memory)
+        events: list[dict[str, Any]] = []
+        cpu_p, cpu_usage = cpu_pressure(self.config, prev, sample, state.cpu)
+        mem_p = memory_pressure(self.config, prev, sample, state.memory)
+        st = replace(
+            state, prev=sample, cpu_usage=cpu_usage, memory_usage=sample.memory_usage,
+            peak_cpu=max(state.peak_cpu, cpu_usage), peak_memory=max(state.peak_memory, sample.memory_usage),
+        )  # fmt: skip
+        if sample.oom_kill_count > prev.oom_kill_count:
+            events.append(_event(sample.t, st.env, "oom_kill", "memory", st.memory, st.memory,
+                                 f"kernel OOM-killed {sample.oom_kill_count - prev.oom_kill_count} task(s)"))  # fmt: skip
+        st, new_cpu, short_cpu = self._cpu(st, cpu_p, sample.t, node, events)
+        st, new_mem, short_mem = self._memory(st, mem_p, sample, node, events)
+        st, terminate = self._emergency(st, sample, state.memory, new_mem, events)
+        return Decision(st, new_cpu, new_mem, events, terminate, short_cpu, short_mem)
+
+    def _cpu(self, st: EnvState, p: Pressure, t: float, node: NodeView, events: list) -> tuple[EnvState, float, float]:
+        c = self.config
+        old = st.cpu
+        if p.level:
+            factor = c.grow_severe if p.level == 2 else c.grow_ordinary
+            target = min(st.max_cpu, old * factor)
+            if target <= old + CPU_EPS:
+                return self._deny(st, "cpu", t, p.signal, old, f"at cap {st.max_cpu:g} cores", events), old, 0.0
+            grant = min(target, old + node.grow_budget_cpu())
+            short = target - grant
+            if grant <= old + CPU_EPS:
+                msg = f"denied x{factor:g}: node reserve ({node.reserve_cpu:g} cores) would be eaten"
+                return self._deny(st, "cpu", t, p.signal, old, msg, events), old, short
+            reason = f"grow x{factor:g} ({'severe' if p.level == 2 else 'ordinary'})"
+            if short > CPU_EPS:
+                reason += f", capped by node reserve (wanted {target:g})"
+            events.append(_event(t, st.env, p.signal, "cpu", old, grant, reason))
+            st = replace(st, cpu=grant, cpu_changed_at=t, cpu_low_since=None, cpu_denied=short > CPU_EPS)
+            return st, grant, short
+        st = replace(st, cpu_denied=False)
+        if p.signal != "low":
+            return replace(st, cpu_low_since=None), old, 0.0
+        low_since = st.cpu_low_since if st.cpu_low_since is not None else t
+        st = replace(st, cpu_low_since=low_since)
+        if old <= st.start_cpu + CPU_EPS or not self._sustained(low_since, st.cpu_changed_at, t):
+            return st, old, 0.0
+        new = max(st.start_cpu, old * c.shrink_factor)
+        events.append(_event(t, st.env, "low_usage", "cpu", old, new,
+                             f"shrink x{c.shrink_factor:g} after {c.shrink_after_s:g}s below {c.shrink_below:.0%}"))  # fmt: skip
+        return replace(st, cpu=new, cpu_changed_at=t, cpu_low_since=t), new, 0.0
+
+    def _memory(self, st: EnvState, p: Pressure, sample: CgroupSample, node: NodeView, events: list) -> tuple[EnvState, int, int]:
+        c = self.config
+        t = sample.t
+        old = st.memory
+        if p.level:
+            factor = c.grow_severe if p.level == 2 else c.grow_ordinary
+            target = min(st.max_memory, _page_up(old * factor))
+            if target <= old:
+                return self._deny(st, "memory", t, p.signal, old, f"at cap {st.max_memory} bytes", events), old, 0
+            grant = min(target, old + node.grow_budget_memory() // PAGE * PAGE)
+            short = target - grant
+            if grant <= old:
+                msg = f"denied x{factor:g}: node reserve ({node.reserve_memory} bytes) would be eaten"
+                return self._deny(st, "memory", t, p.signal, old, msg, events), old, short
+            reason = f"grow x{factor:g} ({'severe' if p.level == 2 else 'ordinary'})"
+            if short > 0:
+                reason += f", capped by node reserve (wanted {target})"
+            events.append(_event(t, st.env, p.signal, "memory", old, grant, reason))
+            st = replace(st, memory=grant, mem_changed_at=t, mem_low_since=None, mem_denied=short > 0)
+            return st, grant, short
+        st = replace(st, mem_denied=False)
+        if p.signal != "low":
+            return replace(st, mem_low_since=None), old, 0
+        low_since = st.mem_low_since if st.mem_low_since is not None else t
+        st = replace(st, mem_low_since=low_since)
+        if old <= st.start_memory or not self._sustained(low_since, st.mem_changed_at, t):
+            return st, old, 0
+        new = max(st.start_memory, _page_up(old * c.shrink_factor), memory_floor(c, sample.memory_usage))
+        if new >= old:
+            return st, old, 0
+        events.append(_event(t, st.env, "low_usage", "memory", old, new,
+                             f"shrink x{c.shrink_factor:g} after {c.shrink_after_s:g}s below {c.shrink_below:.0%}"))  # fmt: skip
+        return replace(st, memory=new, mem_changed_at=t, mem_low_since=t), new, 0
+
+    def _sustained(self, low_since: float, changed_at: float, t: float) -> bool:
+        w = self.config.shrink_after_s
+        return t - low_since >= w and t - changed_at >= w
+
+    def _deny(self, st: EnvState, resource: str, t: float, signal: str, old: float, why: str, events: list) -> EnvState:
+        """Record a refused grow once per episode (not every 200 ms while it persists)."""
+        flag = "cpu_denied" if resource == "cpu" else "mem_denied"
+        if not getattr(st, flag):
+            events.append(_event(t, st.env, signal, resource, old, old, why))
+        low = "cpu_low_since" if resource == "cpu" else "mem_low_since"
+        return replace(st, **{flag: True, low: None})
+
+    def _emergency(
+        self, st: EnvState, sample: CgroupSample, old_mem: int, new_mem: int, events: list
+    ) -> tuple[EnvState, dict | None]:
+        """Count consecutive samples paused under OOM that a grow could not relieve."""
+        c = self.config
+        if not sample.under_oom or new_mem > old_mem:
+            return replace(st, oom_at_cap=0, oom_stalled=0), None
+        at_cap = new_mem >= st.max_memory
+        st = replace(st, oom_at_cap=st.oom_at_cap + 1 if at_cap else 0, oom_stalled=0 if at_cap else st.oom_stalled + 1)
+        if st.oom_at_cap > c.oom_terminate_samples:
+            cause, n = "oom_at_cap", st.oom_at_cap
+        elif st.oom_stalled > c.oom_stall_terminate_samples:
+            cause, n = "node_memory_exhausted", st.oom_stalled
+        else:
+            return st, None
+        reason = {
+            "code": "oom_terminated", "cause": cause, "env": st.env, "t": sample.t,
+            "consecutive_samples": n, "peak_memory": st.peak_memory, "peak_cpu": st.peak_cpu,
+            "memory_limit": new_mem, "max_memory": st.max_memory, "cpu_limit": st.cpu, "max_cpu": st.max_cpu,
+        }  # fmt: skip
+        events.append(_event(sample.t, st.env, "mem_under_oom", "memory", new_mem, new_mem,
+                             f"terminate: under OOM for {n} consecutive samples ({cause})"))  # fmt: skip
+        return st, reason
+
+
+    # -- node level ----------------------------------------------------------------------------
+    def plan_reclaim(
+        self, states: list[EnvState], need_cpu: float, need_memory: int, exclude: str
+    ) -> list[dict[str, Any]]:
+        """Shrink idle environments to make room for a grow that the reserve would otherwise block.
+
+        Idle = usage currently below `shrink_below` of its quota (no sustain window: someone is
+        waiting). A victim keeps at least its start value, CPU >= 2x its usage, memory >= usage +
+        headroom. Largest reclaimable first; takes only what is needed. Returns events (`signal`
+        `reclaim`) whose `new` is the quota to apply.
+        """
+        c = self.config
+        out: list[dict[str, Any]] = []
+        for resource, need in (("cpu", need_cpu), ("memory", need_memory)):
+            if need <= 0:
+                continue
+            offers: list[tuple[float, EnvState, float]] = []
+            for s in states:
+                if s.env == exclude or s.prev is None:
+                    continue
+                if resource == "cpu":
+                    if s.cpu_low_since is None:
+                        continue
+                    floor = max(s.start_cpu, 2 * s.cpu_usage, c.min_cpu)
+                    spare = s.cpu - floor
+                else:
+                    if s.mem_low_since is None:
+                        continue
+                    floor = max(s.start_memory, memory_floor(c, s.memory_usage))
+                    spare = s.memory - floor
+                if spare > (CPU_EPS if resource == "cpu" else PAGE):
+                    offers.append((spare, s, floor))
+            offers.sort(key=lambda o: -o[0])
+            for spare, s, floor in offers:
+                if need <= 0:
+                    break
+                old = s.cpu if resource == "cpu" else s.memory
+                take = min(spare, need)
+                new = old - take if resource == "cpu" else max(int(floor), _page_up(old - take))
+                if resource == "memory" and new >= old:
+                    continue
+                need -= old - new
+                out.append(_event(s.prev.t, s.env, "reclaim", resource, old, new,
+                                  f"idle: reclaimed for {exclude}'s scale-up"))  # fmt: skip
+        return out
+
+    def apply_reclaim(self, state: EnvState, event: dict[str, Any], t: float) -> EnvState:
+        """The victim's state after a reclaim event was applied (its shrink clock restarts)."""
+        if event["resource"] == "cpu":
+            return replace(state, cpu=event["new"], cpu_changed_at=t, cpu_low_since=t)
+        return replace(state, memory=int(event["new"]), mem_changed_at=t, mem_low_since=t)
