@@ -1,0 +1,256 @@
+"""One environment's OS side, end to end: state dir, overlay, runc container, cgroups.
+
+On disk, under the runtime root (`RuntimeConfig.root`):
+
+    <root>/runc/                 runc's state (`runc --root`)
+    <root>/envs/<id>/meta.json   written FIRST on create: the anchor crash recovery looks for
+    <root>/envs/<id>/upper/      overlay upper (the environment's writes)
+    <root>/envs/<id>/work/       overlay work dir
+    <root>/envs/<id>/rootfs/     the merged overlay mount = the container's root
+    <root>/envs/<id>/bundle/     config.json, runc.log, init.pid
+
+Destroy undoes create in reverse and tolerates any prefix of it having happened, so it is
+idempotent and is also what crash recovery runs (`cleanup_leftovers`). Only ids found under
+this root are touched: other runtimes may share the host's `rollstack/` cgroup parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
+from rollstack.run import cgroupfs, overlay
+from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
+from rollstack.run.files import SafeRoot
+from rollstack.run.initbin import find_init_binaries
+from rollstack.run.ocispec import InitBinaries, SpecParams, build_spec
+from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
+
+DEFAULT_NOFILE = 65536
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where a node's environments live and what they run with."""
+
+    root: Path
+    """State dir (envs/, runc/). Must be on a local fs that can hold overlay upper dirs."""
+    cgroup_parent: str = "rollstack"
+    """Environments' cgroups are `<parent>/<env-id>` in every hierarchy."""
+    init: InitBinaries | None = None
+    """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
+    runc_binary: str = "runc"
+
+
+@dataclass
+class Leftovers:
+    """What a previous run left under a runtime root."""
+
+    envs: list[str] = field(default_factory=list)
+    """Env ids with a state dir."""
+    containers: list[str] = field(default_factory=list)
+    """Container ids in runc's state."""
+    mounts: list[str] = field(default_factory=list)
+    """Mount points under <root>/envs."""
+    cgroups: list[str] = field(default_factory=list)
+    """Cgroup dirs of those ids."""
+
+    def empty(self) -> bool:
+        return not (self.envs or self.containers or self.mounts or self.cgroups)
+
+
+class EnvironmentRuntime:
+    """The node-wide handle: creates, re-opens and cleans up environments under one root."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+        self.root = Path(config.root).resolve()
+        (self.root / "envs").mkdir(parents=True, exist_ok=True)
+        self.runc = Runc(self.root / "runc", config.runc_binary)
+        self._init = config.init
+
+    @property
+    def init(self) -> InitBinaries:
+        if self._init is None:
+            self._init = find_init_binaries()
+        return self._init
+
+    def env_dir(self, env_id: str) -> Path:
+        return self.root / "envs" / env_id
+
+    def create(self, env_id: str, lowers: Sequence[Path], params: SpecParams,
+               before_start: Callable[[Path], None] | None = None) -> "Environment":
+        """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation], start}.
+
+        `before_start(rootfs)` runs between mount and start (the node applies the task mutation
+        there). On any failure everything created so far is destroyed before the error rises.
+        """
+        if params.env_id != env_id:
+            params = replace(params, env_id=env_id)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if hard != resource.RLIM_INFINITY and params.nofile > hard:
+            # runc cannot raise a hard limit above its own without CAP_SYS_RESOURCE.
+            params = replace(params, nofile=int(hard))
+        params = replace(params, init=self.init, cgroup_parent=self.config.cgroup_parent)
+        env = Environment(self, env_id)
+        if env.dir.exists():
+            raise InvalidRequest(f"environment {env_id} already exists")
+        spec = build_spec(str(env.rootfs), params)  # validates before touching the disk
+        try:
+            env.dir.mkdir(parents=True)
+            env._write_meta({"id": env_id, "lowers": [str(p) for p in lowers],
+                             "created": time.time(), "cwd": params.cwd,
+                             "cgroup_parent": self.config.cgroup_parent})
+            for d in (env.upper, env.work, env.rootfs, env.bundle):
+                d.mkdir()
+            t0 = time.monotonic()
+            overlay.mount_overlay([Path(p) for p in lowers], env.upper, env.work, env.rootfs)
+            t1 = time.monotonic()
+            env.timings["mount"] = t1 - t0
+            if before_start is not None:
+                before_start(env.rootfs)
+                env.timings["mutation"] = time.monotonic() - t1
+            t2 = time.monotonic()
+            (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
+            env.pid = self.runc.run_detached(env_id, env.bundle)
+            env.timings["start"] = time.monotonic() - t2
+        except BaseException:
+            env.destroy()
+            raise
+        return env
+
+    def open(self, env_id: str) -> "Environment":
+        """Re-open an existing environment (e.g. adopted after an agent restart)."""
+        env = Environment(self, env_id)
+        if not env.meta_path.exists():
+            raise EnvironmentGone(f"environment {env_id} has no state under {self.root}")
+        return env
+
+    def find_leftovers(self) -> Leftovers:
+        """Everything under this root a previous run left: env dirs, containers, mounts, cgroups."""
+        left = Leftovers()
+        envs_dir = self.root / "envs"
+        left.envs = sorted(p.name for p in envs_dir.iterdir() if p.is_dir()) \
+            if envs_dir.is_dir() else []
+        try:
+            left.containers = sorted(c.id for c in self.runc.list())
+        except RuntimeFailure:
+            left.containers = []
+        prefix = str(envs_dir) + "/"
+        left.mounts = sorted({mp for mp, _ in overlay.mount_points() if mp.startswith(prefix)})
+        mounts = cgroupfs.cgroup_mounts()
+        for env_id in sorted(set(left.envs) | set(left.containers)):
+            left.cgroups += [str(p) for p in
+                             cgroupfs.env_cgroup_dirs(env_id, self.config.cgroup_parent, mounts)]
+        return left
+
+    def cleanup_leftovers(self) -> Leftovers:
+        """Destroy everything `find_leftovers` reports; returns what was found."""
+        left = self.find_leftovers()
+        for env_id in sorted(set(left.envs) | set(left.containers)):
+            Environment(self, env_id).destroy()
+        for mp in reversed(left.mounts):  # mounts whose env dir is already gone
+            overlay.unmount(Path(mp))
+        return left
+
+
+class Environment:
+    """One environment's handle; cheap to construct, all state is on disk and in runc."""
+
+    def __init__(self, runtime: EnvironmentRuntime, env_id: str) -> None:
+        self.runtime, self.id = runtime, env_id
+        self.dir = runtime.env_dir(env_id)
+        self.upper, self.work = self.dir / "upper", self.dir / "work"
+        self.rootfs, self.bundle = self.dir / "rootfs", self.dir / "bundle"
+        self.meta_path = self.dir / "meta.json"
+        self.timings: dict[str, float] = {}
+        self.pid: int | None = None
+
+    def _write_meta(self, meta: dict) -> None:
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, self.meta_path)
+
+    def meta(self) -> dict:
+        try:
+            return json.loads(self.meta_path.read_text())
+        except (OSError, ValueError) as e:
+            raise EnvironmentGone(f"environment {self.id} has no readable state") from e
+
+    @property
+    def lowers(self) -> list[Path]:
+        return [Path(p) for p in self.meta()["lowers"]]
+
+    # -- use ---------------------------------------------------------------------------------
+
+    def exec(self, cmd: Sequence[str] | str, *, cwd: str | None = None,
+             env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+             timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
+             on_output: OnOutput | None = None) -> ExecResult:
+        """Run argv (or a shell string through `/bin/sh -c`) in the environment."""
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        return self.runtime.runc.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
+                                      timeout=timeout, output_limit=output_limit,
+                                      on_output=on_output)
+
+    @property
+    def files(self) -> SafeRoot:
+        """Read/write access to the merged root that never escapes it."""
+        return SafeRoot(self.rootfs)
+
+    def diff(self, base: str = "/", excludes: Sequence[str] = DEFAULT_EXCLUDES) -> str:
+        """The environment's changes as a git-style unified diff, paths relative to `base`."""
+        return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes)
+
+    def update(self, cpu: float | None = None, memory: int | None = None) -> None:
+        self.runtime.runc.update(self.id, cpu=cpu, memory=memory)
+
+    def status(self) -> str:
+        """runc's status (running, stopped, ...) or "missing"."""
+        try:
+            return self.runtime.runc.state(self.id).status
+        except RuntimeFailure:
+            return "missing"
+
+    def oom_kills(self) -> int:
+        return cgroupfs.oom_kills(self.id, self.runtime.config.cgroup_parent)
+
+    # -- teardown ----------------------------------------------------------------------------
+
+    def destroy(self) -> None:
+        """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""
+        runc, errors = self.runtime.runc, []
+        if (runc.root / self.id).exists():
+            try:
+                runc.delete(self.id, force=True)
+            except RuntimeFailure as e:
+                errors.append(str(e))
+                shutil.rmtree(runc.root / self.id, ignore_errors=True)
+        for cg in cgroupfs.env_cgroup_dirs(self.id, self.runtime.config.cgroup_parent):
+            try:
+                cgroupfs.remove_cgroup(cg)
+            except OSError as e:
+                errors.append(f"cgroup {cg}: {e}")
+        try:
+            overlay.unmount(self.rootfs)
+        except RuntimeFailure as e:
+            errors.append(str(e))
+        if self.dir.exists() and not overlay.is_mounted(self.rootfs):
+            shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir.exists() or errors:
+            raise RuntimeFailure(f"destroy of {self.id} incomplete: {'; '.join(errors)}",
+                                 errors=errors)
+
+
+def timings_dict(env: Environment) -> dict[str, float]:
+    return dict(env.timings)
+
+
+__all__ = ["EnvironmentRuntime", "Environment", "RuntimeConfig", "Leftovers", "asdict"]

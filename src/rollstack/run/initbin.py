@@ -1,0 +1,62 @@
+"""Locating the static init binaries every environment bind-mounts (catatonit, tini-static).
+
+They run inside rootfs trees that may have no libc (a busybox test root, a distroless image),
+so they must be statically linked: an ELF with no PT_INTERP program header.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+from rollstack.errors import RuntimeFailure
+from rollstack.run.ocispec import InitBinaries
+
+INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
+WRAPPER_CANDIDATES = ("/usr/bin/tini-static", "/sbin/tini-static", "/usr/bin/tini")
+_PT_INTERP = 3
+
+
+def is_static_elf(path: str | Path) -> bool:
+    """True for an ELF executable without an interpreter (statically linked)."""
+    try:
+        with open(path, "rb") as f:
+            ident = f.read(64)
+            if len(ident) < 64 or ident[:4] != b"\x7fELF":
+                return False
+            is64, little = ident[4] == 2, ident[5] == 1
+            end = "<" if little else ">"
+            if is64:
+                phoff, = struct.unpack_from(end + "Q", ident, 32)
+                phentsize, phnum = struct.unpack_from(end + "HH", ident, 54)
+            else:
+                phoff, = struct.unpack_from(end + "I", ident, 28)
+                phentsize, phnum = struct.unpack_from(end + "HH", ident, 42)
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+        for i in range(phnum):
+            p_type, = struct.unpack_from(end + "I", table, i * phentsize)
+            if p_type == _PT_INTERP:
+                return False
+        return True
+    except (OSError, struct.error):
+        return False
+
+
+def _first_static(candidates: tuple[str, ...], name: str) -> str:
+    found = [c for c in candidates if Path(c).is_file()]
+    which = shutil.which(name)
+    if which:
+        found.append(which)
+    for c in found:
+        if is_static_elf(c):
+            return c
+    raise RuntimeFailure(f"no statically linked {name} found (looked at {', '.join(candidates)});"
+                         f" install Debian's catatonit and tini packages")
+
+
+def find_init_binaries() -> InitBinaries:
+    """The host's static catatonit (PID 1) and tini (exec wrapper)."""
+    return InitBinaries(init=_first_static(INIT_CANDIDATES, "catatonit"),
+                        exec_wrapper=_first_static(WRAPPER_CANDIDATES, "tini-static"))

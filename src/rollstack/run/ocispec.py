@@ -1,0 +1,206 @@
+"""The OCI runtime spec (runc's config.json) of one environment: pure, no I/O.
+
+What an environment gets (see docs/runtime.md for the reasons):
+- root: the merged overlay dir, writable; /tmp stays on it (so the files API sees it; the diff
+  excludes it by default).
+- PID 1: a static zombie-reaping init bind-mounted read-only from the host at /.rollstack/init
+  (catatonit in pause mode `-P`: it runs no child, only reaps); commands run through
+  /.rollstack/tini (tini-static as a subreaper, see `rollstack.run.runc`).
+- namespaces: mount, pid, ipc, uts, network (new, loopback only; runc leaves `lo` down, the
+  environment runtime brings it up), cgroup.
+- no_new_privileges; the container-engine default capability set (Docker/containerd's 14,
+  below); runc's masked and read-only paths; runc's default devices.
+- cgroup `linux.cgroupsPath = "/<parent>/<env-id>"` (default parent `rollstack`): with runc's
+  cgroupfs driver that is `<mount>/rollstack/<env-id>` under every v1 controller, or
+  `/sys/fs/cgroup/rollstack/<env-id>` on v2. Resources: CPU quota from cores, memory limit with
+  swap disabled (memory+swap = memory), pids limit (default 4096: stops fork bombs).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from rollstack.errors import InvalidRequest
+
+INIT_DIR = "/.rollstack"
+INIT_PATH = f"{INIT_DIR}/init"
+EXEC_WRAPPER_PATH = f"{INIT_DIR}/tini"
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Docker/containerd's default set: what runc runs with under the engines people know. `runc
+# spec`'s own 3-capability example set breaks ordinary root work (chown, apt's setuid sandbox).
+DEFAULT_CAPABILITIES: tuple[str, ...] = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+)
+RUNC_SPEC_CAPABILITIES: tuple[str, ...] = ("CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE")
+
+MASKED_PATHS: tuple[str, ...] = (
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+    "/sys/firmware", "/sys/devices/virtual/powercap",
+)
+READONLY_PATHS: tuple[str, ...] = (
+    "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+)
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ENV_KEY_RE = re.compile(r"^[^=\x00]+$")
+_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_CAP_RE = re.compile(r"^CAP_[A-Z_]+$")
+MIN_MEMORY = 8 * 1024 * 1024  # below this runc/the kernel refuse or the init cannot start
+MIN_CPU_QUOTA_US = 1000       # the kernel's minimum CFS quota
+
+
+@dataclass(frozen=True)
+class InitBinaries:
+    """Host paths of the static binaries bind-mounted into every environment."""
+
+    init: str = "/usr/bin/catatonit"
+    """PID 1: reaps zombies; started as `init -P` (pause: no child)."""
+    exec_wrapper: str = "/usr/bin/tini-static"
+    """Wraps every exec as `tini -s -g -- argv` (subreaper: the exec's whole tree stays below it)."""
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """Everything that varies between environments' specs."""
+
+    env_id: str
+    """Container id and cgroup leaf name: [A-Za-z0-9][A-Za-z0-9_.-]{0,127}."""
+    hostname: str = "rollstack"
+    cwd: str = "/"
+    """Default working directory of commands (absolute)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables on top of PATH/HOME defaults."""
+    cpu: float | None = None
+    """CPU quota in cores (None: unlimited)."""
+    memory: int | None = None
+    """Memory limit in bytes, swap disabled (None: unlimited)."""
+    pids_limit: int | None = 4096
+    """Maximum tasks in the environment (None: unlimited; do not, fork bombs)."""
+    nofile: int = 65536
+    """RLIMIT_NOFILE soft and hard."""
+    cpu_period_us: int = 100_000
+    cgroup_parent: str = "rollstack"
+    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
+    init: InitBinaries = field(default_factory=InitBinaries)
+    shm_bytes: int = 64 * 1024 * 1024
+    oom_score_adj: int = 500
+    """Makes the host's OOM killer pick environments before the agent (cgroup OOMs are local)."""
+
+
+def cgroup_path(env_id: str, parent: str = "rollstack") -> str:
+    """The spec's `linux.cgroupsPath` for an environment (absolute, cgroupfs driver)."""
+    return f"/{parent.strip('/')}/{env_id}"
+
+
+def cpu_quota(cores: float, period_us: int = 100_000) -> int:
+    """CFS quota in microseconds per `period_us` for `cores` CPUs (at least the kernel minimum)."""
+    return max(MIN_CPU_QUOTA_US, int(round(cores * period_us)))
+
+
+def _validate(rootfs: str, p: SpecParams) -> None:
+    if not _ID_RE.match(p.env_id):
+        raise InvalidRequest(f"invalid environment id {p.env_id!r}")
+    if not rootfs.startswith("/") or "\x00" in rootfs:
+        raise InvalidRequest(f"rootfs must be an absolute path: {rootfs!r}")
+    if not _HOSTNAME_RE.match(p.hostname):
+        raise InvalidRequest(f"invalid hostname {p.hostname!r}")
+    if not p.cwd.startswith("/") or "\x00" in p.cwd:
+        raise InvalidRequest(f"cwd must be an absolute path: {p.cwd!r}")
+    for k, v in p.env.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not _ENV_KEY_RE.match(k) \
+                or "\x00" in v:
+            raise InvalidRequest(f"invalid environment variable {k!r}")
+    if p.cpu is not None and not (p.cpu > 0 and p.cpu < 1e6):
+        raise InvalidRequest(f"cpu must be a positive number of cores, not {p.cpu!r}")
+    if p.memory is not None and p.memory < MIN_MEMORY:
+        raise InvalidRequest(f"memory must be at least {MIN_MEMORY} bytes, not {p.memory!r}")
+    if p.pids_limit is not None and p.pids_limit < 8:
+        raise InvalidRequest(f"pids_limit must be at least 8, not {p.pids_limit!r}")
+    if not 1000 <= p.cpu_period_us <= 1_000_000:
+        raise InvalidRequest(f"cpu period must be 1000..1000000 us, not {p.cpu_period_us}")
+    if p.nofile < 64:
+        raise InvalidRequest(f"nofile must be at least 64, not {p.nofile}")
+    if not re.match(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", p.cgroup_parent.strip("/")):
+        raise InvalidRequest(f"invalid cgroup parent {p.cgroup_parent!r}")
+    for cap in p.capabilities:
+        if not _CAP_RE.match(cap):
+            raise InvalidRequest(f"invalid capability {cap!r}")
+
+
+def _env_list(extra: Mapping[str, str]) -> list[str]:
+    env = {"PATH": DEFAULT_PATH, "HOME": "/root"}
+    env.update(extra)
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+def _mounts(p: SpecParams) -> list[dict[str, Any]]:
+    ro_bind = ["bind", "ro", "nosuid", "nodev"]
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "noexec", "nodev", "mode=1777", f"size={p.shm_bytes}"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+         "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+         "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+        {"destination": INIT_PATH, "type": "bind", "source": p.init.init, "options": ro_bind},
+        {"destination": EXEC_WRAPPER_PATH, "type": "bind", "source": p.init.exec_wrapper,
+         "options": ro_bind},
+    ]
+
+
+def _resources(p: SpecParams) -> dict[str, Any]:
+    res: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
+    if p.cpu is not None:
+        res["cpu"] = {"quota": cpu_quota(p.cpu, p.cpu_period_us), "period": p.cpu_period_us}
+    if p.memory is not None:
+        res["memory"] = {"limit": int(p.memory), "swap": int(p.memory)}
+    if p.pids_limit is not None:
+        res["pids"] = {"limit": int(p.pids_limit)}
+    return res
+
+
+def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
+    """The config.json document for runc. Raises InvalidRequest on bad parameters."""
+    _validate(rootfs, params)
+    caps = list(dict.fromkeys(params.capabilities))
+    return {
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": [INIT_PATH, "-P"],
+            "env": _env_list(params.env),
+            "cwd": params.cwd,
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": params.nofile,
+                         "soft": params.nofile}],
+            "noNewPrivileges": True,
+            "oomScoreAdj": params.oom_score_adj,
+        },
+        "root": {"path": rootfs, "readonly": False},
+        "hostname": params.hostname,
+        "mounts": _mounts(params),
+        "annotations": {"org.rollstack.env-id": params.env_id},
+        "linux": {
+            "cgroupsPath": cgroup_path(params.env_id, params.cgroup_parent),
+            "resources": _resources(params),
+            "namespaces": [{"type": t} for t in
+                           ("pid", "network", "ipc", "uts", "mount", "cgroup")],
+            "maskedPaths": list(MASKED_PATHS),
+            "readonlyPaths": list(READONLY_PATHS),
+        },
+    }
