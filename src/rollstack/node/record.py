@@ -49,7 +49,7 @@ class EnvRecord:
         return time.monotonic() - self.started_mono
 
     def event(self, kind: str, **data: Any) -> None:
-        self.events.append({"t": round(self.age(), 3), "type": kind, **data})
+        self.events.append({"t": round(time.time(), 3), "type": kind, **data})
 
     def info(self, quotas: Quotas | None = None) -> EnvironmentInfo:
         if quotas is None:

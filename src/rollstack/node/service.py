@@ -293,15 +293,23 @@ class NodeService:
         if rec.state == st.OOM_TERMINATED:
             raise OomTerminated(f"environment {rec.id} was terminated for lack of memory (its exec was killed)")
 
-    def _on_terminate(self, env_id: str, reason: str = "oom_terminated", **detail: Any) -> None:
-        """Provisioner callback: it killed `env_id`'s processes for lack of memory."""
+    def _on_terminate(self, env_id: str, detail: dict[str, Any] | None = None) -> None:
+        """Provisioner callback (its thread): `env_id` is out of memory for good; end it.
+
+        The state flips first, so the exec the kill ends reports OomTerminated, not exit 137.
+        The environment's pieces stay until it is destroyed (files and diff still readable).
+        """
         with self._lock:
             rec = self._envs.get(env_id)
-        if rec is None:
+        if rec is None or rec.state not in (st.RUNNING, st.CREATING):
             return
-        if rec.state in (st.RUNNING, st.CREATING):
-            rec.state = st.OOM_TERMINATED
-        rec.event("oom_terminated", reason=reason, **detail)
+        rec.state = st.OOM_TERMINATED
+        rec.event("oom_terminated", **(detail or {}))
+        if self.stages is not None:
+            try:
+                self.stages.kill(rec)
+            except Exception:  # noqa: BLE001 - destroy reclaims it anyway
+                log.exception("killing OOM-terminated environment %s failed", env_id)
 
     # -- files and diff -----------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from rollstack.node.record import EnvRecord
 
 log = logging.getLogger(__name__)
 
+CGROUP_PARENT = "rollstack"
 DIFF_BASE = "/"
 """The diff names paths from the environment root (the evaluator applies it the same way)."""
 
@@ -84,23 +85,17 @@ class Stages:
         return LazyStoreClient.start(mountpoint, lazy / "state", spec)
 
     def _start_provisioner(self, on_terminate: Callable[..., None]) -> Any:
-        try:
-            from rollstack.provision.controller import Provisioner
-        except ModuleNotFoundError as exc:
-            if exc.name != "rollstack.provision.controller":
-                raise
-            log.warning("rollstack.provision.controller missing: running without elastic quotas")
-            return None
         from rollstack.provision.backend import detect_backend
         from rollstack.provision.config import NodeCapacity, PolicyConfig
+        from rollstack.provision.controller import Provisioner
 
-        capacity = NodeCapacity.detect() if hasattr(NodeCapacity, "detect") else NodeCapacity()
-        prov = Provisioner(detect_backend(), PolicyConfig(), capacity)
-        if hasattr(prov, "on_terminate"):
-            prov.on_terminate(on_terminate)
-        if hasattr(prov, "start"):
-            prov.start()
-        return prov
+        cfg = self.config
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        capacity = NodeCapacity(
+            cpu=float(cfg.capacity_cpu or os.cpu_count() or 1),
+            memory=int(cfg.capacity_memory or max(ram - cfg.reserve_memory, 1 << 30)),
+        )
+        return Provisioner(detect_backend(), PolicyConfig(), capacity, on_terminate=on_terminate).start()
 
     def stop(self) -> None:
         for name in ("provisioner", "lazy"):
@@ -122,10 +117,9 @@ class Stages:
 
     def admit(self, env_id: str, plan: Any) -> None:
         """Raises InsufficientCapacity when the provisioner cannot reserve the plan's start quotas."""
-        if self.provisioner is None or not hasattr(self.provisioner, "admit"):
+        if self.provisioner is None:
             return
-        ok = self.provisioner.admit(env_id, plan.resources)
-        if ok is False:
+        if not self.provisioner.admit(plan.resources.cpu, plan.resources.memory):
             raise InsufficientCapacity(f"not enough node capacity for {plan.resources.cpu} cores, {plan.resources.memory} bytes")
 
     # -- create / teardown ----------------------------------------------------------------------
@@ -161,7 +155,10 @@ class Stages:
         timings.start = round(env.timings.get("start", 0.0), 6)
         rec.runtime = env
         if self.provisioner is not None:
-            self.provisioner.register(rec.id, plan.resources)
+            r = plan.resources
+            # Admission is checked again here, under the provisioner's lock: concurrent creates
+            # that all passed `admit` cannot over-commit the node together.
+            self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
         fetch = self._fetch_stats(rec.id)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
         return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch)
@@ -217,11 +214,18 @@ class Stages:
     # -- provisioning -------------------------------------------------------------------------
 
     def quotas(self, env_id: str) -> Quotas | None:
-        hist = self._history(env_id)
-        if not hist:
+        if self.provisioner is None:
             return None
-        last = hist[-1]
-        return Quotas(cpu_limit=last.get("cpu_limit"), memory_limit=last.get("memory_limit"))
+        try:
+            q = self.provisioner.quotas(env_id)
+        except Exception:  # noqa: BLE001 - not (or no longer) provisioned
+            return None
+        return Quotas(cpu_limit=q.get("cpu"), memory_limit=q.get("memory"))
+
+    def kill(self, rec: EnvRecord) -> None:
+        """Kill every process of the environment (its mounts and state stay for destroy)."""
+        if rec.runtime is not None:
+            self.runtime.runc.kill(rec.id, "KILL", all_processes=True)
 
     def _history(self, env_id: str) -> list[dict[str, Any]]:
         if self.provisioner is None:

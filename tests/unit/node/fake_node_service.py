@@ -58,6 +58,7 @@ class FakeService:
 
     def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
         self._env(env_id)
+        self.last_exec = request
         return self._stream(request)
 
     def _stream(self, request: ExecRequest) -> Iterator[ExecChunk]:
