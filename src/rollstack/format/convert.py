@@ -11,7 +11,10 @@ so DST is either the complete blob or untouched.
 from __future__ import annotations
 
 import base64
+import bz2
+import gzip
 import io
+import lzma
 import os
 import stat
 import tarfile
@@ -77,25 +80,39 @@ def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAUL
     stream = _decompressing(tar_stream)
     member = "<archive start>"
     try:
-        with tarfile.open(fileobj=stream, mode="r|*", bufsize=_READ_BUF) as tf:
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=_READ_BUF) as tf:
             for ti in tf:
                 member = ti.name
                 _add_tar_member(writer, tf, ti)
             member = "<archive end>"
+            _drain(stream)
         return writer.finish()
     except RollstackError:
         raise
-    except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError, OSError, ValueError) as exc:
+    except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError, OSError, ValueError, lzma.LZMAError) as exc:
         raise SourceInvalid(f"corrupt or truncated archive near entry {member!r}: {exc or type(exc).__name__}") from None
 
 
 def _decompressing(stream: BinaryIO) -> BinaryIO:
-    """zstd is not known to tarfile: detect it by magic and unwrap; tarfile handles the rest."""
-    head = _read_exact(stream, 4)
+    """Detect the compression by magic bytes and unwrap it. We decompress ourselves rather than
+    let tarfile do it because tarfile's stream mode never checks gzip's CRC/length trailer."""
+    head = _read_exact(stream, 6)
     rest: BinaryIO = _Prefixed(head, stream)  # type: ignore[assignment]
-    if head == _ZSTD_MAGIC:
+    if head.startswith(_ZSTD_MAGIC):
         return zstandard.ZstdDecompressor().stream_reader(rest, read_size=_READ_BUF, read_across_frames=True)  # type: ignore[return-value]
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=rest, mode="rb")  # type: ignore[return-value]
+    if head.startswith(b"BZh"):
+        return bz2.BZ2File(rest)  # type: ignore[return-value]
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(rest)  # type: ignore[return-value]
     return rest
+
+
+def _drain(stream: BinaryIO) -> None:
+    """Read past the tar end marker to EOF, so decompressors verify their trailers/checksums."""
+    while stream.read(_READ_BUF):
+        pass
 
 
 class _Prefixed(io.RawIOBase):
