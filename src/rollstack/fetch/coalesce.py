@@ -1,0 +1,66 @@
+"""Pure planning of registry requests: which chunks go into which range GET.
+
+Chunks of one blob are sorted by where their stored bytes sit; neighbours whose gap is at most
+`max_gap` share one request as long as it stays within `max_request` bytes. A chunk larger than
+`max_request` travels alone. The same planner picks the "neighbours" a demand miss drags along.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from rollstack.format.toc import Chunk
+
+
+@dataclass(frozen=True)
+class RangeRequest:
+    offset: int
+    length: int
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+def coalesce(chunks: Iterable[Chunk], *, max_request: int, max_gap: int = 0) -> list[RangeRequest]:
+    """Group chunks into range requests (deduplicated by blob offset, in blob order)."""
+    by_offset: dict[int, Chunk] = {}
+    for c in chunks:
+        by_offset.setdefault(c.blob_offset, c)
+    out: list[RangeRequest] = []
+    cur: list[Chunk] = []
+    start = end = 0
+    for off in sorted(by_offset):
+        c = by_offset[off]
+        c_end = c.blob_offset + c.blob_size
+        if cur and c.blob_offset - end <= max_gap and max(end, c_end) - start <= max_request:
+            cur.append(c)
+            end = max(end, c_end)
+            continue
+        if cur:
+            out.append(RangeRequest(start, end - start, tuple(cur)))
+        cur, start, end = [c], c.blob_offset, c_end
+    if cur:
+        out.append(RangeRequest(start, end - start, tuple(cur)))
+    return out
+
+
+def following(blob_chunks: Sequence[Chunk], offsets: Sequence[int], target: Chunk, budget: int,
+              wanted: Callable[[Chunk], bool]) -> list[Chunk]:
+    """Chunks stored right after `target` in the blob (`blob_chunks` sorted by blob offset,
+    `offsets` their blob offsets), while they add up to at most `budget` stored bytes; only those
+    `wanted` are returned, but unwanted ones still use up the window (they sit in between)."""
+    i = bisect.bisect_right(offsets, target.blob_offset)
+    out: list[Chunk] = []
+    limit = target.blob_offset + target.blob_size + budget
+    while i < len(blob_chunks):
+        c = blob_chunks[i]
+        if c.blob_offset + c.blob_size > limit:
+            break
+        if wanted(c):
+            out.append(c)
+        i += 1
+    return out

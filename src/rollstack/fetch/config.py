@@ -1,0 +1,38 @@
+"""`FetchConfig`: every knob of the chunk data path, as one explicit value object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    memory_budget: int = 256 << 20
+    """Bytes of decompressed chunks kept in the daemon's memory (LRU)."""
+    disk_budget: int = 8 << 30
+    """Bytes of chunks kept in the node disk cache (LRU by last use)."""
+    max_request: int = 4 << 20
+    """Largest coalesced range GET (stored bytes)."""
+    neighbor_bytes: int = 256 << 10
+    """On a demand miss, also fetch the following chunks of the blob (in blob order, so the
+    next files of the same directory) up to this many stored bytes, in the same request."""
+    readahead_bytes: int = 8 << 20
+    """Sequential reads of one file prefetch this far ahead (stored bytes)."""
+    foreground_requests: int = 8
+    """Parallel registry requests for demand reads and trace prefetch."""
+    background_requests: int = 2
+    """Parallel registry requests for background fill (its bounded share)."""
+    background_request: int = 1 << 20
+    """Background fill request size: small, so a demand read never queues behind much."""
+    deadline: float = 30.0
+    """Seconds a read may wait for the registry (retries included) before it fails with EIO."""
+    retry_initial: float = 0.05
+    """First retry backoff in seconds (doubles, capped at `retry_max`)."""
+    retry_max: float = 2.0
+    peer_timeout: float = 0.25
+    """Seconds a peer may take (connect + answer) before we fall through to the registry."""
+    peer_dead_for: float = 10.0
+    """After a connection failure, skip that peer for this long."""
+    trace_window: float = 30.0
+    """An environment's reads during its first N seconds form its access trace."""
+    trace_max_chunks: int = 20000

@@ -1,0 +1,392 @@
+"""`ChunkFetcher`: gets verified chunk bytes through memory -> disk -> peers -> registry.
+
+Runs on trio (inside the FUSE daemon); every blocking step (store range reads, decompression
+and hashing, disk cache I/O, peer HTTP) runs in a worker thread.
+
+- Single-flight: a chunk being fetched has one `_Flight`; every concurrent reader of that chunk
+  (any layer: flights are keyed by content digest) waits on it, so it is fetched once.
+- Coalescing: the chunks one fetch needs are planned into range GETs (`coalesce`), at most
+  `max_request` bytes each, issued in parallel (bounded per priority).
+- Neighbours: a demand miss also claims the next chunks of the blob (up to `neighbor_bytes`):
+  in this format they are the next files of the same directory, which the same program tends
+  to read next; one round trip instead of several.
+- Priorities: demand reads, prefetch and background fill each have their own concurrency
+  limiter; a background request starts only while no demand request is outstanding, and is
+  small, so the bandwidth a demand read competes with is bounded.
+- Integrity: every chunk is decoded with `decode_chunk` (verifies the digest) before it is
+  cached or served. A mismatch refetches that chunk once; a second mismatch fails its readers
+  with IntegrityError and records an `integrity_error` event. Bad bytes are never cached.
+- Failure: registry errors are retried with exponential backoff until `deadline` seconds after
+  the fetch began; then its readers fail (RegistryUnavailable), nothing is cached, and the next
+  read tries again.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable, Iterable, Sequence
+
+import trio
+
+from rollstack.errors import FormatError, IntegrityError, NotFound, RegistryUnavailable, RollstackError
+from rollstack.fetch.coalesce import RangeRequest, coalesce, following
+from rollstack.fetch.config import FetchConfig
+from rollstack.fetch.disk import DiskChunkCache
+from rollstack.fetch.layer import RemoteLayer
+from rollstack.fetch.memory import MemoryChunkCache
+from rollstack.fetch.peers import PeerClient
+from rollstack.fetch.stats import Account, FetchMetrics, Priority, Tier
+from rollstack.format.toc import Chunk, Compression
+
+Decoder = Callable[[Chunk, bytes], bytes]
+
+
+def _default_decoder() -> Decoder:
+    from rollstack.format import decode_chunk
+
+    return decode_chunk
+
+
+class _Flight:
+    __slots__ = ("event", "data", "tier", "error")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.data: bytes | None = None
+        self.tier = Tier.REGISTRY
+        self.error: BaseException | None = None
+
+    def done(self, data: bytes | None, tier: Tier, error: BaseException | None = None) -> None:
+        if self.event.is_set():
+            return
+        self.data, self.tier, self.error = data, tier, error
+        self.event.set()
+
+
+class ChunkFetcher:
+    def __init__(self, config: FetchConfig, memory: MemoryChunkCache, disk: DiskChunkCache | None = None,
+                 peers: PeerClient | None = None, metrics: FetchMetrics | None = None,
+                 decode: Decoder | None = None) -> None:
+        self.config = config
+        self.memory = memory
+        self.disk = disk
+        self.peers = peers if peers is not None and peers.urls else None
+        self.metrics = metrics or FetchMetrics()
+        self._decode = decode or _default_decoder()
+        self._inflight: dict[str, _Flight] = {}
+        self._limiters = {
+            Priority.FOREGROUND: trio.CapacityLimiter(config.foreground_requests),
+            Priority.PREFETCH: trio.CapacityLimiter(max(1, config.foreground_requests - 2)),
+            Priority.BACKGROUND: trio.CapacityLimiter(config.background_requests),
+        }
+        self._threads = trio.CapacityLimiter(32)
+        self._demand_active = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._nursery: trio.Nursery | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator["ChunkFetcher"]:
+        """Owns the tasks the fetcher spawns (disk writes, prefetch, background fill)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                yield self
+            finally:
+                self._nursery = None
+                nursery.cancel_scope.cancel()
+
+    def spawn(self, fn: Callable, *args: object) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    # -- demand reads ----------------------------------------------------------------------
+    def cached(self, chunk: Chunk) -> bytes | None:
+        return self.memory.get(chunk.digest)
+
+    async def get(self, layer: RemoteLayer, chunk: Chunk, account: Account | None = None) -> bytes:
+        """The verified, decompressed bytes of `chunk` (a read is blocked on it)."""
+        t0 = trio.current_time()
+        data = self.memory.get(chunk.digest)
+        if data is not None:
+            self._served(Tier.MEMORY, len(data), 0.0, account)
+            return data
+        flight = self._inflight.get(chunk.digest)
+        if flight is None:
+            extra = self._neighbours(layer, chunk)
+            claimed = self._claim([chunk, *extra])
+            flight = claimed[0][1]
+            await self._resolve(layer, claimed, Priority.FOREGROUND, account)
+        else:
+            await flight.event.wait()
+        if flight.error is not None:
+            raise flight.error
+        assert flight.data is not None
+        self._served(flight.tier, len(flight.data), trio.current_time() - t0, account)
+        return flight.data
+
+    async def get_many(self, layer: RemoteLayer, chunks: Sequence[Chunk], account: Account | None = None) -> list[bytes]:
+        """Several chunks of one read, fetched together (one coalesced plan), in order."""
+        if len(chunks) == 1:
+            return [await self.get(layer, chunks[0], account)]
+        missing = [c for c in chunks if c.digest not in self.memory and c.digest not in self._inflight]
+        if len(missing) > 1:
+            claimed = self._claim(missing)
+            async with trio.open_nursery() as n:
+                n.start_soon(self._resolve, layer, claimed, Priority.FOREGROUND, account)
+                out = [await self.get(layer, c, account) for c in chunks]
+            return out
+        return [await self.get(layer, c, account) for c in chunks]
+
+    def _served(self, tier: Tier, nbytes: int, seconds: float, account: Account | None) -> None:
+        self.metrics.served(tier, nbytes, seconds)
+        if account is not None:
+            account.record_read(tier, nbytes, seconds)
+
+    def _neighbours(self, layer: RemoteLayer, chunk: Chunk) -> list[Chunk]:
+        if not self.config.neighbor_bytes or layer.chunks is None or layer.offsets is None:
+            return []
+        return following(layer.chunks, layer.offsets, chunk, self.config.neighbor_bytes, self._wanted)
+
+    def _wanted(self, c: Chunk) -> bool:
+        d = c.digest
+        return d not in self.memory and d not in self._inflight and (self.disk is None or d not in self.disk)
+
+    def _claim(self, chunks: Iterable[Chunk]) -> list[tuple[Chunk, _Flight]]:
+        out = []
+        for c in chunks:
+            if c.digest in self._inflight:
+                continue
+            f = self._inflight[c.digest] = _Flight()
+            out.append((c, f))
+        self.metrics.inflight.set(len(self._inflight))
+        return out
+
+    # -- prefetch and background fill -------------------------------------------------------
+    async def prefetch(self, layer: RemoteLayer, chunks: Iterable[Chunk], account: Account | None = None,
+                       priority: Priority = Priority.PREFETCH) -> None:
+        """Fetch whatever of `chunks` is not local yet, in parallel; errors are only counted."""
+        claimed = self._claim([c for c in chunks if self._wanted(c)])
+        if claimed:
+            await self._resolve(layer, claimed, priority, account, keep_going=True)
+
+    async def fill(self, layer: RemoteLayer, account: Account | None = None) -> None:
+        """Background fill: fetch every chunk of `layer` not yet cached, at low priority."""
+        await trio.to_thread.run_sync(layer.build_index, limiter=self._threads)
+        todo = [c for c in layer.chunks or () if self._wanted(c)]
+        plan = coalesce(todo, max_request=self.config.background_request)
+        limiter = self._limiters[Priority.BACKGROUND]
+        async with trio.open_nursery() as n:
+            for req in plan:
+                await limiter.acquire()  # bounds how many of our requests are queued at once
+                n.start_soon(self._fill_one, layer, req, account, limiter)
+
+    async def _fill_one(self, layer: RemoteLayer, req: RangeRequest, account: Account | None,
+                        limiter: trio.CapacityLimiter) -> None:
+        try:
+            while self._demand_active:
+                await self._idle.wait()
+            claimed = self._claim([c for c in req.chunks if self._wanted(c)])
+            if claimed:
+                await self._resolve(layer, claimed, Priority.BACKGROUND, account, keep_going=True,
+                                    limited=False)
+        finally:
+            limiter.release()
+
+    # -- the tiers -------------------------------------------------------------------------
+    async def _resolve(self, layer: RemoteLayer, claimed: list[tuple[Chunk, _Flight]], priority: Priority,
+                       account: Account | None, keep_going: bool = False, limited: bool = True) -> None:
+        """Completes every claimed flight (with bytes or an error), whatever happens."""
+        pending = {c.digest: (c, f) for c, f in claimed}
+        try:
+            if self.disk is not None:
+                await self._from_disk(pending)
+            if self.peers is not None and pending and len(pending) <= 64:
+                await self._from_peers(layer, pending, priority, account)
+            if pending:
+                await self._from_registry(layer, pending, priority, account, limited)
+        except BaseException as exc:  # noqa: BLE001 - flights must complete even on cancellation
+            err = exc if isinstance(exc, RollstackError) else RegistryUnavailable(f"fetch failed: {exc!r}")
+            for c, f in pending.values():
+                f.done(None, Tier.REGISTRY, err)
+            if not keep_going or not isinstance(exc, Exception):
+                raise
+        finally:
+            for c, f in claimed:
+                if not f.event.is_set():
+                    f.done(None, Tier.REGISTRY, RegistryUnavailable("fetch abandoned"))
+                if self._inflight.get(c.digest) is f:
+                    del self._inflight[c.digest]
+            self.metrics.inflight.set(len(self._inflight))
+
+    def _complete(self, pending: dict, chunk: Chunk, data: bytes, tier: Tier) -> None:
+        _, flight = pending.pop(chunk.digest)
+        self.memory.put(chunk.digest, data)
+        flight.done(data, tier)
+
+    async def _from_disk(self, pending: dict[str, tuple[Chunk, _Flight]]) -> None:
+        disk = self.disk
+        assert disk is not None
+        local = [c for c, _ in pending.values() if c.digest in disk]
+        if not local:
+            return
+        found = await trio.to_thread.run_sync(lambda: [(c, disk.get(c.digest)) for c in local], limiter=self._threads)
+        for c, data in found:
+            if data is not None:
+                self._complete(pending, c, data, Tier.DISK)
+
+    async def _from_peers(self, layer: RemoteLayer, pending: dict, priority: Priority, account: Account | None) -> None:
+        peers = self.peers
+        assert peers is not None
+
+        async def one(c: Chunk) -> None:
+            got = await trio.to_thread.run_sync(peers.get, c.digest, limiter=self._threads)
+            if got is None:
+                return
+            raw, url = got
+            try:
+                data = self._decode(_plain(c, len(raw)), raw)
+            except FormatError:
+                self.metrics.event("peer_integrity_error", peer=url, chunk=c.digest, layer=layer.digest)
+                return
+            self.metrics.transferred_bytes(Tier.PEER, priority, len(raw), [])
+            if account is not None:
+                account.record_transfer(Tier.PEER, priority, len(raw))
+            if c.digest in pending:
+                self._complete(pending, c, data, Tier.PEER)
+                self._write_disk(c, data)
+
+        async with trio.open_nursery() as n:
+            for c, _ in list(pending.values()):
+                n.start_soon(one, c)
+
+    async def _from_registry(self, layer: RemoteLayer, pending: dict, priority: Priority,
+                             account: Account | None, limited: bool) -> None:
+        plan = coalesce([c for c, _ in pending.values()], max_request=self.config.max_request)
+        deadline = trio.current_time() + self.config.deadline
+        limiter = self._limiters[priority]
+        demand = priority is not Priority.BACKGROUND
+
+        async def one(req: RangeRequest) -> None:
+            token = object()
+            if limited:
+                await limiter.acquire_on_behalf_of(token)
+            if demand:
+                self._demand_started()
+            try:
+                await self._fetch_range(layer, req, pending, priority, account, deadline)
+            except RollstackError as exc:
+                for c in req.chunks:
+                    if c.digest in pending:
+                        pending.pop(c.digest)[1].done(None, Tier.REGISTRY, exc)
+            finally:
+                if demand:
+                    self._demand_finished()
+                if limited:
+                    limiter.release_on_behalf_of(token)
+
+        async with trio.open_nursery() as n:
+            for req in plan:
+                n.start_soon(one, req)
+
+    def _demand_started(self) -> None:
+        self._demand_active += 1
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def _demand_finished(self) -> None:
+        self._demand_active -= 1
+        if self._demand_active == 0:
+            self._idle.set()
+
+    async def _fetch_range(self, layer: RemoteLayer, req: RangeRequest, pending: dict, priority: Priority,
+                           account: Account | None, deadline: float) -> None:
+        good, bad = await self._with_retries(layer, req.offset, req.length, list(req.chunks), deadline)
+        self._transferred(layer, req.length, [c.digest for c in req.chunks], priority, account)
+        for c, data in good:
+            if c.digest in pending:
+                self._complete(pending, c, data, Tier.REGISTRY)
+                self._write_disk(c, data)
+        for c in bad:  # one refetch of that chunk alone, then give up on it
+            again, still_bad = await self._with_retries(layer, c.blob_offset, c.blob_size, [c], deadline)
+            self._transferred(layer, c.blob_size, [c.digest], priority, account)
+            if again and c.digest in pending:
+                self._complete(pending, c, again[0][1], Tier.REGISTRY)
+                self._write_disk(c, again[0][1])
+            elif still_bad:
+                self.metrics.event("integrity_error", layer=layer.digest, repo=layer.repo, chunk=c.digest,
+                                   blob_offset=c.blob_offset)
+                err = IntegrityError(f"chunk {c.digest} of layer {layer.digest} does not match its digest (twice)",
+                                     layer=layer.digest, chunk=c.digest)
+                if c.digest in pending:
+                    pending.pop(c.digest)[1].done(None, Tier.REGISTRY, err)
+
+    def _transferred(self, layer: RemoteLayer, nbytes: int, digests: list[str], priority: Priority,
+                     account: Account | None) -> None:
+        self.metrics.transferred_bytes(Tier.REGISTRY, priority, nbytes, digests)
+        if account is not None:
+            account.record_transfer(Tier.REGISTRY, priority, nbytes)
+
+    async def _with_retries(self, layer: RemoteLayer, offset: int, length: int, chunks: list[Chunk],
+                            deadline: float) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
+        """Read + decode one range, retrying transient failures until `deadline`."""
+        delay = self.config.retry_initial
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                raise RegistryUnavailable(f"registry did not deliver {layer.digest}[{offset}:+{length}] "
+                                          f"within the {self.config.deadline:g}s deadline ({attempt - 1} attempts)",
+                                          layer=layer.digest)
+            try:
+                with trio.fail_after(remaining):
+                    return await trio.to_thread.run_sync(self._read_decode, layer, offset, length, chunks,
+                                                         abandon_on_cancel=True, limiter=self._threads)
+            except trio.TooSlowError:
+                continue  # loops into the deadline error above
+            except (NotFound, FormatError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - any transport failure is retryable
+                self.metrics.event("registry_retry", layer=layer.digest, error=repr(exc)[:200], attempt=attempt)
+                await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
+                delay = min(delay * 2, self.config.retry_max)
+
+    def _read_decode(self, layer: RemoteLayer, offset: int, length: int,
+                     chunks: list[Chunk]) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
+        raw = layer.read_range(offset, length)
+        if len(raw) != length:
+            raise RegistryUnavailable(f"short read from {layer.digest}: {len(raw)} of {length} bytes")
+        good, bad = [], []
+        for c in chunks:
+            start = c.blob_offset - offset
+            try:
+                good.append((c, self._decode(c, raw[start:start + c.blob_size])))
+            except FormatError:
+                bad.append(c)
+        return good, bad
+
+    def _write_disk(self, chunk: Chunk, data: bytes) -> None:
+        if self.disk is None or self._nursery is None:
+            return
+        disk = self.disk
+
+        async def write() -> None:
+            try:
+                await trio.to_thread.run_sync(disk.put, chunk.digest, data, limiter=self._threads)
+            except OSError as exc:  # a full or failing disk degrades to memory-only, never fails a read
+                self.metrics.event("disk_cache_error", error=repr(exc)[:200])
+
+        self._nursery.start_soon(write)
+
+
+def _plain(chunk: Chunk, size: int) -> Chunk:
+    """The same chunk described as uncompressed bytes (what peers serve)."""
+    return Chunk(offset=chunk.offset, size=chunk.size, blob_offset=0, blob_size=size, digest=chunk.digest,
+                 compression=Compression.NONE)
+
+
+def stored_bytes(chunks: Iterable[Chunk]) -> int:
+    return sum(c.blob_size for c in chunks)
+

@@ -1,0 +1,53 @@
+"""`RemoteLayer`: what the fetcher needs to know about one layer blob.
+
+Where its bytes come from (a blocking range read, normally `store.read_blob`), and all its
+chunks in blob order (for neighbour and background planning). The chunk list needs every TOC
+entry, so it is built off the critical path (`build_index`, run in a worker thread) and is
+simply absent until then: a miss then fetches just what it needs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from rollstack.format.toc import Chunk
+
+
+@dataclass
+class RemoteLayer:
+    repo: str
+    digest: str
+    read_range: Callable[[int, int], bytes]
+    """Blocking: stored bytes [offset, offset+length) of the blob."""
+    list_chunks: Callable[[], Iterable[Chunk]] | None = None
+    """Blocking: every chunk of the layer (any order); called once by `build_index`."""
+    chunks: list[Chunk] | None = field(default=None, repr=False)
+    offsets: list[int] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def build_index(self) -> None:
+        with self._lock:
+            if self.chunks is not None or self.list_chunks is None:
+                return
+            seen: dict[int, Chunk] = {}
+            for c in self.list_chunks():
+                seen.setdefault(c.blob_offset, c)
+            chunks = [seen[o] for o in sorted(seen)]
+            self.offsets = [c.blob_offset for c in chunks]
+            self.chunks = chunks
+
+    def chunk_at(self, blob_offset: int) -> Chunk | None:
+        import bisect
+
+        if self.offsets is None or self.chunks is None:
+            return None
+        i = bisect.bisect_left(self.offsets, blob_offset)
+        if i < len(self.offsets) and self.offsets[i] == blob_offset:
+            return self.chunks[i]
+        return None
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(c.blob_size for c in self.chunks or ())

@@ -1,0 +1,51 @@
+"""`PeerClient`: asks other nodes' lazy-store daemons for a chunk before the registry.
+
+Each peer serves `GET /v1/chunks/<digest>` (decompressed bytes, 404 when it lacks the chunk).
+Peers are an optimisation, never a dependency: a short timeout, and a peer that failed to
+answer is skipped for `dead_for` seconds, so a dead peer costs one timeout, not one per read.
+The caller verifies every byte against the chunk digest (a peer is not trusted).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Sequence
+
+import httpx
+
+
+class PeerClient:
+    def __init__(self, urls: Sequence[str], *, timeout: float = 0.25, dead_for: float = 10.0) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
+        self.dead_for = dead_for
+        self._dead_until: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout), limits=httpx.Limits(max_connections=32))
+        self.hits = 0
+        self.misses = 0
+        self.failures = 0
+
+    def _alive(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            return [u for u in self.urls if self._dead_until.get(u, 0.0) <= now]
+
+    def get(self, digest: str) -> tuple[bytes, str] | None:
+        """(bytes, peer url) from the first live peer holding `digest`, else None. Blocking."""
+        for url in self._alive():
+            try:
+                resp = self._http.get(f"{url}/v1/chunks/{digest}")
+            except httpx.HTTPError:
+                with self._lock:
+                    self._dead_until[url] = time.monotonic() + self.dead_for
+                    self.failures += 1
+                continue
+            if resp.status_code == 200:
+                self.hits += 1
+                return resp.content, url
+        self.misses += 1
+        return None
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,178 @@
+"""`LazyStoreClient`: start, talk to and stop the node's lazy store daemon (sync, thread-safe).
+
+    lazy = LazyStoreClient.start(mountpoint, state_dir, store_url)
+    lazy.add_layers([{"repo": "os/base", "digest": "sha256:..."}])    # or plan.LayerRef objects
+    lowerdirs = [lazy.layer_dir(d) for d in reversed(stack_digests)]  # top layer first
+    lazy.begin_env(env_id, refs, trace_key="stack+task", background=True)
+    ...
+    lazy.env_stats(env_id); lazy.end_env(env_id); lazy.stop()
+
+The daemon is a separate process (pyfuse3 runs its own trio loop); the client speaks HTTP to
+its unix control socket. `stop()` asks it to unmount and exit, then escalates (SIGTERM, SIGKILL,
+lazy unmount) so a stop never leaves the host with a hung mount.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import httpx
+
+from rollstack.errors import NodeUnavailable, RollstackError, from_dict
+from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
+
+
+def _ref_doc(ref: Any) -> dict[str, str]:
+    if isinstance(ref, dict):
+        return {"repo": ref["repo"], "digest": ref["digest"]}
+    return {"repo": ref.repo, "digest": ref.digest}
+
+
+class LazyStoreClient:
+    def __init__(self, mountpoint: str | os.PathLike[str], socket_path: str | os.PathLike[str], *,
+                 process: subprocess.Popen | None = None, timeout: float = 300.0) -> None:
+        self.mountpoint = Path(mountpoint)
+        self.socket_path = Path(socket_path)
+        self.process = process
+        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
+                                  base_url="http://lazystore", timeout=timeout)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    def start(cls, mountpoint: str | os.PathLike[str], state_dir: str | os.PathLike[str], store_url: str, *,
+              cache_budget: int | None = None, memory_budget: int | None = None, peers: Sequence[str] = (),
+              listen: str | None = None, deadline: float | None = None, neighbor_bytes: int | None = None,
+              trace_window: float | None = None, wait: float = 30.0,
+              log_path: str | os.PathLike[str] | None = None) -> "LazyStoreClient":
+        """Launch the daemon and return once the mount and the control socket are up."""
+        mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
+        state_dir.mkdir(parents=True, exist_ok=True)
+        sock = state_dir / "control.sock"
+        clear_stale(mountpoint)
+        argv = [sys.executable, "-m", "rollstack.mount.daemon", "--mountpoint", str(mountpoint),
+                "--state-dir", str(state_dir), "--store", store_url, "--control", f"unix:{sock}"]
+        for flag, value in (("--cache-budget", cache_budget), ("--memory-budget", memory_budget),
+                            ("--listen", listen), ("--deadline", deadline), ("--neighbor-bytes", neighbor_bytes),
+                            ("--trace-window", trace_window)):
+            if value is not None:
+                argv += [flag, str(value)]
+        for p in peers:
+            argv += ["--peer", p]
+        log = open(log_path or state_dir / "daemon.log", "ab")
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        client = cls(mountpoint, sock, process=proc)
+        deadline_at = time.monotonic() + wait
+        while True:
+            if proc.poll() is not None:
+                raise NodeUnavailable(f"lazy store daemon exited with {proc.returncode}; see {state_dir / 'daemon.log'}")
+            if mounted_at(mountpoint) is not None and client.healthy():
+                return client
+            if time.monotonic() > deadline_at:
+                client.stop()
+                raise NodeUnavailable(f"lazy store daemon did not come up within {wait}s; see {state_dir / 'daemon.log'}")
+            time.sleep(0.02)
+
+    @classmethod
+    def connect(cls, mountpoint: str | os.PathLike[str], state_dir: str | os.PathLike[str]) -> "LazyStoreClient":
+        """A client for an already running daemon."""
+        return cls(mountpoint, Path(state_dir) / "control.sock")
+
+    def healthy(self) -> bool:
+        try:
+            return self._http.get("/healthz", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Unmount and end the daemon; never leaves a hung mount behind."""
+        try:
+            self._http.post("/v1/shutdown", timeout=2.0)
+        except httpx.HTTPError:
+            pass
+        proc = self.process
+        if proc is not None:
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                if sig is not None and proc.poll() is None:
+                    try:
+                        os.kill(proc.pid, sig)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    proc.wait(timeout=timeout if sig is None else 5.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if mounted_at(self.mountpoint) is not None and (proc is None or proc.poll() is not None):
+            lazy_unmount(self.mountpoint)
+        self._http.close()
+
+    def __enter__(self) -> "LazyStoreClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- calls -----------------------------------------------------------------------------
+    def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        try:
+            kw: dict[str, Any] = {"json": body} if body is not None else {}
+            if timeout is not None:
+                kw["timeout"] = timeout
+            resp = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise NodeUnavailable(f"lazy store daemon unreachable at {self.socket_path}: {exc}") from None
+        if resp.status_code >= 400:
+            try:
+                raise from_dict(resp.json()["error"])
+            except (ValueError, KeyError, TypeError):
+                raise RollstackError(f"lazy store daemon: HTTP {resp.status_code}") from None
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return resp.json()
+        return resp.content
+
+    def add_layers(self, refs: Iterable[Any]) -> dict[str, Any]:
+        """Load layers by TOC; returns {"layers": [{digest, toc_seconds, toc_bytes, ...}], "seconds", "bytes"}."""
+        return self._call("POST", "/v1/layers", {"layers": [_ref_doc(r) for r in refs]})
+
+    def layer_dir(self, digest: str) -> Path:
+        return self.mountpoint / "layers" / digest.partition(":")[2]
+
+    def fetch_all(self, refs: Iterable[Any]) -> dict[str, Any]:
+        """Eagerly fetch every chunk of these layers (the rollstack-eager baseline)."""
+        return self._call("POST", "/v1/fetch_all", {"layers": [_ref_doc(r) for r in refs]})
+
+    def begin_env(self, env_id: str, layer_refs: Iterable[Any], trace_key: str | None = None,
+                  background: bool = True) -> dict[str, Any]:
+        return self._call("POST", f"/v1/envs/{env_id}", {"layers": [_ref_doc(r) for r in layer_refs],
+                                                         "trace_key": trace_key, "background": background})
+
+    def env_stats(self, env_id: str) -> dict[str, Any]:
+        """{fetched_bytes, from_cache_bytes, from_peer_bytes, stall_seconds, critical_path_bytes, ...}"""
+        return self._call("GET", f"/v1/envs/{env_id}")
+
+    def end_env(self, env_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/envs/{env_id}")
+
+    def prefetch(self, trace_key: str, env_id: str | None = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/prefetch", {"trace_key": trace_key, "env_id": env_id})
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/stats")
+
+    def metrics(self) -> str:
+        resp = self._http.get("/metrics")
+        return resp.text
+
+    def drop_caches(self) -> None:
+        self._call("POST", "/v1/drop_caches", {})
+
+    def chunk(self, digest: str) -> bytes | None:
+        resp = self._http.get(f"/v1/chunks/{digest}")
+        return resp.content if resp.status_code == 200 else None

@@ -1,0 +1,116 @@
+"""The lazy layer store daemon process (one per node).
+
+    python -m rollstack.mount.daemon --mountpoint M --state-dir D --store S
+        [--cache-budget BYTES] [--memory-budget BYTES] [--peer URL ...]
+        [--control unix:SOCK] [--listen 127.0.0.1:PORT] [--deadline SECONDS]
+
+Mounts one read-only FUSE filesystem at M (clearing a dead predecessor's stale mount first),
+serves the control API on a unix socket (default D/control.sock) and optionally on TCP (for
+peers), and runs until SIGTERM/SIGINT or `POST /v1/shutdown`, then unmounts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyfuse3
+import trio
+
+from rollstack.fetch import FetchConfig
+from rollstack.mount import control
+from rollstack.mount.fs import LazyFS
+from rollstack.mount.recovery import clear_stale, mounted_at
+from rollstack.mount.service import DaemonConfig, LazyStoreService
+
+log = logging.getLogger("rollstack.mount.daemon")
+
+FUSE_OPTIONS = ("fsname=rollstack", "subtype=rollstack", "ro", "allow_other", "default_permissions")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
+    p = argparse.ArgumentParser(prog="rollstack.mount.daemon", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mountpoint", required=True, type=Path)
+    p.add_argument("--state-dir", required=True, type=Path)
+    p.add_argument("--store", required=True)
+    p.add_argument("--cache-budget", type=int, default=FetchConfig.disk_budget)
+    p.add_argument("--memory-budget", type=int, default=FetchConfig.memory_budget)
+    p.add_argument("--peer", action="append", default=[])
+    p.add_argument("--control", default=None, help="unix:PATH of the control socket")
+    p.add_argument("--listen", default=None, help="also serve the API on TCP HOST:PORT (for peers)")
+    p.add_argument("--deadline", type=float, default=FetchConfig.deadline)
+    p.add_argument("--neighbor-bytes", type=int, default=FetchConfig.neighbor_bytes)
+    p.add_argument("--trace-window", type=float, default=FetchConfig.trace_window)
+    a = p.parse_args(argv)
+    ctl = Path(a.control.removeprefix("unix:")) if a.control else None
+    fetch = FetchConfig(memory_budget=a.memory_budget, disk_budget=a.cache_budget, deadline=a.deadline,
+                        neighbor_bytes=a.neighbor_bytes, trace_window=a.trace_window)
+    return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
+                        fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen)
+
+
+def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:
+    """Blocking: mount, serve, unmount. `store` is any ArtifactStore."""
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    config.mountpoint.mkdir(parents=True, exist_ok=True)
+    if clear_stale(config.mountpoint):
+        log.warning("removed a stale mount at %s (a previous daemon died)", config.mountpoint)
+    if mounted_at(config.mountpoint) is not None:
+        raise SystemExit(f"{config.mountpoint} is already mounted (is another daemon running?)")
+    service = LazyStoreService(config, store, decode=decode)
+    fs = LazyFS(service)
+    pyfuse3.init(fs, str(config.mountpoint), set(FUSE_OPTIONS))
+    try:
+        trio.run(_main, service)
+    finally:
+        pyfuse3.close(unmount=True)
+        log.info("unmounted %s", config.mountpoint)
+
+
+async def _main(service: LazyStoreService) -> None:
+    config = service.config
+
+    def shutdown() -> None:
+        pyfuse3.terminate()
+
+    api = control.ControlApi(service, shutdown)
+    listeners = [await control.unix_listener(config.control_socket)]
+    if config.listen:
+        listeners.append(await control.tcp_listener(config.listen))
+    async with service.fetcher.running():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_signals, shutdown)
+            await nursery.start(control.serve, listeners, api.handle)
+            (config.state_dir / "daemon.pid").write_text(str(os.getpid()))
+            log.info("serving %s (control %s)", config.mountpoint, config.control_socket)
+            await pyfuse3.main(max_tasks=128)
+            nursery.cancel_scope.cancel()
+    try:
+        config.control_socket.unlink()
+    except FileNotFoundError:
+        pass
+
+
+async def _signals(shutdown: Any) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            shutdown()
+            return
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=os.environ.get("ROLLSTACK_LOG", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = parse_args(argv)
+    from rollstack.store import open_store
+
+    run(config, open_store(config.store))
+
+
+if __name__ == "__main__":
+    main()

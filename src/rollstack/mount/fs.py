@@ -1,0 +1,267 @@
+"""`LazyFS`: the pyfuse3 operations of the lazy layer store (read-only).
+
+Namespace:
+
+    /                       inode 1
+    /layers/                inode 2, one directory per loaded layer
+    /layers/<digest-hex>/   the layer's root; its tree is the layer's TOC, overlay-ready:
+                            whiteouts are 0/0 character devices, opaque directories answer
+                            getxattr("trusted.overlay.opaque") with b"y"
+
+Layers are immutable, so entries, attributes and negative lookups inside them carry long
+timeouts and opened files keep their page cache (`keep_cache`). `/` and `/layers` change when
+layers are added, so they get short timeouts and uncached negative lookups.
+
+Errors are translated in exactly one place, `_translate`: RollstackError/OSError -> errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+from typing import Any, Callable
+
+import pyfuse3
+
+from rollstack.errors import FormatError, NotFound, RegistryError, RollstackError
+from rollstack.format.toc import EntryType
+from rollstack.mount.index import entry_size, mode_bits, rdev
+from rollstack.mount.service import LazyStoreService
+
+log = logging.getLogger("rollstack.mount.fs")
+
+ROOT = pyfuse3.ROOT_INODE
+LAYERS = 2
+OPAQUE_XATTR = b"trusted.overlay.opaque"
+_SHORT = 1.0
+
+
+def _errno_of(exc: BaseException) -> int:
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc.errno
+    if isinstance(exc, NotFound):
+        return errno.ENOENT
+    if isinstance(exc, (FormatError, RegistryError)):
+        return errno.EIO  # integrity failure, registry gone past the deadline
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO
+
+
+def _translate(fn: Callable) -> Callable:
+    """The one place where exceptions become errnos."""
+
+    @functools.wraps(fn)
+    async def op(self: "LazyFS", *args: Any) -> Any:
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except (RollstackError, OSError) as exc:
+            code = _errno_of(exc)
+            if code == errno.EIO:
+                log.warning("%s%r -> EIO: %s", fn.__name__, args[:2], exc)
+            raise pyfuse3.FUSEError(code) from None
+        except Exception:  # noqa: BLE001 - a bug must not take the mount down
+            log.exception("%s%r failed", fn.__name__, args[:2])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return op
+
+
+class LazyFS(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, service: LazyStoreService) -> None:
+        super().__init__()
+        self.svc = service
+        self.timeout = service.config.entry_timeout
+        self.lookups: dict[int, int] = {}
+
+    # -- attributes ------------------------------------------------------------------------
+    def _dir_attr(self, ino: int, nlink: int) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.st_mode = stat.S_IFDIR | 0o755
+        a.st_nlink = nlink
+        a.st_size = 4096
+        a.st_blksize = 4096
+        t = int(self.svc.started * 1e9)
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = t
+        a.entry_timeout = a.attr_timeout = _SHORT
+        return a
+
+    def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
+        if ino == ROOT:
+            return self._dir_attr(ROOT, 3)
+        if ino == LAYERS:
+            return self._dir_attr(LAYERS, 2 + len(self.svc.layers))
+        layer = self.svc.layer_of(ino)
+        if layer is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        idx = layer.index
+        e = idx.entry(ino)
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.st_mode = mode_bits(e)
+        a.st_nlink = idx.nlink(ino)
+        a.st_uid, a.st_gid = e.uid, e.gid
+        a.st_rdev = rdev(e)
+        a.st_size = entry_size(e)
+        a.st_blksize = 4096
+        a.st_blocks = (a.st_size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = e.mtime_ns
+        a.entry_timeout = a.attr_timeout = self.timeout
+        return a
+
+    def _counted(self, a: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
+        self.lookups[a.st_ino] = self.lookups.get(a.st_ino, 0) + 1
+        return a
+
+    # -- namespace -------------------------------------------------------------------------
+    @_translate
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        n = os.fsdecode(name)
+        if n == ".":
+            return self._counted(self._attr(parent_inode))
+        if parent_inode == ROOT:
+            if n == "layers":
+                return self._counted(self._attr(LAYERS))
+            if n == "..":
+                return self._counted(self._attr(ROOT))
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if parent_inode == LAYERS:
+            if n == "..":
+                return self._counted(self._attr(ROOT))
+            layer = self.svc.layers.get(n)
+            if layer is None:  # not cached: the layer may be added a moment later
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._counted(self._attr(layer.index.root))
+        layer = self.svc.layer_of(parent_inode)
+        if layer is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        idx = layer.index
+        if n == "..":
+            target = LAYERS if parent_inode == idx.root else idx.parent(parent_inode)
+            return self._counted(self._attr(target))
+        ino = idx.child(parent_inode, n)
+        if ino is None:
+            neg = pyfuse3.EntryAttributes()
+            neg.st_ino = 0
+            neg.entry_timeout = self.timeout  # cached negative lookup: the layer never changes
+            return neg
+        return self._counted(self._attr(ino))
+
+    @_translate
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self._attr(inode)
+
+    @_translate
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        layer = self.svc.layer_of(inode)
+        if layer is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        e = layer.index.entry(inode)
+        if e.type is not EntryType.SYMLINK:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return os.fsencode(e.link)
+
+    def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for ino, n in inode_list:
+            left = self.lookups.get(ino, 0) - n
+            if left > 0:
+                self.lookups[ino] = left
+            else:
+                self.lookups.pop(ino, None)
+
+    # -- directories -----------------------------------------------------------------------
+    @_translate
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        if inode in (ROOT, LAYERS):
+            return inode
+        layer = self.svc.layer_of(inode)
+        if layer is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if layer.index.entry(inode).type is not EntryType.DIR:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    def _listing(self, fh: int) -> list[tuple[str, int]]:
+        if fh == ROOT:
+            return [("layers", LAYERS)]
+        if fh == LAYERS:
+            return [(h, layer.index.root) for h, layer in sorted(self.svc.layers.items())]
+        layer = self.svc.layer_of(fh)
+        return layer.index.children(fh) if layer is not None else []
+
+    @_translate
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        entries = self._listing(fh)
+        for i in range(start_id, len(entries)):
+            name, ino = entries[i]
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attr(ino), i + 1):
+                return
+            self.lookups[ino] = self.lookups.get(ino, 0) + 1
+
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    # -- files -----------------------------------------------------------------------------
+    @_translate
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        layer = self.svc.layer_of(inode)
+        if layer is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if layer.index.entry(inode).type is not EntryType.REG:
+            raise pyfuse3.FUSEError(errno.EISDIR if layer.index.entry(inode).type is EntryType.DIR else errno.EACCES)
+        fh = self.svc.open_file(inode, ctx.pid if ctx is not None else 0)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    @_translate
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self.svc.read(fh, off, size)
+
+    async def release(self, fh: int) -> None:
+        self.svc.release(fh)
+
+    # -- xattrs ----------------------------------------------------------------------------
+    def _xattrs(self, inode: int) -> dict[bytes, bytes]:
+        layer = self.svc.layer_of(inode)
+        if layer is None:
+            return {}
+        e = layer.index.entry(inode)
+        out = {os.fsencode(k): v for k, v in e.xattrs.items()}
+        if e.type is EntryType.DIR and e.opaque:
+            out[OPAQUE_XATTR] = b"y"
+        return out
+
+    @_translate
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        value = self._xattrs(inode).get(name)
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
+
+    @_translate
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return list(self._xattrs(inode))
+
+    # -- filesystem ------------------------------------------------------------------------
+    @_translate
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        s = pyfuse3.StatvfsData()
+        total = sum(layer.blob_size for layer in self.svc.layers.values())
+        s.f_bsize = s.f_frsize = 4096
+        s.f_blocks = total // 4096
+        s.f_bfree = s.f_bavail = 0
+        s.f_files = sum(layer.index.size for layer in self.svc.layers.values()) + 2
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = 255
+        return s

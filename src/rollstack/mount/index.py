@@ -1,0 +1,160 @@
+"""`LayerIndex`: one layer's TOC as an inode table (pure: no FUSE, no I/O).
+
+Every entry of a layer gets one stable inode, `base + position in the TOC` (the TOC is sorted
+by path, so lookups are a bisect and need no table built up front; entries are materialised
+lazily by the `Toc`). A layer without an explicit root entry gets a synthetic one at `base`.
+Hardlinks are resolved to their target's inode, so all names of a file share one inode (and
+one page cache); the target's `st_nlink` counts them. Children lists and directory link counts
+are computed per directory on first use and kept (layers are immutable).
+"""
+
+from __future__ import annotations
+
+import bisect
+import stat
+from typing import Iterator
+
+from rollstack.format.toc import EntryType, Toc, TocEntry
+
+_TYPE_BITS = {
+    EntryType.REG: stat.S_IFREG,
+    EntryType.DIR: stat.S_IFDIR,
+    EntryType.SYMLINK: stat.S_IFLNK,
+    EntryType.CHAR: stat.S_IFCHR,
+    EntryType.BLOCK: stat.S_IFBLK,
+    EntryType.FIFO: stat.S_IFIFO,
+    EntryType.WHITEOUT: stat.S_IFCHR,  # overlayfs whiteout: a 0/0 character device
+}
+
+
+class LayerIndex:
+    def __init__(self, digest: str, toc: Toc, base: int) -> None:
+        self.digest = digest
+        self.hex = digest.partition(":")[2]
+        self.toc = toc
+        self.base = base
+        self.paths = toc.paths
+        self._shift = 0 if self.paths and self.paths[0] == "" else 1  # 1: synthetic root at base
+        self.size = len(self.paths) + self._shift  # inodes used: [base, base + size)
+        self._root = TocEntry(path="", type=EntryType.DIR, mode=0o755) if self._shift else None
+        self._children: dict[int, list[tuple[str, int]]] = {}
+        self._dir_links: dict[int, int] = {}
+        self._hardlinks: dict[int, int] | None = None  # target inode -> extra names
+
+    # -- inode <-> path --------------------------------------------------------------------
+    @property
+    def root(self) -> int:
+        return self.base
+
+    def owns(self, ino: int) -> bool:
+        return self.base <= ino < self.base + self.size
+
+    def find(self, path: str) -> int | None:
+        """The inode of `path` (hardlinks resolved), or None."""
+        if path == "":
+            return self.base
+        i = bisect.bisect_left(self.paths, path)
+        if i >= len(self.paths) or self.paths[i] != path:
+            return None
+        ino = self.base + i + self._shift
+        e = self.toc._at(i)  # noqa: SLF001 - lazily materialised entry
+        if e.type is EntryType.HARDLINK:
+            return self.find(e.link) if e.link != path else None
+        return ino
+
+    def entry(self, ino: int) -> TocEntry:
+        i = ino - self.base - self._shift
+        if i < 0:
+            assert self._root is not None
+            return self._root
+        return self.toc._at(i)  # noqa: SLF001
+
+    def path(self, ino: int) -> str:
+        i = ino - self.base - self._shift
+        return "" if i < 0 else self.paths[i]
+
+    def parent(self, ino: int) -> int:
+        p = self.path(ino)
+        if not p:
+            return self.base
+        parent = p.rsplit("/", 1)[0] if "/" in p else ""
+        return self.find(parent) or self.base
+
+    def child(self, dir_ino: int, name: str) -> int | None:
+        p = self.path(dir_ino)
+        return self.find(f"{p}/{name}" if p else name)
+
+    # -- directories -----------------------------------------------------------------------
+    def children(self, dir_ino: int) -> list[tuple[str, int]]:
+        """(name, inode) of the direct children, in name order (hardlinks resolved)."""
+        got = self._children.get(dir_ino)
+        if got is not None:
+            return got
+        p = self.path(dir_ino)
+        prefix = p + "/" if p else ""
+        if p:
+            lo = bisect.bisect_left(self.paths, prefix)
+            hi = bisect.bisect_left(self.paths, p + "0")  # '0' sorts right after '/'
+        else:
+            lo, hi = (1 if self._shift == 0 else 0), len(self.paths)
+        out: list[tuple[str, int]] = []
+        n = len(prefix)
+        for i in range(lo, hi):
+            rest = self.paths[i][n:]
+            if rest and "/" not in rest:
+                ino = self.find(self.paths[i])
+                if ino is not None:
+                    out.append((rest, ino))
+        self._children[dir_ino] = out
+        return out
+
+    def nlink(self, ino: int) -> int:
+        e = self.entry(ino)
+        if e.type is EntryType.DIR:
+            n = self._dir_links.get(ino)
+            if n is None:
+                n = 2 + sum(1 for _, c in self.children(ino) if self.entry(c).type is EntryType.DIR)
+                self._dir_links[ino] = n
+            return n
+        return 1 + self.hardlinks().get(ino, 0)
+
+    def hardlinks(self) -> dict[int, int]:
+        """Target inode -> number of extra names. Scans every entry once (call off-loop early)."""
+        if self._hardlinks is None:
+            counts: dict[int, int] = {}
+            for i in range(len(self.paths)):
+                e = self.toc._at(i)  # noqa: SLF001
+                if e.type is EntryType.HARDLINK:
+                    t = self.find(e.link)
+                    if t is not None:
+                        counts[t] = counts.get(t, 0) + 1
+            self._hardlinks = counts
+        return self._hardlinks
+
+    def iter_entries(self) -> Iterator[TocEntry]:
+        return iter(self.toc)
+
+
+def mode_bits(e: TocEntry) -> int:
+    """`st_mode` of an entry (type bits + permissions)."""
+    if e.type is EntryType.WHITEOUT:
+        return stat.S_IFCHR  # mode 0, like overlayfs' own whiteouts
+    return _TYPE_BITS[e.type] | (e.mode & 0o7777)
+
+
+def rdev(e: TocEntry) -> int:
+    import os
+
+    if e.type in (EntryType.CHAR, EntryType.BLOCK):
+        return os.makedev(e.rdev_major, e.rdev_minor)
+    return 0
+
+
+def entry_size(e: TocEntry) -> int:
+    if e.type is EntryType.REG:
+        return e.size
+    if e.type is EntryType.SYMLINK:
+        return len(e.link.encode("utf-8", "surrogateescape"))
+    if e.type is EntryType.DIR:
+        return 4096
+    return 0

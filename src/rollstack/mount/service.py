@@ -1,0 +1,363 @@
+"""`LazyStoreService`: the daemon's state and operations, independent of FUSE and HTTP.
+
+Owns the loaded layers (one `LayerIndex` + `RemoteLayer` each, one inode range each), the open
+files, the environments (accounts, traces, background fill) and the `ChunkFetcher`. The FUSE
+operations (`mount.fs`) and the control API (`mount.control`) are thin adapters over it.
+Runs on the daemon's trio loop; blocking work goes to threads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import trio
+
+from rollstack.errors import InvalidRequest, NotFound
+from rollstack.fetch import (ChunkFetcher, DiskChunkCache, FetchConfig, FetchMetrics, MemoryChunkCache, PeerClient,
+                             Priority, RemoteLayer, TraceRecorder, TraceStore)
+from rollstack.format.reader import chunks_for
+from rollstack.format.toc import Chunk, Compression, TocEntry
+from rollstack.mount.envs import Env, EnvTable
+from rollstack.mount.index import LayerIndex
+from rollstack.mount.tocs import TocCache
+
+FIRST_LAYER_INODE = 1000
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    mountpoint: Path
+    state_dir: Path
+    store: str
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+    peers: tuple[str, ...] = ()
+    control: Path | None = None
+    """Unix socket of the control API (default: <state_dir>/control.sock)."""
+    listen: str | None = None
+    """Optional TCP address (127.0.0.1:PORT) serving the same API, for peers."""
+    entry_timeout: float = 86400.0
+    """Seconds the kernel may cache entries, attributes and negative lookups of layer content."""
+
+    @property
+    def control_socket(self) -> Path:
+        return self.control or self.state_dir / "control.sock"
+
+
+@dataclass
+class LoadedLayer:
+    repo: str
+    digest: str
+    index: LayerIndex
+    remote: RemoteLayer
+    blob_size: int
+    info: dict[str, Any]
+
+
+@dataclass
+class OpenFile:
+    layer: LoadedLayer
+    ino: int
+    entry: TocEntry
+    env: Env | None
+    next_off: int = 0
+    ahead_until: int = -1  # highest chunk index readahead was issued for
+    chunk_offsets: list[int] | None = None
+
+
+def _hex(digest: str) -> str:
+    algo, _, hexd = digest.partition(":")
+    if algo != "sha256" or len(hexd) != 64:
+        raise InvalidRequest(f"not a sha256 digest: {digest!r}")
+    return hexd
+
+
+def layer_ref(ref: Any) -> tuple[str, str]:
+    """(repo, digest) from a dict or an object with .repo/.digest (e.g. plan.LayerRef)."""
+    if isinstance(ref, dict):
+        repo, digest = ref.get("repo"), ref.get("digest")
+    else:
+        repo, digest = getattr(ref, "repo", None), getattr(ref, "digest", None)
+    if not isinstance(repo, str) or not isinstance(digest, str):
+        raise InvalidRequest(f"a layer reference needs 'repo' and 'digest': {ref!r}")
+    _hex(digest)
+    return repo, digest
+
+
+class LazyStoreService:
+    def __init__(self, config: DaemonConfig, store: Any, *, decode: Any = None) -> None:
+        self.config = config
+        self.store = store
+        fc = config.fetch
+        self.metrics = FetchMetrics()
+        self.memory = MemoryChunkCache(fc.memory_budget)
+        self.disk = DiskChunkCache(config.state_dir / "chunks", fc.disk_budget)
+        self.peers = PeerClient(config.peers, timeout=fc.peer_timeout, dead_for=fc.peer_dead_for) if config.peers else None
+        self.fetcher = ChunkFetcher(fc, self.memory, self.disk, self.peers, self.metrics, decode)
+        self.tocs = TocCache(config.state_dir / "tocs")
+        self.traces = TraceStore(config.state_dir / "traces")
+        self.envs = EnvTable()
+        self.layers: dict[str, LoadedLayer] = {}
+        self._bases: list[int] = []
+        self._base_layers: list[LoadedLayer] = []
+        self._next_base = FIRST_LAYER_INODE
+        self._loading: dict[str, trio.Event] = {}
+        self.files: dict[int, OpenFile] = {}
+        self._next_fh = 1
+        self.started = time.time()
+
+    # -- layers ----------------------------------------------------------------------------
+    async def add_layers(self, refs: Iterable[Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        pairs = [layer_ref(r) for r in refs]
+        results: dict[str, dict[str, Any]] = {}
+        async with trio.open_nursery() as n:
+            for repo, digest in pairs:
+                n.start_soon(self._add_one, repo, digest, results)
+        out = [results[d] for _, d in pairs]
+        return {"layers": out, "seconds": round(time.perf_counter() - t0, 6),
+                "bytes": sum(r["toc_bytes"] for r in out), "requests": sum(r["toc_requests"] for r in out)}
+
+    async def _add_one(self, repo: str, digest: str, results: dict[str, dict[str, Any]]) -> None:
+        hexd = _hex(digest)
+        while hexd in self._loading:
+            await self._loading[hexd].wait()
+        if hexd in self.layers:
+            results[digest] = dict(self.layers[hexd].info, loaded=True, toc_requests=0, toc_bytes=0, toc_seconds=0.0)
+            return
+        done = self._loading[hexd] = trio.Event()
+        try:
+            t0 = time.perf_counter()
+            store = self.store
+            opened = await trio.to_thread.run_sync(
+                self.tocs.open, digest, lambda: store.blob_size(repo, digest),
+                lambda off, n: store.read_blob(repo, digest, off, n))
+            base = self._next_base
+            index = LayerIndex(digest, opened.toc, base)
+            self._next_base += index.size + 16
+            toc = opened.toc
+            remote = RemoteLayer(repo, digest, lambda off, n: store.read_blob(repo, digest, off, n),
+                                 lambda: (c for e in toc for c in e.chunks))
+            info = {"repo": repo, "digest": digest, "entries": len(toc), "blob_size": opened.blob_size,
+                    "toc_cached": opened.cached, "toc_requests": opened.requests, "toc_bytes": opened.bytes,
+                    "toc_seconds": round(time.perf_counter() - t0, 6), "loaded": False,
+                    "dir": str(self.layer_dir(digest))}
+            layer = LoadedLayer(repo, digest, index, remote, opened.blob_size, info)
+            self.layers[hexd] = layer
+            i = bisect.bisect(self._bases, base)
+            self._bases.insert(i, base)
+            self._base_layers.insert(i, layer)
+            results[digest] = info
+            self.fetcher.spawn(self._prepare, layer)
+        finally:
+            del self._loading[hexd]
+            done.set()
+
+    async def _prepare(self, layer: LoadedLayer) -> None:
+        """Off the critical path: the layer's chunk index and hardlink counts."""
+        def work() -> None:
+            layer.remote.build_index()
+            layer.index.hardlinks()
+        await trio.to_thread.run_sync(work)
+
+    def layer_dir(self, digest: str) -> Path:
+        return self.config.mountpoint / "layers" / _hex(digest)
+
+    def layer_of(self, ino: int) -> LoadedLayer | None:
+        i = bisect.bisect_right(self._bases, ino) - 1
+        if i < 0:
+            return None
+        layer = self._base_layers[i]
+        return layer if layer.index.owns(ino) else None
+
+    def _loaded(self, digest: str) -> LoadedLayer:
+        layer = self.layers.get(_hex(digest))
+        if layer is None:
+            raise NotFound(f"layer {digest} is not loaded (add it first)")
+        return layer
+
+    # -- reads -----------------------------------------------------------------------------
+    def open_file(self, ino: int, pid: int) -> int:
+        layer = self.layer_of(ino)
+        if layer is None:
+            raise NotFound(f"inode {ino}")
+        fh = self._next_fh
+        self._next_fh += 1
+        self.files[fh] = OpenFile(layer, ino, layer.index.entry(ino), self.envs.for_pid(pid))
+        return fh
+
+    def release(self, fh: int) -> None:
+        self.files.pop(fh, None)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        of = self.files[fh]
+        e = of.entry
+        if off >= e.size or size <= 0:
+            return b""
+        end = min(e.size, off + size)
+        chunks = chunks_for(e, off, end - off)
+        env = of.env
+        acct = env.account if env is not None else None
+        datas = await self.fetcher.get_many(of.layer.remote, chunks, acct)
+        if env is not None and env.recorder is not None:
+            for c in chunks:
+                env.recorder.record(of.layer.digest, _chunk_doc(c))
+        if len(e.chunks) > 1:
+            self._readahead(of, off, chunks[-1], acct)
+        of.next_off = end
+        if len(chunks) == 1:
+            c = chunks[0]
+            return datas[0][off - c.offset:end - c.offset]
+        parts = []
+        for c, data in zip(chunks, datas):
+            parts.append(data[max(off, c.offset) - c.offset:min(end, c.offset + c.size) - c.offset])
+        return b"".join(parts)
+
+    def _readahead(self, of: OpenFile, off: int, last: Chunk, acct: Any) -> None:
+        """Sequential reader of a multi-chunk file: keep `readahead_bytes` of it in flight."""
+        if off != of.next_off and off != 0:
+            return
+        if of.chunk_offsets is None:
+            of.chunk_offsets = [c.offset for c in of.entry.chunks]
+        k = bisect.bisect_left(of.chunk_offsets, last.offset)
+        if k + 1 >= len(of.entry.chunks) or of.ahead_until > k + 1:
+            return
+        budget = self.config.fetch.readahead_bytes
+        ahead, stored = [], 0
+        for c in of.entry.chunks[max(k + 1, of.ahead_until + 1):]:
+            if stored + c.blob_size > budget and ahead:
+                break
+            ahead.append(c)
+            stored += c.blob_size
+        if not ahead:
+            return
+        of.ahead_until = k + 1 + len(ahead) + max(0, of.ahead_until - k - 1)
+        self.fetcher.spawn(self.fetcher.prefetch, of.layer.remote, ahead, acct, Priority.PREFETCH)
+
+    async def chunk_bytes(self, digest: str) -> bytes | None:
+        """A chunk we hold (memory or disk), for peers."""
+        data = self.memory.get(digest)
+        if data is None and digest in self.disk:
+            data = await trio.to_thread.run_sync(self.disk.get, digest)
+        return data
+
+    # -- eager fetch -----------------------------------------------------------------------
+    async def fetch_all(self, refs: Iterable[Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        added = await self.add_layers(refs)
+        before = self.metrics.snapshot()["transferred_bytes"].get("registry", 0)
+        async with trio.open_nursery() as n:
+            for doc in added["layers"]:
+                n.start_soon(self._fetch_layer, self._loaded(doc["digest"]))
+        after = self.metrics.snapshot()["transferred_bytes"].get("registry", 0)
+        return {"seconds": round(time.perf_counter() - t0, 6), "fetched_bytes": after - before,
+                "stack_bytes": sum(d["blob_size"] for d in added["layers"])}
+
+    async def _fetch_layer(self, layer: LoadedLayer) -> None:
+        await trio.to_thread.run_sync(layer.remote.build_index)
+        await self.fetcher.prefetch(layer.remote, layer.remote.chunks or (), None, Priority.PREFETCH)
+
+    # -- environments ----------------------------------------------------------------------
+    async def begin_env(self, env_id: str, refs: Iterable[Any], trace_key: str | None = None,
+                        background: bool = True) -> dict[str, Any]:
+        if not env_id or "/" in env_id:
+            raise InvalidRequest(f"bad environment id {env_id!r}")
+        added = await self.add_layers(refs)
+        old = self.envs.envs.pop(env_id, None)
+        if old is not None:
+            old.cancel.cancel()
+        env = Env(env_id, [d["digest"] for d in added["layers"]], trace_key)
+        self.envs.envs[env_id] = env
+        self.envs.forget_pids()
+        fc = self.config.fetch
+        if trace_key:
+            trace = self.traces.load(trace_key)
+            if trace:
+                env.prefetch_chunks = len(trace)
+                self.fetcher.spawn(self._run_in_env, env, self._trace_prefetch, env, trace)
+            else:
+                env.recorder = TraceRecorder(trace_key, fc.trace_window, fc.trace_max_chunks)
+                self.fetcher.spawn(self._save_trace_later, env)
+        if background:
+            self.fetcher.spawn(self._run_in_env, env, self._background_fill, env)
+        return {"env_id": env_id, "layers": added, "trace_prefetch_chunks": env.prefetch_chunks}
+
+    async def _run_in_env(self, env: Env, fn: Any, *args: Any) -> None:
+        with env.cancel:
+            await fn(*args)
+
+    async def _trace_prefetch(self, env: Env, trace: list[tuple[str, dict]]) -> None:
+        by_layer: dict[str, list[Chunk]] = {}
+        for digest, doc in trace:
+            by_layer.setdefault(digest, []).append(_chunk_from_doc(doc))
+        async with trio.open_nursery() as n:
+            for digest, chunks in by_layer.items():
+                layer = self.layers.get(digest.partition(":")[2])
+                if layer is not None:
+                    n.start_soon(self.fetcher.prefetch, layer.remote, chunks, env.account, Priority.PREFETCH)
+
+    async def _background_fill(self, env: Env) -> None:
+        for digest in env.layers:
+            layer = self.layers.get(_hex(digest))
+            if layer is not None:
+                await self.fetcher.fill(layer.remote, env.account)
+
+    async def _save_trace_later(self, env: Env) -> None:
+        await trio.sleep(self.config.fetch.trace_window)
+        self._save_trace(env)
+
+    def _save_trace(self, env: Env) -> None:
+        rec = env.recorder
+        if rec is not None and rec.chunks:
+            self.traces.save(rec)
+            env.recorder = None
+
+    def end_env(self, env_id: str) -> dict[str, Any]:
+        env = self.envs.envs.pop(env_id, None)
+        if env is None:
+            raise NotFound(f"environment {env_id} is not known to the lazy store")
+        env.cancel.cancel()
+        self._save_trace(env)
+        return env.stats()
+
+    def env_stats(self, env_id: str) -> dict[str, Any]:
+        env = self.envs.envs.get(env_id)
+        if env is None:
+            raise NotFound(f"environment {env_id} is not known to the lazy store")
+        return env.stats()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "layers": len(self.layers),
+            "environments": len(self.envs.envs),
+            "open_files": len(self.files),
+            "memory_cache": {"bytes": self.memory.bytes, "budget": self.memory.budget, "chunks": len(self.memory)},
+            "disk_cache": {"bytes": self.disk.bytes, "budget": self.disk.budget, "chunks": len(self.disk),
+                           "evictions": self.disk.evictions, "rejected": self.disk.rejected},
+            "peers": {"urls": list(self.config.peers),
+                      "hits": self.peers.hits if self.peers else 0, "misses": self.peers.misses if self.peers else 0},
+            "fetch": self.metrics.snapshot(),
+            "uptime_seconds": round(time.time() - self.started, 3),
+        }
+
+    def drop_caches(self) -> None:
+        self.memory.clear()
+        self.disk.clear()
+
+    def update_metric_gauges(self) -> None:
+        self.metrics.cache_bytes.labels("memory").set(self.memory.bytes)
+        self.metrics.cache_bytes.labels("disk").set(self.disk.bytes)
+
+
+def _chunk_doc(c: Chunk) -> dict[str, Any]:
+    return {"o": c.offset, "s": c.size, "bo": c.blob_offset, "bs": c.blob_size, "d": c.digest,
+            "c": c.compression.value}
+
+
+def _chunk_from_doc(doc: dict[str, Any]) -> Chunk:
+    return Chunk(offset=int(doc["o"]), size=int(doc["s"]), blob_offset=int(doc["bo"]), blob_size=int(doc["bs"]),
+                 digest=str(doc["d"]), compression=Compression(doc["c"]))
+
