@@ -37,6 +37,7 @@ from rollstack.store.base import Manifest
 REPO_ANNOTATION = "io.rollstack.repository"
 REF_ANNOTATION = "org.opencontainers.image.ref.name"
 _COPY_BLOCK = 1 << 20
+_FILE_MODE = 0o644  # mkstemp makes 0600; a store is content-addressed data anyone may read
 
 
 class OciLayoutStore:
@@ -196,6 +197,7 @@ class OciLayoutStore:
     def _write_verified(self, digest: str, data: bytes | Path | BinaryIO) -> Path:
         """Copies data to a temp file while hashing; IntegrityError (and no file) on mismatch."""
         fd, name = tempfile.mkstemp(dir=self._tmp, prefix="blob-")
+        os.fchmod(fd, _FILE_MODE)
         tmp = Path(name)
         h = hashlib.sha256()
         try:
@@ -238,6 +240,7 @@ class OciLayoutStore:
 
     def _write_atomic(self, path: Path, data: bytes) -> None:
         fd, name = tempfile.mkstemp(dir=self._tmp, prefix=path.name + "-")
+        os.fchmod(fd, _FILE_MODE)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

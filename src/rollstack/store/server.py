@@ -26,14 +26,14 @@ from rollstack.errors import InvalidRequest, RegistryUnavailable
 DEFAULT_BINARY = "/usr/bin/docker-registry"
 
 
-def _bcrypt(password: str) -> str:
+def _bcrypt(password: str, cost: int) -> str:
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import crypt  # glibc/libxcrypt does bcrypt; the only hash docker-registry accepts
 
-    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=1 << cost))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,6 +68,7 @@ class RegistryServer:
         addr: str = "127.0.0.1:0",
         *,
         htpasswd: dict[str, str] | None = None,
+        htpasswd_cost: int = 10,
         auth: dict[str, Any] | None = None,
         binary: str = DEFAULT_BINARY,
         log_level: str = "warn",
@@ -75,7 +76,8 @@ class RegistryServer:
     ) -> None:
         self.root = Path(root).expanduser().absolute()
         self.host, self.port = parse_addr(addr)
-        self.htpasswd = htpasswd
+        self.htpasswd = htpasswd  # user -> password; the registry checks bcrypt on every request
+        self.htpasswd_cost = htpasswd_cost  # so tests use a low cost (4) to stay fast
         self.auth = auth  # a raw `auth:` config section (e.g. token auth in tests)
         self.binary = binary
         self.log_level = log_level
@@ -114,7 +116,7 @@ class RegistryServer:
         }
         if self.htpasswd is not None:
             path = self.root / "htpasswd"
-            path.write_text("".join(f"{u}:{_bcrypt(p)}\n" for u, p in self.htpasswd.items()))
+            path.write_text("".join(f"{u}:{_bcrypt(p, self.htpasswd_cost)}\n" for u, p in self.htpasswd.items()))
             cfg["auth"] = {"htpasswd": {"realm": "rollstack", "path": str(path)}}
         elif self.auth is not None:
             cfg["auth"] = self.auth

@@ -26,7 +26,7 @@ def default_store_spec(env: Mapping[str, str] | None = None) -> str:
 def open_store(spec: str | None = None, *, env: Mapping[str, str] | None = None, **registry_options) -> ArtifactStore:
     """The store named by `spec` (see module docstring). Extra options go to `RegistryStore`."""
     env = os.environ if env is None else env
-    spec = (spec or default_store_spec(env)).strip()
+    spec = (default_store_spec(env) if spec is None else spec).strip()
     if not spec:
         raise InvalidRequest("empty store spec")
     if spec.startswith(("http://", "https://")):
