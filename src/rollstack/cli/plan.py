@@ -1,7 +1,58 @@
-"""`rollstack plan ...` commands."""
+"""`rollstack plan ...`: validate a plan and resolve it to its layer stack."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
 
-app = typer.Typer(no_args_is_help=True, help="plan commands")
+from rollstack.cli.output import emit, stdout
+
+app = typer.Typer(no_args_is_help=True, help="Environment plans: resolve, check.")
+
+
+@app.command("resolve")
+def resolve(
+    plan: Path = typer.Argument(..., metavar="PLAN", help="plan file (YAML or JSON)"),
+    store: Optional[str] = typer.Option(None, "--store", envvar="ROLLSTACK_STORE", help="oci:PATH, a path, or http(s)://host:port"),
+    ttl: float = typer.Option(60.0, "--ttl", help="seconds a cached tag resolution stays fresh"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="resolution cache (default: ~/.cache/rollstack)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="ask the store for every reference"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """The layer stack, bottom first: each layer's digest, size and the group it came from."""
+    from rollstack.plan.model import load_plan
+    from rollstack.plan.resolve import Resolver, default_cache_dir
+    from rollstack.store import open_store
+
+    p = load_plan(plan)
+    st = open_store(store)
+    try:
+        resolver = Resolver(st, None if no_cache else (cache_dir or default_cache_dir()), ttl=0.0 if no_cache else ttl)
+        stack = resolver.resolve(p)
+    finally:
+        st.close()
+    doc = {"plan": p.name, **stack.to_dict(), "seconds": round(stack.seconds, 6), "store": st.url}
+
+    def human(d: dict[str, Any]) -> None:
+        for i, layer in enumerate(d["layers"]):
+            stdout.print(f"{i:3d}  {layer['digest']}  {layer['size']:>12d}  {layer['group']}")
+        stdout.print(f"stack {d['stack_digest']}  {len(d['layers'])} layers  {d['size']} bytes")
+        if "evaluator" in d:
+            ev = d["evaluator"]
+            stdout.print(f"evaluator stack {ev['stack_digest']}  {len(ev['layers'])} layers  {ev['size']} bytes")
+
+    emit(doc, as_json, human)
+
+
+@app.command("check")
+def check(
+    plan: Path = typer.Argument(..., metavar="PLAN", help="plan file (YAML or JSON)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document (the normalised plan)"),
+) -> None:
+    """Validate PLAN (exit 1 with `plan_invalid: <field>: <reason>` if it is not valid)."""
+    from rollstack.plan.model import load_plan
+
+    p = load_plan(plan)
+    emit(p.model_dump(mode="json"), as_json, lambda d: stdout.print(f"{p.name}: valid, {len(p.groups)} group(s)"))

@@ -1,0 +1,251 @@
+"""`import_image`: an existing OCI/Docker image -> a rollstack layer group.
+
+Sources: an OCI image layout directory (`oci:DIR[:TAG]`), or a registry (`docker://HOST/NAME:TAG`,
+or `HOST/NAME:TAG`), read with skopeo (`skopeo inspect --raw` for manifests, `skopeo copy` into
+a temporary OCI layout for layers). Each tar layer (plain, gzip, zstd) is converted with the
+format's converter (OCI whiteouts become whiteout entries). Conversions are cached by the source
+layer's digest in `cache_dir/import/` (a small JSON map plus the converted blobs), so importing
+the same image again converts nothing and, when every layer is cached, downloads nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from rollstack.errors import InvalidRequest, ManifestNotFound, RegistryError, SourceInvalid
+from rollstack.plan.groups import BuiltLayer, Progress, publish_layers, split_name_tag
+
+INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
+MANIFEST_TYPES = {"application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"}
+
+
+@dataclass(slots=True)
+class ImportResult:
+    name: str
+    tag: str
+    digest: str
+    source: str
+    source_manifest: str  # digest of the image manifest imported
+    layers: list[dict[str, Any]] = field(default_factory=list)  # {"digest", "size", "source"}
+    converted: int = 0  # layers converted now
+    cached: int = 0  # layers taken from the conversion cache
+    uploaded_bytes: int = 0
+    uploaded_blobs: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _SourceLayer:
+    digest: str
+    media_type: str
+    size: int
+
+
+class ConversionCache:
+    """source layer digest -> converted blob (digest, size), on disk, shared between processes."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root) / "import"
+        self.blobs = self.root / "blobs"
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.map_path = self.root / "layers.json"
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            return json.loads(self.map_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, source_digest: str) -> tuple[str, int] | None:
+        hit = self._read().get(source_digest)
+        return (hit["digest"], int(hit["size"])) if hit else None
+
+    def blob_path(self, digest: str) -> Path:
+        return self.blobs / digest.split(":", 1)[-1]
+
+    def put(self, source_digest: str, digest: str, size: int) -> None:
+        with self._locked():
+            doc = self._read()
+            doc[source_digest] = {"digest": digest, "size": size}
+            tmp = self.map_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+            os.replace(tmp, self.map_path)
+
+
+# -- reading images --------------------------------------------------------------------------------
+def _pick_platform(index: dict[str, Any], what: str) -> str:
+    manifests = index.get("manifests") or []
+    if not manifests:
+        raise SourceInvalid(f"{what}: empty image index")
+    for m in manifests:
+        plat = m.get("platform") or {}
+        if plat.get("os") == "linux" and plat.get("architecture") == "amd64":
+            return m["digest"]
+    return manifests[0]["digest"]
+
+
+def _layers_of(manifest: dict[str, Any], what: str) -> list[_SourceLayer]:
+    if manifest.get("schemaVersion") != 2 or "layers" not in manifest:
+        raise SourceInvalid(f"{what}: not an OCI / Docker schema 2 image manifest")
+    out = []
+    for layer in manifest["layers"]:
+        media = layer.get("mediaType", "")
+        if "tar" not in media and "rootfs" not in media:
+            raise SourceInvalid(f"{what}: layer {layer.get('digest')} has media type {media!r}, not a tar layer")
+        out.append(_SourceLayer(layer["digest"], media, int(layer.get("size", 0))))
+    return out
+
+
+class _OciLayout:
+    def __init__(self, path: Path, tag: str | None) -> None:
+        self.path = path
+        if not (path / "index.json").is_file():
+            raise SourceInvalid(f"{path}: not an OCI image layout (no index.json)")
+        index = json.loads((path / "index.json").read_text())
+        manifests = index.get("manifests") or []
+        if tag is not None:
+            manifests = [m for m in manifests if (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == tag]
+            if not manifests:
+                raise ManifestNotFound(f"{path}: no image tagged {tag!r}")
+        if not manifests:
+            raise SourceInvalid(f"{path}: the layout holds no image")
+        if len(manifests) > 1:
+            raise InvalidRequest(f"{path}: several images; name one as oci:{path}:TAG")
+        desc = manifests[0]
+        digest = desc["digest"]
+        doc = self._json(digest)
+        if desc.get("mediaType") in INDEX_TYPES or doc.get("mediaType") in INDEX_TYPES:
+            digest = _pick_platform(doc, str(path))
+            doc = self._json(digest)
+        self.manifest_digest = digest
+        self.layers = _layers_of(doc, str(path))
+
+    def blob(self, digest: str) -> Path:
+        algo, hexd = digest.split(":", 1)
+        return self.path / "blobs" / algo / hexd
+
+    def _json(self, digest: str) -> dict[str, Any]:
+        try:
+            return json.loads(self.blob(digest).read_bytes())
+        except FileNotFoundError:
+            raise SourceInvalid(f"{self.path}: blob {digest} missing") from None
+
+
+def _skopeo(args: list[str]) -> bytes:
+    if shutil.which("skopeo") is None:
+        raise RegistryError("skopeo is not installed (Debian package skopeo)")
+    proc = subprocess.run(["skopeo", *args], capture_output=True)
+    if proc.returncode != 0:
+        msg = proc.stderr.decode(errors="replace").strip().splitlines()
+        text = msg[-1] if msg else f"exit {proc.returncode}"
+        if "manifest unknown" in text or "name unknown" in text or "not found" in text:
+            raise ManifestNotFound(f"image {args[-1]}: {text}")
+        raise RegistryError(f"skopeo {args[0]} {args[-1]}: {text}")
+    return proc.stdout
+
+
+class _RegistryImage:
+    def __init__(self, ref: str, tls_verify: bool) -> None:
+        from rollstack.store.names import sha256_digest
+
+        self.ref = ref if ref.startswith("docker://") else f"docker://{ref}"
+        self.tls = "true" if tls_verify else "false"
+        raw = _skopeo(["inspect", "--raw", f"--tls-verify={self.tls}", self.ref])
+        doc = json.loads(raw)
+        self.pinned = self.ref
+        if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+            repo = self.ref.rsplit("@", 1)[0]
+            if ":" in repo.rsplit("/", 1)[-1]:
+                repo = repo.rsplit(":", 1)[0]
+            self.pinned = f"{repo}@{_pick_platform(doc, self.ref)}"
+            raw = _skopeo(["inspect", "--raw", f"--tls-verify={self.tls}", self.pinned])
+            doc = json.loads(raw)
+        self.manifest_digest = sha256_digest(raw)
+        self.layers = _layers_of(doc, self.ref)
+
+    def download(self, dest: Path) -> _OciLayout:
+        _skopeo(["copy", "-q", f"--src-tls-verify={self.tls}", self.pinned, f"oci:{dest}:image"])
+        return _OciLayout(dest, "image")
+
+
+def _open_source(image_ref: str, tls_verify: bool) -> _OciLayout | _RegistryImage:
+    if image_ref.startswith("oci:"):
+        rest = image_ref[4:]
+        path, tag = Path(rest), None
+        if not path.is_dir() and ":" in rest:
+            head, tail = rest.rsplit(":", 1)
+            path, tag = Path(head), tail
+        if not path.is_dir():
+            raise SourceInvalid(f"{image_ref}: {path} is not a directory")
+        return _OciLayout(path, tag)
+    if "://" in image_ref and not image_ref.startswith("docker://"):
+        raise InvalidRequest(f"{image_ref!r}: use oci:DIR[:TAG] or docker://HOST/NAME:TAG")
+    return _RegistryImage(image_ref, tls_verify)
+
+
+# -- the import ------------------------------------------------------------------------------------
+def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, kind: str | None = None,
+                 tls_verify: bool = False, created: str | None = None, progress: Progress | None = None,
+                 work_dir: Path | None = None) -> ImportResult:
+    """Convert IMAGE_REF's layers into group NAME:TAG in `store` (conversions cached by source digest)."""
+    from rollstack.format.convert import convert
+
+    name, tag = split_name_tag(name_tag)
+    cache = ConversionCache(cache_dir)
+    source = _open_source(image_ref, tls_verify)
+    result = ImportResult(name, tag, "", image_ref, source.manifest_digest)
+    built: list[BuiltLayer] = []
+    with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp:
+        todo = [layer for layer in source.layers if not _usable(cache, layer.digest, store, name)]
+        layout = source if isinstance(source, _OciLayout) else (source.download(Path(tmp) / "oci") if todo else None)
+        if progress and todo:
+            progress.start(f"convert {len(todo)} layer(s) of {image_ref}", sum(layer.size for layer in todo))
+        for layer in source.layers:
+            hit = cache.get(layer.digest) if layer not in todo else None
+            if hit is None:
+                assert layout is not None
+                dest = Path(tmp) / f"{layer.digest.split(':', 1)[-1]}.blob"
+                info = convert(layout.blob(layer.digest), dest)
+                final = cache.blob_path(info.digest)
+                shutil.move(str(dest), final)
+                cache.put(layer.digest, info.digest, info.size)
+                hit = (info.digest, info.size)
+                result.converted += 1
+                if progress:
+                    progress.advance(layer.size)
+            else:
+                result.cached += 1
+            path = cache.blob_path(hit[0])
+            built.append(BuiltLayer(hit[0], hit[1], path if path.exists() else None, layer.digest))
+        if progress and todo:
+            progress.done()
+        published = publish_layers(store, name, tag, built, kind=kind, source_desc=image_ref,
+                                   created=created, progress=progress)
+    result.digest = published.digest
+    result.layers = published.layers
+    result.uploaded_bytes, result.uploaded_blobs = published.uploaded_bytes, published.uploaded_blobs
+    return result
+
+
+def _usable(cache: ConversionCache, source_digest: str, store: Any, repo: str) -> bool:
+    hit = cache.get(source_digest)
+    if hit is None:
+        return False
+    return cache.blob_path(hit[0]).exists() or store.has_blob(repo, hit[0])
