@@ -1,4 +1,4 @@
-"""Locating the static init binaries every environment bind-mounts (catatonit, tini-static).
+"""Locating the static binaries every environment bind-mounts (catatonit, tini-static, busybox).
 
 They run inside rootfs trees that may have no libc (a busybox test root, a distroless image),
 so they must be statically linked: an ELF with no PT_INTERP program header.
@@ -15,6 +15,7 @@ from rollstack.run.ocispec import InitBinaries
 
 INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
 WRAPPER_CANDIDATES = ("/usr/bin/tini-static", "/sbin/tini-static", "/usr/bin/tini")
+SHELL_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 _PT_INTERP = 3
 
 
@@ -53,10 +54,11 @@ def _first_static(candidates: tuple[str, ...], name: str) -> str:
         if is_static_elf(c):
             return c
     raise RuntimeFailure(f"no statically linked {name} found (looked at {', '.join(candidates)});"
-                         f" install Debian's catatonit and tini packages")
+                         f" install Debian's catatonit, tini and busybox-static packages")
 
 
 def find_init_binaries() -> InitBinaries:
-    """The host's static catatonit (PID 1) and tini (exec wrapper)."""
+    """The host's static catatonit (PID 1), tini (exec wrapper) and busybox (exec status)."""
     return InitBinaries(init=_first_static(INIT_CANDIDATES, "catatonit"),
-                        exec_wrapper=_first_static(WRAPPER_CANDIDATES, "tini-static"))
+                        exec_wrapper=_first_static(WRAPPER_CANDIDATES, "tini-static"),
+                        shell=_first_static(SHELL_CANDIDATES, "busybox"))

@@ -5,7 +5,8 @@ What an environment gets (see docs/runtime.md for the reasons):
   excludes it by default).
 - PID 1: a static zombie-reaping init bind-mounted read-only from the host at /.rollstack/init
   (catatonit in pause mode `-P`: it runs no child, only reaps); commands run through
-  /.rollstack/tini (tini-static as a subreaper, see `rollstack.run.runc`).
+  /.rollstack/tini (tini-static as a subreaper) under /.rollstack/busybox sh, which reports the
+  exit status (see `rollstack.run.runc`). All three are static, so any rootfs works.
 - namespaces: mount, pid, ipc, uts, network (new, loopback only; runc leaves `lo` down, the
   environment runtime brings it up), cgroup.
 - no_new_privileges; the container-engine default capability set (Docker/containerd's 14,
@@ -27,6 +28,7 @@ from rollstack.errors import InvalidRequest
 INIT_DIR = "/.rollstack"
 INIT_PATH = f"{INIT_DIR}/init"
 EXEC_WRAPPER_PATH = f"{INIT_DIR}/tini"
+SHELL_PATH = f"{INIT_DIR}/busybox"
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -64,6 +66,8 @@ class InitBinaries:
     """PID 1: reaps zombies; started as `init -P` (pause: no child)."""
     exec_wrapper: str = "/usr/bin/tini-static"
     """Wraps every exec as `tini -s -g -- argv` (subreaper: the exec's whole tree stays below it)."""
+    shell: str = "/bin/busybox"
+    """Static busybox: its `sh` reports each exec's exit status on an extra fd (see runc.py)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,7 @@ def _mounts(p: SpecParams) -> list[dict[str, Any]]:
         {"destination": INIT_PATH, "type": "bind", "source": p.init.init, "options": ro_bind},
         {"destination": EXEC_WRAPPER_PATH, "type": "bind", "source": p.init.exec_wrapper,
          "options": ro_bind},
+        {"destination": SHELL_PATH, "type": "bind", "source": p.init.shell, "options": ro_bind},
     ]
 
 

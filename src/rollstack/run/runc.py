@@ -1,10 +1,19 @@
 """A blocking wrapper around the `runc` binary (called from worker threads, never an event loop).
 
-Exec and its process tree: every command runs as `/.rollstack/tini -s -g -- argv`. tini puts the
-command in its own process group and, as a child subreaper, inherits every orphan of the tree
-(even double-forked daemons), so while it lives "the exec's tree" is exactly tini's descendants.
-On timeout we SIGSTOP that tree until it stops growing, SIGKILL all of it, and report
-`timed_out=True` with `exit_code=124` (coreutils `timeout`'s convention).
+Exec and its process tree: every command runs as
+
+    runc exec --detach --preserve-fds 1 ID /.rollstack/busybox sh -c '"$@" 3>&-; echo $? >&3' \
+        rollstack-exec /.rollstack/tini -s -g -- ARGV...
+
+`--detach` makes runc hand our pipes straight to the process and exit (a non-detached runc
+copies stdio itself and would not return while a background process holds its pipe); the static
+busybox `sh` waits for the command and writes its exit status to fd 3, our status pipe. tini puts
+the command in its own process group and, as a child subreaper, inherits every orphan of the tree
+(even double-forked daemons), so while it lives "the exec's tree" is exactly its descendants.
+On timeout we SIGSTOP that tree (rooted at the sh) until it stops growing, SIGKILL all of it, and
+report `timed_out=True` with `exit_code=124` (coreutils `timeout`'s convention). A command killed
+by signal N exits 128+N; if the status never arrives (the wrapper itself was SIGKILLed, e.g. by
+the OOM killer) the exit code is 137.
 
 Output: stdout and stderr are captured separately, each up to `output_limit` bytes (default
 16 MiB); the rest is read and dropped (so the command never blocks on a full pipe) and
@@ -30,10 +39,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
-from rollstack.run.ocispec import EXEC_WRAPPER_PATH, cpu_quota
+from rollstack.run.ocispec import EXEC_WRAPPER_PATH, SHELL_PATH, cpu_quota
 
 DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
 TIMEOUT_EXIT_CODE = 124
+KILLED_EXIT_CODE = 137  # the command's status never came: its wrapper was SIGKILLed
+# Runs the command (tini) as a child with fd 3 closed, then writes its status to fd 3.
+STATUS_SCRIPT = '"$@" 3>&-; echo $? >&3'
 OnOutput = Callable[[str, bytes], None]
 
 
@@ -203,12 +215,16 @@ class Runc:
              timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
              on_output: OnOutput | None = None, drain_grace: float = 0.2) -> ExecResult:
         """Run `argv` in the container (see the module docstring for tree/timeout/output rules)."""
-        if not argv:
-            raise InvalidRequest("empty argv")
-        if timeout is not None and timeout <= 0:
+        if not argv or any(not isinstance(a, str) or "\x00" in a for a in argv):
+            raise InvalidRequest("argv must be a non-empty list of strings without NUL")
+        if timeout is not None and not timeout > 0:
             raise InvalidRequest(f"timeout must be positive, not {timeout}")
-        args = ["exec"]
+        if output_limit < 0:
+            raise InvalidRequest(f"output_limit must be >= 0, not {output_limit}")
+        args = ["exec", "--detach", "--preserve-fds", "1"]
         if cwd:
+            if not cwd.startswith("/") or "\x00" in cwd:
+                raise InvalidRequest(f"cwd must be an absolute path: {cwd!r}")
             args += ["--cwd", cwd]
         for k, v in (env or {}).items():
             if not k or "=" in k or "\x00" in k or "\x00" in v:
@@ -217,6 +233,7 @@ class Runc:
         with tempfile.TemporaryDirectory(prefix="rs-exec-", dir=self.root) as tmp:
             pid_file = Path(tmp) / "pid"
             args += ["--pid-file", str(pid_file), container_id,
+                     SHELL_PATH, "sh", "-c", STATUS_SCRIPT, "rollstack-exec",
                      EXEC_WRAPPER_PATH, "-s", "-g", "--", *argv]
             return _Exec(self._cmd(*args), pid_file, stdin, timeout, output_limit, on_output,
                          drain_grace, container_id).run()
@@ -239,7 +256,12 @@ def _last_error(log_tail: str) -> str:
 
 
 class _Exec:
-    """One running `runc exec`: pumps stdin/stdout/stderr, enforces the timeout."""
+    """One `runc exec --detach`: pumps stdin/stdout/stderr/status, enforces the timeout.
+
+    runc is spawned with our pipes as its stdio and the status pipe's write end as fd 3
+    (`--preserve-fds 1`); with `--detach` runc hands those fds straight to the process and exits
+    once it started, so nothing of runc sits between us and the command.
+    """
 
     def __init__(self, cmd: list[str], pid_file: Path, stdin: bytes | None,
                  timeout: float | None, limit: int, on_output: OnOutput | None,
@@ -248,9 +270,13 @@ class _Exec:
         self.timeout, self.limit, self.on_output = timeout, limit, on_output
         self.drain_grace, self.container_id = drain_grace, container_id
         self.buf = {"stdout": bytearray(), "stderr": bytearray()}
+        self.status = bytearray()
         self.truncated = False
 
     def _feed(self, name: str, chunk: bytes) -> None:
+        if name == "status":
+            self.status.extend(chunk)
+            return
         buf = self.buf[name]
         room = self.limit - len(buf)
         if room <= 0:
@@ -261,6 +287,64 @@ class _Exec:
         buf.extend(chunk)
         if self.on_output is not None:
             self.on_output(name, chunk)
+
+    def _spawn(self) -> tuple[int, dict[str, int], int]:
+        """posix_spawn runc with stdio + fd 3 wired; returns (pid, {name: read fd}, stdin fd)."""
+        pipes = {name: os.pipe() for name in ("stdout", "stderr", "status")}
+        stdin_r, stdin_w = os.pipe() if self.stdin is not None else (-1, -1)
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            actions = [
+                (os.POSIX_SPAWN_DUP2, stdin_r if stdin_r >= 0 else devnull, 0),
+                (os.POSIX_SPAWN_DUP2, pipes["stdout"][1], 1),
+                (os.POSIX_SPAWN_DUP2, pipes["stderr"][1], 2),
+                (os.POSIX_SPAWN_DUP2, pipes["status"][1], 3),
+            ]
+            try:
+                pid = os.posix_spawnp(self.cmd[0], self.cmd, os.environ, file_actions=actions)
+            except OSError as e:
+                for r, w in pipes.values():
+                    os.close(r)
+                if stdin_w >= 0:
+                    os.close(stdin_w)
+                raise RuntimeFailure(f"cannot start runc: {e}") from e
+        finally:
+            os.close(devnull)
+            for _, w in pipes.values():
+                os.close(w)
+            if stdin_r >= 0:
+                os.close(stdin_r)
+        return pid, {name: r for name, (r, _) in pipes.items()}, stdin_w
+
+    def run(self) -> ExecResult:
+        start = time.monotonic()
+        runc_pid, readers, stdin_w = self._spawn()
+        runc_status: int | None = None
+        try:
+            timed_out = self._pump(readers, stdin_w, start)
+        finally:
+            for fd in readers.values():
+                _close(fd)
+            if stdin_w >= 0:
+                _close(stdin_w)
+            # runc --detach exits as soon as the command started; never leave it a zombie.
+            _, wstatus = os.waitpid(runc_pid, 0)
+            runc_status = os.waitstatus_to_exitcode(wstatus)
+        duration = time.monotonic() - start
+        if runc_status != 0 and self._exec_pid(0) is None:
+            err = bytes(self.buf["stderr"]).decode(errors="replace").strip()
+            if "not running" in err or "stopped" in err or "does not exist" in err:
+                raise EnvironmentGone(f"environment {self.container_id} is not running: {err}")
+            raise RuntimeFailure(f"runc exec failed: {err}", returncode=runc_status, stderr=err)
+        if timed_out:
+            code = TIMEOUT_EXIT_CODE
+        else:
+            try:
+                code = int(bytes(self.status).split()[0])
+            except (IndexError, ValueError):
+                code = KILLED_EXIT_CODE  # the status shell itself was killed (OOM, destroy)
+        return ExecResult(code, bytes(self.buf["stdout"]), bytes(self.buf["stderr"]), duration,
+                          timed_out, self.truncated)
 
     def _exec_pid(self, wait: float) -> int | None:
         end = time.monotonic() + wait
@@ -275,98 +359,74 @@ class _Exec:
                 return None
             time.sleep(0.005)
 
-    def run(self) -> ExecResult:
-        start = time.monotonic()
-        proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE if self.stdin is not None
-                                else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        try:
-            timed_out = self._pump(proc, start)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            for f in (proc.stdin, proc.stdout, proc.stderr):
-                if f is not None:
-                    f.close()
-        duration = time.monotonic() - start
-        code = proc.returncode
-        started = self._exec_pid(0) is not None
-        if not started and not timed_out:
-            err = bytes(self.buf["stderr"]).decode(errors="replace").strip()
-            if "not running" in err or "stopped" in err or "does not exist" in err:
-                raise EnvironmentGone(f"environment {self.container_id} is not running: {err}")
-            raise RuntimeFailure(f"runc exec failed: {err}", returncode=code, stderr=err)
-        if timed_out:
-            code = TIMEOUT_EXIT_CODE
-        elif code is not None and code < 0:
-            code = 128 - code
-        return ExecResult(int(code if code is not None else -1), bytes(self.buf["stdout"]),
-                          bytes(self.buf["stderr"]), duration, timed_out, self.truncated)
-
-    def _pump(self, proc: subprocess.Popen[bytes], start: float) -> bool:
+    def _pump(self, readers: dict[str, int], stdin_w: int, start: float) -> bool:
         sel = selectors.DefaultSelector()
         names = {}
-        for name, f in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            assert f is not None
-            os.set_blocking(f.fileno(), False)
-            sel.register(f.fileno(), selectors.EVENT_READ)
-            names[f.fileno()] = name
+        for name, fd in readers.items():
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+            names[fd] = name
         pending = memoryview(self.stdin or b"")
-        stdin_fd = -1
-        if proc.stdin is not None:
+        if stdin_w >= 0:
             if pending:
-                stdin_fd = proc.stdin.fileno()
-                os.set_blocking(stdin_fd, False)
-                sel.register(stdin_fd, selectors.EVENT_WRITE)
+                os.set_blocking(stdin_w, False)
+                sel.register(stdin_w, selectors.EVENT_WRITE)
             else:
-                proc.stdin.close()
+                os.close(stdin_w)
+                stdin_w = -1
         deadline = start + self.timeout if self.timeout is not None else None
         timed_out = False
         exited_at: float | None = None
-        while sel.get_map():
-            now = time.monotonic()
-            if deadline is not None and now >= deadline and not timed_out:
-                timed_out = True
-                self._kill_tree(proc)
-                deadline = None
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and now - exited_at >= self.drain_grace:
-                break
-            wait = 0.1 if exited_at is None else max(0.0, exited_at + self.drain_grace - now)
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - now))
-            for key, _ in sel.select(wait):
-                fd = key.fd
-                if fd == stdin_fd:
-                    try:
-                        n = os.write(fd, pending[:65536])
-                        pending = pending[n:]
-                    except BlockingIOError:
+        try:
+            while any(k.fd != stdin_w for k in sel.get_map().values()):
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    timed_out, deadline = True, None
+                    self._kill_tree()
+                if exited_at is None and (self.status.endswith(b"\n") or
+                                          readers["status"] not in sel.get_map()):
+                    exited_at = now
+                if exited_at is not None and now - exited_at >= self.drain_grace:
+                    break
+                wait: float | None = None
+                if exited_at is not None:
+                    wait = max(0.0, exited_at + self.drain_grace - now)
+                if deadline is not None:
+                    wait = max(0.0, deadline - now) if wait is None else min(wait, deadline - now)
+                for key, _ in sel.select(wait):
+                    fd = key.fd
+                    if fd == stdin_w:
+                        try:
+                            n = os.write(fd, pending[:65536])
+                            pending = pending[n:]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(fd)
+                            os.close(fd)
+                            stdin_w = -1
                         continue
-                    except BrokenPipeError:
-                        pending = pending[:0]
-                    if not pending:
-                        sel.unregister(fd)
-                        stdin_fd = -1
-                        assert proc.stdin is not None
-                        proc.stdin.close()
-                    continue
-                try:
                     chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                self._feed(names[fd], chunk)
-        sel.close()
+                    if not chunk:
+                        sel.unregister(fd)
+                        continue
+                    self._feed(names[fd], chunk)
+        finally:
+            if stdin_w >= 0:
+                _close(stdin_w)
+            sel.close()
         return timed_out
 
-    def _kill_tree(self, proc: subprocess.Popen[bytes]) -> None:
+    def _kill_tree(self) -> None:
         pid = self._exec_pid(2.0)
         if pid is not None:
             kill_tree(pid)
-        else:  # runc never started the command: stop runc itself
-            proc.kill()
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

@@ -1,0 +1,73 @@
+"""Fixtures for the runtime's integration tests (real overlayfs, runc, cgroups; root).
+
+- `busybox_lower` (session): a minimal rootfs dir (static busybox + applet symlinks, /etc/passwd).
+- `runtime`: an `EnvironmentRuntime` under a fresh state dir; leftovers cleaned up at teardown.
+- `make_env`: creates environments (`make_env(lowers=None, **spec_kw)`), all destroyed at
+  teardown even when the test failed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+BUSYBOX = "/bin/busybox"
+
+
+def _need(binary: str) -> None:
+    if shutil.which(binary) is None and not os.access(binary, os.X_OK):
+        pytest.skip(f"{binary} missing on this host")
+
+
+@pytest.fixture(scope="session")
+def busybox_lower(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _need(BUSYBOX)
+    _need("runc")
+    root = tmp_path_factory.mktemp("busybox-lower")
+    for d in ("bin", "etc", "root", "tmp", "work"):
+        (root / d).mkdir()
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            os.symlink("busybox", root / "bin" / applet)
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    os.chmod(root / "tmp", 0o1777)
+    return root
+
+
+@pytest.fixture
+def runtime(tmp_path: Path):
+    from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
+
+    rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt"))
+    try:
+        yield rt
+    finally:
+        rt.cleanup_leftovers()
+
+
+@pytest.fixture
+def make_env(runtime, busybox_lower: Path):
+    from rollstack.run.ocispec import SpecParams
+
+    created = []
+
+    def make(lowers: list[Path] | None = None, **spec_kw):
+        env_id = f"t-{uuid.uuid4().hex[:12]}"
+        env = runtime.create(env_id, lowers or [busybox_lower], SpecParams(env_id, **spec_kw))
+        created.append(env)
+        return env
+
+    try:
+        yield make
+    finally:
+        for env in created:
+            env.destroy()
