@@ -109,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     from rollstack.store import open_store
 
-    run(config, open_store(config.store))
+    # the fetcher owns retries and the read deadline; the client only retries briefly
+    options = {"retries": 2, "timeout": 10.0} if config.store.startswith(("http://", "https://")) else {}
+    run(config, open_store(config.store, **options))
 
 
 if __name__ == "__main__":

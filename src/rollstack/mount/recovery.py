@@ -36,7 +36,7 @@ def is_stale(mountpoint: Path) -> bool:
     if fstype is None or not fstype.startswith("fuse"):
         return False
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)  # never answered from kernel caches, unlike stat
     except OSError as exc:
         return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False

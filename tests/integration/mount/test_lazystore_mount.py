@@ -1,0 +1,183 @@
+"""The lazy store through real FUSE: content, metadata, overlayfs on top, daemon restarts."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from lazystore_fixtures import build_tree, overlay, publish, walk
+
+from rollstack.mount.client import LazyStoreClient
+from rollstack.mount.recovery import is_stale, mounted_at
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def lazy_factory(tmp_path: Path):
+    started: list[LazyStoreClient] = []
+
+    def start(store_url: str, name: str = "node", **kw) -> LazyStoreClient:
+        c = LazyStoreClient.start(tmp_path / name / "mnt", tmp_path / name / "state", store_url, **kw)
+        started.append(c)
+        return c
+
+    try:
+        yield start
+    finally:
+        for c in reversed(started):
+            c.stop()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return build_tree(tmp_path / "src")
+
+
+def test_every_file_matches_source(tmp_path, tree, oci_store, lazy_factory):
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/rootfs")
+    lazy = lazy_factory(oci_store.url)
+    added = lazy.add_layers([{"repo": "test/rootfs", "digest": digest}])
+    assert added["layers"][0]["toc_requests"] <= 3
+    top = lazy.layer_dir(digest)
+    assert sorted(os.listdir(tmp_path / "node/mnt/layers")) == [digest.split(":")[1]]
+    checked = 0
+    for src in walk(tree):
+        rel = src.relative_to(tree)
+        dst = top / rel
+        s, d = os.lstat(src), os.lstat(dst)
+        assert stat.S_IFMT(s.st_mode) == stat.S_IFMT(d.st_mode), rel
+        assert stat.S_IMODE(s.st_mode) == stat.S_IMODE(d.st_mode), rel
+        assert (s.st_uid, s.st_gid) == (d.st_uid, d.st_gid), rel
+        if stat.S_ISREG(s.st_mode):
+            assert d.st_size == s.st_size
+            assert dst.read_bytes() == src.read_bytes(), rel
+            assert d.st_nlink == s.st_nlink, rel
+            checked += 1
+        elif stat.S_ISLNK(s.st_mode):
+            assert os.readlink(dst) == os.readlink(src)
+        elif stat.S_ISCHR(s.st_mode):
+            assert d.st_rdev == s.st_rdev
+        elif stat.S_ISDIR(s.st_mode):
+            assert sorted(os.listdir(dst)) == sorted(os.listdir(src)), rel
+    assert checked > 40
+    # hardlinks share one inode (and one page cache)
+    ino = os.stat(top / "usr/bin/tool").st_ino
+    assert os.stat(top / "usr/bin/tool-hardlink").st_ino == ino == os.stat(top / "etc/tool-link2").st_ino
+    assert os.getxattr(top / "etc/hostname", "user.rollstack") == b"hello"
+    with pytest.raises(OSError) as exc:
+        open(top / "etc/hostname", "w")
+    assert exc.value.errno in (errno.EROFS, errno.EACCES)
+    with pytest.raises(FileNotFoundError):
+        os.stat(top / "no/such/file")
+    # reading a file twice is served by the page cache / memory: no new registry bytes
+    before = lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0)
+    (top / "big.bin").read_bytes()
+    assert lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0) == before
+    assert lazy.stats()["fetch"]["chunks_fetched_more_than_once"] == 0
+
+
+def test_overlay_on_top(tmp_path, tree, oci_store, lazy_factory):
+    lower = publish(oci_store, tree, tmp_path / "lower.blob", "test/lower")
+    up = tmp_path / "upsrc"
+    (up / "usr/lib/python3/json").mkdir(parents=True)
+    (up / "usr/lib/python3/json/.wh..wh..opq").write_bytes(b"")  # opaque: hides the lower json/
+    (up / "usr/lib/python3/json/only.py").write_text("ONLY = 1\n")
+    (up / "etc").mkdir()
+    (up / "etc/.wh.secret").write_bytes(b"")  # whiteout: deletes etc/secret
+    (up / "etc/hostname").write_text("upper\n")
+    upper = publish(oci_store, up, tmp_path / "upper.blob", "test/upper")
+    lazy = lazy_factory(oci_store.url)
+    lazy.add_layers([{"repo": "test/lower", "digest": lower}, {"repo": "test/upper", "digest": upper}])
+    udir = lazy.layer_dir(upper)
+    wh = os.lstat(udir / "etc/secret")
+    assert stat.S_ISCHR(wh.st_mode) and wh.st_rdev == 0
+    assert os.getxattr(udir / "usr/lib/python3/json", "trusted.overlay.opaque") == b"y"
+
+    with overlay([udir, lazy.layer_dir(lower)], tmp_path / "ov") as root:
+        assert not (root / "etc/secret").exists()
+        assert (root / "etc/hostname").read_text() == "upper\n"
+        assert os.listdir(root / "usr/lib/python3/json") == ["only.py"]
+        assert (root / "usr/lib/python3/email/parser.py").read_bytes() == (tree / "usr/lib/python3/email/parser.py").read_bytes()
+        # writes, copy-up of a large lower file, deletes
+        (root / "new.txt").write_text("new")
+        big = (tree / "big.bin").read_bytes()
+        with open(root / "big.bin", "r+b") as f:
+            f.seek(1 << 20)
+            f.write(b"PATCHED")
+        want = big[: 1 << 20] + b"PATCHED" + big[(1 << 20) + 7:]
+        assert (root / "big.bin").read_bytes() == want
+        assert (tmp_path / "ov/upper/big.bin").read_bytes() == want  # copied up whole
+        os.unlink(root / "usr/bin/tool")
+        assert not (root / "usr/bin/tool").exists()
+        assert (root / "usr/bin/tool-hardlink").read_text().startswith("#!/bin/sh")
+        # renaming a lower directory is EXDEV without overlay's redirect_dir; mv copies instead
+        shutil.move(root / "deep", root / "moved")
+        assert (root / "moved/a/b/c/d/leaf.txt").read_text() == "leaf\n"
+        # the lower layers are untouched
+        assert (lazy.layer_dir(lower) / "big.bin").read_bytes() == big
+        assert (lazy.layer_dir(lower) / "usr/bin/tool").exists()
+
+
+def test_restart_keeps_disk_cache_and_clears_stale_mount(tmp_path, tree, oci_store, lazy_factory):
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/restart")
+    ref = {"repo": "test/restart", "digest": digest}
+    lazy = lazy_factory(oci_store.url)
+    lazy.add_layers([ref])
+    first = {p: (lazy.layer_dir(digest) / p).read_bytes() for p in ("big.bin", "etc/hostname", "usr/lib/python3/json/decoder.py")}
+    held = open(lazy.layer_dir(digest) / "big.bin", "rb")  # an fd open across the daemon's death
+    time.sleep(0.3)  # disk writes happen just after the read returns
+    assert lazy.stats()["disk_cache"]["chunks"] > 0
+
+    # the daemon dies hard: the mount goes stale (ENOTCONN), nothing hangs
+    os.kill(lazy.process.pid, signal.SIGKILL)
+    lazy.process.wait()
+    mnt = tmp_path / "node/mnt"
+    assert mounted_at(mnt) is not None
+    # what the kernel cached keeps answering (attributes, pages of an open file); anything that
+    # needs the daemon (open, uncached lookups and pages) fails fast with ENOTCONN
+    try:
+        assert os.stat(lazy.layer_dir(digest) / "etc/hostname").st_size == len(first["etc/hostname"])
+        assert held.read() == first["big.bin"]
+    finally:
+        held.close()
+    for path in ("etc/hostname", "usr/lib/python3/json/encoder.py"):
+        with pytest.raises(OSError) as exc:
+            (lazy.layer_dir(digest) / path).read_bytes()
+        assert exc.value.errno == errno.ENOTCONN
+    assert is_stale(mnt)
+
+    # a new daemon on the same state dir: stale mount cleared, TOC and chunks from disk
+    lazy2 = lazy_factory(oci_store.url)
+    added = lazy2.add_layers([ref])
+    assert added["layers"][0]["toc_cached"] is True and added["layers"][0]["toc_requests"] == 0
+    for p, data in first.items():
+        assert (lazy2.layer_dir(digest) / p).read_bytes() == data
+    f = lazy2.stats()["fetch"]
+    assert f["transferred_bytes"].get("registry", 0) == 0
+    assert f["served_bytes"]["disk"] > 0
+
+
+def test_disk_cache_budget_under_churn(tmp_path, tree, oci_store, lazy_factory):
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/churn")
+    budget = 3 << 19  # 1.5 MiB: less than the tree, more than one 1 MiB chunk
+    lazy = lazy_factory(oci_store.url, cache_budget=budget, memory_budget=256 << 10)
+    lazy.add_layers([{"repo": "test/churn", "digest": digest}])
+    top = lazy.layer_dir(digest)
+    for _ in range(2):
+        for src in walk(tree):
+            if src.is_file() and not src.is_symlink() and src.stat().st_size < budget:
+                assert (top / src.relative_to(tree)).read_bytes() == src.read_bytes()
+        subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=False)
+    time.sleep(0.3)
+    s = lazy.stats()["disk_cache"]
+    assert 0 < s["bytes"] <= budget and s["evictions"] > 0
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "node/state/chunks/sha256").rglob("*") if f.is_file())
+    assert on_disk <= budget
