@@ -17,7 +17,7 @@ UNLIMITED_V1 = 9223372036854771712
 
 def write_text(path: Path, value: str) -> None:
     """Write one value the way cgroupfs wants it: a single write() of the whole string."""
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # O_TRUNC: a no-op on cgroupfs, needed by fakes
     try:
         os.write(fd, value.encode())
     finally:

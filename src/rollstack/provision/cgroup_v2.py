@@ -57,7 +57,11 @@ class CgroupV2(CgroupBackend):
         for part in d.relative_to(self.root).parts:
             self._enable_controllers(parent)
             parent = parent / part
-            parent.mkdir(exist_ok=True)
+            self._mkdir(parent)
+
+    def _mkdir(self, d: Path) -> None:
+        """mkdir on cgroupfs (the kernel populates the interface files; a test fake overrides this)."""
+        d.mkdir(exist_ok=True)
 
     def _enable_controllers(self, d: Path) -> None:
         ctl = d / "cgroup.subtree_control"
