@@ -74,7 +74,7 @@ class Toc:
     opening a 50k-entry layer costs one decompress and one split, not 50k object constructions.
     """
 
-    __slots__ = ("_paths", "_entries", "_load", "_index")
+    __slots__ = ("_paths", "_entries", "_load", "_load_all", "_index")
 
     def __init__(self, entries: Iterable[TocEntry] = ()) -> None:
         ents = sorted(entries, key=_path_key)
@@ -84,15 +84,19 @@ class Toc:
         self._paths: list[str] = [e.path for e in ents]
         self._entries: list[TocEntry | None] = list(ents)
         self._load: Callable[[int], TocEntry] | None = None
+        self._load_all: Callable[[], list[TocEntry]] | None = None
         self._index: dict[str, int] | None = None
 
     @classmethod
-    def _lazy(cls, paths: list[str], load: Callable[[int], TocEntry]) -> "Toc":
-        """A TOC whose entry `i` is built by `load(i)` on first use (used by the decoder)."""
+    def _lazy(cls, paths: list[str], load: Callable[[int], TocEntry],
+              load_all: Callable[[], list[TocEntry]] | None = None) -> "Toc":
+        """A TOC whose entry `i` is built by `load(i)` on first use, or all at once by
+        `load_all()` (used by the decoder)."""
         toc = cls.__new__(cls)
         toc._paths = paths
         toc._entries = [None] * len(paths)
         toc._load = load
+        toc._load_all = load_all
         toc._index = None
         return toc
 
@@ -101,8 +105,7 @@ class Toc:
         return len(self._paths)
 
     def __iter__(self) -> Iterator[TocEntry]:
-        for i in range(len(self._paths)):
-            yield self._at(i)
+        return iter(self.entries)
 
     def __contains__(self, path: object) -> bool:
         return isinstance(path, str) and self._find(path) >= 0
@@ -115,6 +118,11 @@ class Toc:
     @property
     def entries(self) -> list[TocEntry]:
         """Every entry in path order (materialises all of them)."""
+        if self._load_all is not None:
+            bulk = self._load_all()
+            self._load_all = None
+            # entries already handed out stay the same objects
+            self._entries = [e if e is not None else b for e, b in zip(self._entries, bulk)]
         return [self._at(i) for i in range(len(self._paths))]
 
     def lookup(self, path: str) -> TocEntry | None:

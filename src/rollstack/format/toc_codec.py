@@ -145,7 +145,25 @@ def decode_raw(raw: bytes) -> Toc:
         return TocEntry(paths[i], etype, mode, uid, gid, mtime, size, links[i], rmaj, rmin,
                         xattrs, bool(flags & FLAG_OPAQUE), chunks)
 
-    return Toc._lazy(paths, load)
+    def load_all() -> list[TocEntry]:
+        # Bulk path for `Toc.entries`: one iter_unpack per column instead of a call per entry.
+        try:
+            chunks = [Chunk(o, sz, bo, bs, "sha256:" + d.hex(), CODE_COMPRESSIONS[c])
+                      for o, sz, bo, bs, c, d in CHUNK.iter_unpack(view[chk_off:x_off])]
+            out = []
+            append = out.append
+            for i, (tcode, flags, mode, uid, gid, mtime, size, rmaj, rmin, first, count, xoff) in enumerate(
+                    RECORD.iter_unpack(view[rec_off:chk_off])):
+                if first + count > n_chunks:
+                    raise FormatError(f"TOC entry {paths[i]!r} references chunks out of range")
+                append(TocEntry(paths[i], CODE_TYPES[tcode], mode, uid, gid, mtime, size, links[i], rmaj, rmin,
+                                _xattrs(xattr_view, xoff) if xoff != NO_XATTRS else {},
+                                bool(flags & FLAG_OPAQUE), chunks[first:first + count]))
+            return out
+        except (KeyError, struct.error, IndexError) as exc:
+            raise FormatError(f"TOC is malformed: {exc}") from None
+
+    return Toc._lazy(paths, load, load_all)
 
 
 def _split(b: bytes, n: int) -> list[str]:
