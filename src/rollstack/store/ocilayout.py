@@ -61,6 +61,12 @@ class OciLayoutStore:
     def __repr__(self) -> str:
         return f"OciLayoutStore({str(self.root)!r})"
 
+    def __enter__(self) -> "OciLayoutStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- blobs -------------------------------------------------------------------------------
 
     def has_blob(self, repo: str, digest: str) -> bool:
@@ -158,8 +164,10 @@ class OciLayoutStore:
     def list_repositories(self) -> list[str]:
         repos = {a[REPO_ANNOTATION] for a in _annotations(self._read_index()) if REPO_ANNOTATION in a}
         base = self._meta / "repos"
-        for links in base.glob("**/_blobs"):
-            repos.add(links.parent.relative_to(base).as_posix())
+        for dirpath, dirnames, _ in os.walk(base):
+            if "_blobs" in dirnames:
+                dirnames.remove("_blobs")  # never descend into the (large) link directories
+                repos.add(Path(dirpath).relative_to(base).as_posix())
         return sorted(repos)
 
     def close(self) -> None:

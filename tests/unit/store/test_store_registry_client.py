@@ -422,6 +422,16 @@ def test_cross_repo_mount_when_holder_known():
     assert store.stats.mounts == 1
 
 
+def test_failed_mount_falls_back_to_upload():
+    reg = UploadRegistry()
+    store, _ = make_store(reg)
+    store._remember(DIGEST, "elsewhere")  # believed held elsewhere, but the mount is refused
+    assert store.put_blob("r", DIGEST, DATA) is True
+    post = next(req for req in reg.log if req[0] == "POST")
+    assert post[1] == "/v2/r/blobs/uploads/"
+    assert reg.stored[DIGEST] == DATA and store.stats.mounts == 0
+
+
 def test_bytes_with_wrong_digest_never_sent():
     store, _ = make_store(lambda r: pytest.fail("no request expected"))
     with pytest.raises(IntegrityError):
