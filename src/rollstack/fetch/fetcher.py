@@ -23,6 +23,7 @@ and hashing, disk cache I/O, peer HTTP) runs in a worker thread.
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable, Iterable, Sequence
 
@@ -39,6 +40,7 @@ from rollstack.fetch.stats import Account, FetchMetrics, Priority, Tier
 from rollstack.format.toc import Chunk, Compression
 
 Decoder = Callable[[Chunk, bytes], bytes]
+log = logging.getLogger("rollstack.fetch")
 
 
 def _default_decoder() -> Decoder:
@@ -98,19 +100,29 @@ class ChunkFetcher:
                 nursery.cancel_scope.cancel()
 
     def spawn(self, fn: Callable, *args: object) -> None:
+        """Run `fn(*args)` in the background; its failure is logged and counted, never fatal."""
         if self._nursery is not None:
-            self._nursery.start_soon(fn, *args)
+            self._nursery.start_soon(self._guarded, fn, args)
+
+    async def _guarded(self, fn: Callable, args: tuple) -> None:
+        try:
+            await fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a background task must not take the daemon down
+            log.warning("background task %s failed: %r", getattr(fn, "__name__", fn), exc)
+            self.metrics.event("background_error", task=getattr(fn, "__name__", str(fn)), error=repr(exc)[:300])
 
     # -- demand reads ----------------------------------------------------------------------
     def cached(self, chunk: Chunk) -> bytes | None:
         return self.memory.get(chunk.digest)
 
-    async def get(self, layer: RemoteLayer, chunk: Chunk, account: Account | None = None) -> bytes:
-        """The verified, decompressed bytes of `chunk` (a read is blocked on it)."""
+    async def get(self, layer: RemoteLayer, chunk: Chunk, account: Account | None = None,
+                  used: int | None = None) -> bytes:
+        """The verified, decompressed bytes of `chunk` (a read is blocked on it). `used`: how
+        many of its bytes the read returns (what the account is charged; default all)."""
         t0 = trio.current_time()
         data = self.memory.get(chunk.digest)
         if data is not None:
-            self._served(Tier.MEMORY, len(data), 0.0, account)
+            self._served(Tier.MEMORY, chunk.size if used is None else used, 0.0, account)
             return data
         flight = self._inflight.get(chunk.digest)
         if flight is None:
@@ -123,21 +135,23 @@ class ChunkFetcher:
         if flight.error is not None:
             raise flight.error
         assert flight.data is not None
-        self._served(flight.tier, len(flight.data), trio.current_time() - t0, account)
+        self._served(flight.tier, chunk.size if used is None else used, trio.current_time() - t0, account)
         return flight.data
 
-    async def get_many(self, layer: RemoteLayer, chunks: Sequence[Chunk], account: Account | None = None) -> list[bytes]:
+    async def get_many(self, layer: RemoteLayer, chunks: Sequence[Chunk], account: Account | None = None,
+                       used: Sequence[int] | None = None) -> list[bytes]:
         """Several chunks of one read, fetched together (one coalesced plan), in order."""
+        u: Sequence[int | None] = used if used is not None else [None] * len(chunks)
         if len(chunks) == 1:
-            return [await self.get(layer, chunks[0], account)]
+            return [await self.get(layer, chunks[0], account, u[0])]
         missing = [c for c in chunks if c.digest not in self.memory and c.digest not in self._inflight]
         if len(missing) > 1:
             claimed = self._claim(missing)
             async with trio.open_nursery() as n:
                 n.start_soon(self._resolve, layer, claimed, Priority.FOREGROUND, account)
-                out = [await self.get(layer, c, account) for c in chunks]
+                out = [await self.get(layer, c, account, k) for c, k in zip(chunks, u)]
             return out
-        return [await self.get(layer, c, account) for c in chunks]
+        return [await self.get(layer, c, account, k) for c, k in zip(chunks, u)]
 
     def _served(self, tier: Tier, nbytes: int, seconds: float, account: Account | None) -> None:
         self.metrics.served(tier, nbytes, seconds)
@@ -176,27 +190,26 @@ class ChunkFetcher:
         await trio.to_thread.run_sync(layer.build_index, limiter=self._threads)
         todo = [c for c in layer.chunks or () if self._wanted(c)]
         plan = coalesce(todo, max_request=self.config.background_request)
-        limiter = self._limiters[Priority.BACKGROUND]
+        slots = trio.Semaphore(self.config.background_requests)
         async with trio.open_nursery() as n:
             for req in plan:
-                await limiter.acquire()  # bounds how many of our requests are queued at once
-                n.start_soon(self._fill_one, layer, req, account, limiter)
+                await slots.acquire()  # bounds how many of our requests exist at once
+                n.start_soon(self._fill_one, layer, req, account, slots)
 
     async def _fill_one(self, layer: RemoteLayer, req: RangeRequest, account: Account | None,
-                        limiter: trio.CapacityLimiter) -> None:
+                        slots: trio.Semaphore) -> None:
         try:
             while self._demand_active:
                 await self._idle.wait()
             claimed = self._claim([c for c in req.chunks if self._wanted(c)])
             if claimed:
-                await self._resolve(layer, claimed, Priority.BACKGROUND, account, keep_going=True,
-                                    limited=False)
+                await self._resolve(layer, claimed, Priority.BACKGROUND, account, keep_going=True)
         finally:
-            limiter.release()
+            slots.release()
 
     # -- the tiers -------------------------------------------------------------------------
     async def _resolve(self, layer: RemoteLayer, claimed: list[tuple[Chunk, _Flight]], priority: Priority,
-                       account: Account | None, keep_going: bool = False, limited: bool = True) -> None:
+                       account: Account | None, keep_going: bool = False) -> None:
         """Completes every claimed flight (with bytes or an error), whatever happens."""
         pending = {c.digest: (c, f) for c, f in claimed}
         try:
@@ -205,7 +218,7 @@ class ChunkFetcher:
             if self.peers is not None and pending and len(pending) <= 64:
                 await self._from_peers(layer, pending, priority, account)
             if pending:
-                await self._from_registry(layer, pending, priority, account, limited)
+                await self._from_registry(layer, pending, priority, account)
         except BaseException as exc:  # noqa: BLE001 - flights must complete even on cancellation
             err = exc if isinstance(exc, RollstackError) else RegistryUnavailable(f"fetch failed: {exc!r}")
             for c, f in pending.values():
@@ -262,7 +275,7 @@ class ChunkFetcher:
                 n.start_soon(one, c)
 
     async def _from_registry(self, layer: RemoteLayer, pending: dict, priority: Priority,
-                             account: Account | None, limited: bool) -> None:
+                             account: Account | None) -> None:
         plan = coalesce([c for c, _ in pending.values()], max_request=self.config.max_request)
         deadline = trio.current_time() + self.config.deadline
         limiter = self._limiters[priority]
@@ -270,8 +283,7 @@ class ChunkFetcher:
 
         async def one(req: RangeRequest) -> None:
             token = object()
-            if limited:
-                await limiter.acquire_on_behalf_of(token)
+            await limiter.acquire_on_behalf_of(token)
             if demand:
                 self._demand_started()
             try:
@@ -283,8 +295,7 @@ class ChunkFetcher:
             finally:
                 if demand:
                     self._demand_finished()
-                if limited:
-                    limiter.release_on_behalf_of(token)
+                limiter.release_on_behalf_of(token)
 
         async with trio.open_nursery() as n:
             for req in plan:

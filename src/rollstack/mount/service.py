@@ -201,7 +201,8 @@ class LazyStoreService:
         chunks = chunks_for(e, off, end - off)
         env = of.env
         acct = env.account if env is not None else None
-        datas = await self.fetcher.get_many(of.layer.remote, chunks, acct)
+        used = [min(end, c.offset + c.size) - max(off, c.offset) for c in chunks]
+        datas = await self.fetcher.get_many(of.layer.remote, chunks, acct, used)
         if env is not None and env.recorder is not None:
             for c in chunks:
                 env.recorder.record(of.layer.digest, _chunk_doc(c))

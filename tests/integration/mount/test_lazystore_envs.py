@@ -1,0 +1,144 @@
+"""Per-environment accounting (by cgroup), access traces, background fill, peers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from lazystore_fixtures import build_tree, publish
+
+from rollstack.mount.client import LazyStoreClient
+
+pytestmark = pytest.mark.integration
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
+FILES = ["usr/lib/python3/json/decoder.py", "usr/lib/python3/json/encoder.py", "usr/lib/python3/email/parser.py",
+         "usr/lib/python3/logging/__init__.py", "big.bin"]
+
+
+@pytest.fixture
+def lazy_factory(tmp_path: Path):
+    started: list[LazyStoreClient] = []
+
+    def start(store_url: str, name: str = "node", **kw) -> LazyStoreClient:
+        c = LazyStoreClient.start(tmp_path / name / "mnt", tmp_path / name / "state", store_url, **kw)
+        started.append(c)
+        return c
+
+    try:
+        yield start
+    finally:
+        for c in reversed(started):
+            c.stop()
+
+
+@pytest.fixture
+def env_cgroups():
+    """Creates cgroups `rollstack/<id>` (pids controller, v1) and removes them afterwards."""
+    if not (CGROUP_ROOT / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 pids hierarchy on this host")
+    made: list[Path] = []
+
+    def make(env_id: str) -> Path:
+        path = CGROUP_ROOT / "rollstack" / env_id
+        path.mkdir(parents=True, exist_ok=True)
+        made.append(path)
+        return path
+
+    try:
+        yield make
+    finally:
+        for p in made:
+            for _ in range(50):
+                try:
+                    p.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def run_in(cgroup: Path, argv: list[str]) -> bytes:
+    def enter() -> None:
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    return subprocess.run(argv, preexec_fn=enter, check=True, capture_output=True).stdout
+
+
+def drop_page_cache() -> None:
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+def test_reads_are_attributed_and_traces_prefetch(tmp_path, oci_store, lazy_factory, env_cgroups):
+    tree = build_tree(tmp_path / "src")
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/envs")
+    refs = [{"repo": "test/envs", "digest": digest}]
+    lazy = lazy_factory(oci_store.url, neighbor_bytes=0)
+    top = lazy.layer_dir(digest)
+    argv = ["cat", *[str(top / f) for f in FILES]]
+    want = b"".join((tree / f).read_bytes() for f in FILES)
+    key = f"stack+task-{uuid.uuid4().hex[:6]}"
+
+    e1 = f"e1-{uuid.uuid4().hex[:6]}"
+    lazy.begin_env(e1, refs, trace_key=key, background=False)
+    assert run_in(env_cgroups(e1), argv) == want
+    (top / "etc/hostname").read_bytes()  # a read outside any environment: node-wide only
+    s1 = lazy.end_env(e1)
+    assert s1["read_bytes"]["registry"] + s1["read_bytes"]["memory"] == len(want)
+    assert s1["critical_path_bytes"] > 0 and s1["fetched_bytes"] > 0 and s1["stall_seconds"] > 0
+
+    lazy.drop_caches()
+    drop_page_cache()
+    e2 = f"e2-{uuid.uuid4().hex[:6]}"
+    began = lazy.begin_env(e2, refs, trace_key=key, background=False)
+    assert began["trace_prefetch_chunks"] >= len(FILES)
+    for _ in range(100):  # the prefetch runs in the background; wait for it
+        if lazy.env_stats(e2)["prefetch_bytes"] >= s1["critical_path_bytes"] and lazy.stats()["fetch"]["inflight"] == 0:
+            break
+        time.sleep(0.05)
+    assert run_in(env_cgroups(e2), argv) == want
+    s2 = lazy.end_env(e2)
+    assert s2["critical_path_bytes"] == 0
+    assert s2["from_cache_bytes"] == len(want)
+
+
+def test_background_fill_fetches_the_rest(tmp_path, oci_store, lazy_factory):
+    tree = build_tree(tmp_path / "src")
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/fill")
+    lazy = lazy_factory(oci_store.url)
+    env = f"fill-{uuid.uuid4().hex[:6]}"
+    lazy.begin_env(env, [{"repo": "test/fill", "digest": digest}], background=True)
+    for _ in range(200):
+        if lazy.env_stats(env)["background_bytes"] > 0 and lazy.stats()["fetch"]["inflight"] == 0:
+            break
+        time.sleep(0.05)
+    before = lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0)
+    assert before > 0
+    (lazy.layer_dir(digest) / "big.bin").read_bytes()  # everything is local now
+    assert lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0) == before
+    lazy.end_env(env)
+
+
+def test_peer_serves_chunks_and_dead_peer_falls_through(tmp_path, oci_store, lazy_factory):
+    from rollstack.store.server import free_port
+
+    tree = build_tree(tmp_path / "src")
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/peers")
+    ref = {"repo": "test/peers", "digest": digest}
+    port = free_port()
+    a = lazy_factory(oci_store.url, name="a", listen=f"127.0.0.1:{port}")
+    a.add_layers([ref])
+    want = (a.layer_dir(digest) / "big.bin").read_bytes()
+    time.sleep(0.2)
+    dead = f"http://127.0.0.1:{free_port()}"
+    b = lazy_factory(oci_store.url, name="b", peers=[dead, f"http://127.0.0.1:{port}"])
+    b.add_layers([ref])
+    assert (b.layer_dir(digest) / "big.bin").read_bytes() == want
+    fb = b.stats()["fetch"]
+    assert fb["served_bytes"]["peer"] > 0
+    assert fb["served_bytes"]["registry"] == 0
+    # a chunk no peer has still comes from the registry
+    assert (b.layer_dir(digest) / "etc/hostname").read_bytes() == (tree / "etc/hostname").read_bytes()
