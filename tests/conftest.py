@@ -40,7 +40,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
     if not os.access(DEFAULT_BINARY, os.X_OK):
         pytest.skip(f"{DEFAULT_BINARY} missing (Debian package docker-registry)")
     root = tmp_path_factory.mktemp("registry")
-    server = RegistryServer(root)
+    server = RegistryServer(root, die_with_parent=True)
     try:
         server.start()
         yield server

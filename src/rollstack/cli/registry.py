@@ -24,7 +24,7 @@ def serve(
     """Run docker-registry in the foreground with a generated config; Ctrl-C stops it."""
     from rollstack.store.server import RegistryServer
 
-    server = RegistryServer(root.expanduser(), addr)
+    server = RegistryServer(root.expanduser(), addr, die_with_parent=True)
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

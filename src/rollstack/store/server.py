@@ -24,6 +24,7 @@ import yaml
 from rollstack.errors import InvalidRequest, RegistryUnavailable
 
 DEFAULT_BINARY = "/usr/bin/docker-registry"
+SETPRIV = "/usr/bin/setpriv"  # util-linux (essential); sets the parent-death signal, then execs
 
 
 def _bcrypt(password: str, cost: int) -> str:
@@ -73,6 +74,7 @@ class RegistryServer:
         binary: str = DEFAULT_BINARY,
         log_level: str = "warn",
         start_timeout: float = 20.0,
+        die_with_parent: bool = False,
     ) -> None:
         self.root = Path(root).expanduser().absolute()
         self.host, self.port = parse_addr(addr)
@@ -82,6 +84,10 @@ class RegistryServer:
         self.binary = binary
         self.log_level = log_level
         self.start_timeout = start_timeout
+        # SIGTERM the registry if the thread that started it dies (a test runner killed with
+        # SIGKILL must not leak registries). Only for callers whose starting thread lives as
+        # long as the registry should (main thread of pytest or the CLI).
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen | None = None
 
     @property
@@ -144,8 +150,11 @@ class RegistryServer:
         config_path = self.root / "config.yml"
         config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
         with open(self.log_path, "ab") as log:
+            argv = [self.binary, "serve", str(config_path)]
+            if self.die_with_parent and os.access(SETPRIV, os.X_OK):
+                argv = [SETPRIV, "--pdeathsig", "TERM", "--", *argv]
             self.process = subprocess.Popen(
-                [self.binary, "serve", str(config_path)],
+                argv,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C in a terminal reaches us, we stop it cleanly
             )

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -23,6 +24,15 @@ pytestmark = pytest.mark.integration
 
 def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for a non-reaping init counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def uploads(store: RegistryStore) -> int:
@@ -122,8 +132,7 @@ def test_registry_serve_cli_runs_in_foreground_and_stops(tmp_path):
         assert httpx.get(doc["url"] + "/v2/").status_code == 200
         proc.send_signal(signal.SIGINT)
         assert proc.wait(15) == 0
-        with pytest.raises(ProcessLookupError):
-            os.kill(doc["pid"], 0)  # the registry child is gone too
+        assert not alive(doc["pid"])  # the registry child is gone too
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -138,3 +147,24 @@ def test_registry_serve_cli_refuses_busy_port(registry, tmp_path):
     assert res.returncode == 1
     assert res.stderr.startswith("error: registry_unavailable:")
     assert "Traceback" not in res.stderr
+
+
+def test_registry_dies_with_its_parent(tmp_path):
+    """A runner killed with SIGKILL must not leak a registry (die_with_parent)."""
+    code = ("import sys, time; from rollstack.store import RegistryServer; "
+            f"s = RegistryServer({str(tmp_path / 'reg')!r}, die_with_parent=True).start(); "
+            "print(s.process.pid, s.url, flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, url = parent.stdout.readline().split()
+        assert httpx.get(url + "/v2/").status_code == 200
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while alive(int(pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(int(pid))
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
