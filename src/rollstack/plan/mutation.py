@@ -197,9 +197,11 @@ def _write(tree: _Tree, rel: str, new: _File) -> tuple[Path, Path]:
     _makedirs(tree, host)
     tmp = host.with_name(f".{host.name}.rollstack-{os.getpid()}.tmp")
     if new.symlink:
+        tmp.unlink(missing_ok=True)
         os.symlink(new.content.decode("utf-8", "surrogateescape"), tmp)
     else:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        tmp.unlink(missing_ok=True)  # a leftover of a crashed run; O_EXCL below refuses anything planted
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             view = memoryview(new.content)
             while view:

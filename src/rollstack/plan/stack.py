@@ -17,7 +17,6 @@ Paths may be given as "/a/b", "a/b" or "a/b/"; "" and "/" are the root.
 from __future__ import annotations
 
 import errno
-import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -39,8 +38,15 @@ def _depth_key(path: str) -> tuple[str, ...]:
     return tuple(path.split("/")) if path else ()
 
 
-def _entries(toc: Any) -> Sequence[TocEntry]:
-    return toc.entries if hasattr(toc, "entries") else toc
+def _ordered(toc: Any) -> list[tuple[str, TocEntry]]:
+    """(path, entry) with every parent before its children.
+
+    A `Toc` is already normalised and sorted by code point, where a parent (a prefix) sorts
+    before its children; plain lists are normalised and sorted here."""
+    if hasattr(toc, "entries"):
+        return [(e.path, e) for e in toc.entries]
+    by_path = {norm(e.path): e for e in toc}
+    return [(p, by_path[p]) for p in sorted(by_path, key=_depth_key)]
 
 
 class LayerStack:
@@ -51,15 +57,16 @@ class LayerStack:
         self._map: dict[str, tuple[int, TocEntry]] = {"": (-1, _ROOT)}
         self._children: dict[str, set[str]] = {"": set()}
         for index, toc in enumerate(tocs):
-            self._add_layer(index, _entries(toc))
+            self._add_layer(index, _ordered(toc))
         self._sorted: dict[str, list[str]] = {}
 
     # -- composition -------------------------------------------------------------------------
-    def _add_layer(self, index: int, entries: Sequence[TocEntry]) -> None:
-        by_path = {norm(e.path): e for e in entries}
-        for path in sorted(by_path, key=_depth_key):
-            entry = by_path[path]
+    def _add_layer(self, index: int, entries: list[tuple[str, TocEntry]]) -> None:
+        by_path: dict[str, TocEntry] | None = None
+        for path, entry in entries:
             if entry.type == EntryType.HARDLINK:
+                if by_path is None:
+                    by_path = dict(entries)
                 entry = self._hardlink_target(path, entry, by_path)
             if path == "":
                 if entry.type == EntryType.DIR:
@@ -98,11 +105,11 @@ class LayerStack:
 
     def _ensure_parents(self, index: int, path: str) -> None:
         """A layer that names `a/b/c` without `a/b` still has `a/b` as a directory (as unpacked)."""
-        parent = posixpath.dirname(path)
+        parent = path.rpartition("/")[0]
         missing = []
         while parent and not self._has_dir(parent):
             missing.append(parent)
-            parent = posixpath.dirname(parent)
+            parent = parent.rpartition("/")[0]
         for p in reversed(missing):
             self._remove(p)  # whatever non-directory a lower layer had there is hidden
             self._set(p, index, TocEntry(path=p, type=EntryType.DIR, mode=0o755))
@@ -113,7 +120,7 @@ class LayerStack:
 
     def _set(self, path: str, index: int, entry: TocEntry) -> None:
         self._map[path] = (index, entry)
-        parent, name = posixpath.split(path)
+        parent, _, name = path.rpartition("/")
         self._children.setdefault(parent, set()).add(name)
         if entry.type == EntryType.DIR:
             self._children.setdefault(path, set())
@@ -130,7 +137,7 @@ class LayerStack:
         self._drop_children(path)
         self._children.pop(path, None)
         del self._map[path]
-        parent, name = posixpath.split(path)
+        parent, _, name = path.rpartition("/")
         self._children.get(parent, set()).discard(name)
 
     # -- queries -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from rollstack.format.toc import EntryType, TocEntry
+from rollstack.format.toc import EntryType, Toc, TocEntry
 from rollstack.plan.stack import LayerStack
 
 pytestmark = pytest.mark.integration
@@ -179,7 +179,7 @@ def test_layerstack_matches_kernel_overlayfs(workspace, specs: list[dict[str, tu
         subprocess.run(["umount", str(mnt)], check=True)
         mounted.remove(mnt)
 
-    stack = LayerStack([to_toc(spec) for spec in specs])
+    stack = LayerStack([Toc(to_toc(spec)) for spec in specs])  # Toc: the code-point-sorted fast path
 
     assert stack_tree(stack, specs) == expected
 
