@@ -52,6 +52,8 @@ class OciLayoutStore:
         self._thread_lock = threading.Lock()
         for d in (self._blobs, self._meta / "repos", self._tmp):
             d.mkdir(parents=True, exist_ok=True)
+        if (self.root / "oci-layout").exists() and (self.root / "index.json").exists():
+            return  # an existing store: readable without write access
         with self._index_lock():
             if not (self.root / "oci-layout").exists():
                 self._write_atomic(self.root / "oci-layout", b'{"imageLayoutVersion": "1.0.0"}')
@@ -87,6 +89,8 @@ class OciLayoutStore:
         except FileNotFoundError:
             raise BlobNotFound(f"blob {digest} not found in {repo}", repo=repo, digest=digest) from None
         try:
+            # clamp first: a huge `length` must not become a huge buffer
+            length = max(0, min(length, os.fstat(fd).st_size - offset))
             parts = []
             while length > 0:  # pread may return short on huge reads; loop until EOF
                 got = os.pread(fd, length, offset)

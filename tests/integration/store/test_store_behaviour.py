@@ -62,6 +62,8 @@ def test_put_then_range_reads(store, unique_repo):
     assert store.read_blob(unique_repo, d, len(data), 10) == b""
     assert store.read_blob(unique_repo, d, len(data) + 5000, 10) == b""
     assert store.read_blob(unique_repo, d, 7, 0) == b""
+    assert store.read_blob(unique_repo, d, 99_000, 1 << 62) == data[99_000:]  # no huge buffer
+    assert store.read_blob(unique_repo, d, 1 << 62, 10) == b""
 
 
 def test_put_twice_uploads_once(store, unique_repo):
