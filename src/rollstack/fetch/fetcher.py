@@ -86,18 +86,22 @@ class ChunkFetcher:
         self._idle = trio.Event()
         self._idle.set()
         self._nursery: trio.Nursery | None = None
+        self._writes: trio.Nursery | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     @asynccontextmanager
     async def running(self) -> AsyncIterator["ChunkFetcher"]:
         """Owns the tasks the fetcher spawns (disk writes, prefetch, background fill)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            try:
-                yield self
-            finally:
-                self._nursery = None
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as writes:  # disk writes finish on exit, never cancelled
+            self._writes = writes
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    yield self
+                finally:
+                    self._nursery = None
+                    nursery.cancel_scope.cancel()
+            self._writes = None
 
     def spawn(self, fn: Callable, *args: object) -> None:
         """Run `fn(*args)` in the background; its failure is logged and counted, never fatal."""
@@ -379,7 +383,7 @@ class ChunkFetcher:
         return good, bad
 
     def _write_disk(self, chunk: Chunk, data: bytes) -> None:
-        if self.disk is None or self._nursery is None:
+        if self.disk is None or self._writes is None:
             return
         disk = self.disk
 
@@ -389,7 +393,7 @@ class ChunkFetcher:
             except OSError as exc:  # a full or failing disk degrades to memory-only, never fails a read
                 self.metrics.event("disk_cache_error", error=repr(exc)[:200])
 
-        self._nursery.start_soon(write)
+        self._writes.start_soon(write)
 
 
 def _plain(chunk: Chunk, size: int) -> Chunk:

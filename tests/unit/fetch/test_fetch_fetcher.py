@@ -1,0 +1,222 @@
+"""ChunkFetcher on trio against a fake blob: single-flight, coalescing, integrity, deadlines."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+
+import pytest
+import trio
+import zstandard
+
+from rollstack.errors import IntegrityError, RegistryUnavailable
+from rollstack.fetch import Account, ChunkFetcher, DiskChunkCache, FetchConfig, MemoryChunkCache, Priority, RemoteLayer
+from rollstack.format.toc import Chunk, Compression
+
+
+class FakeBlob:
+    """A layer blob of n zstd chunks with a counting, fault-injectable range read."""
+
+    def __init__(self, n: int = 8, size: int = 50_000) -> None:
+        parts, self.chunks, pos = [], [], 0
+        cctx = zstandard.ZstdCompressor()
+        for i in range(n):
+            data = os.urandom(size // 2) + bytes([i]) * (size // 2)
+            stored = cctx.compress(data)
+            self.chunks.append(Chunk(offset=0, size=len(data), blob_offset=pos, blob_size=len(stored),
+                                     digest="sha256:" + hashlib.sha256(data).hexdigest(), compression=Compression.ZSTD))
+            self.plain = getattr(self, "plain", []) + [data]
+            parts.append(stored)
+            pos += len(stored)
+        self.blob = bytearray(b"".join(parts))
+        self.requests: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+        self.fail: Exception | None = None
+        self.delay = 0.0
+        self.corrupt_times = 0  # serve flipped bytes this many times
+
+    def read(self, off: int, n: int) -> bytes:
+        with self.lock:
+            self.requests.append((off, n))
+            corrupt = self.corrupt_times > 0
+            self.corrupt_times -= 1 if corrupt else 0
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        data = bytearray(self.blob[off:off + n])
+        if corrupt:
+            data[len(data) // 2] ^= 0xFF
+        return bytes(data)
+
+    def layer(self, index: bool = True) -> RemoteLayer:
+        layer = RemoteLayer("repo", "sha256:" + "ab" * 32, self.read, lambda: list(self.chunks))
+        if index:
+            layer.build_index()
+        return layer
+
+
+def make(tmp_path=None, **cfg) -> ChunkFetcher:
+    config = FetchConfig(**{"deadline": 5.0, "retry_initial": 0.01, **cfg})
+    disk = DiskChunkCache(tmp_path / "disk", 1 << 30) if tmp_path is not None else None
+    return ChunkFetcher(config, MemoryChunkCache(64 << 20), disk)
+
+
+def run(fn):
+    return trio.run(fn)
+
+
+def test_concurrent_reads_of_one_chunk_fetch_it_once():
+    blob = FakeBlob()
+    blob.delay = 0.05
+    f = make(neighbor_bytes=0)
+    layer = blob.layer()
+    got = []
+
+    async def main():
+        async with f.running():
+            async with trio.open_nursery() as n:
+                for _ in range(20):
+                    async def one():
+                        got.append(await f.get(layer, blob.chunks[3]))
+                    n.start_soon(one)
+
+    run(main)
+    assert got == [blob.plain[3]] * 20
+    assert len(blob.requests) == 1
+    assert f.metrics.snapshot()["chunks_fetched_more_than_once"] == 0
+
+
+def test_a_miss_drags_its_neighbours_along_in_one_request():
+    blob = FakeBlob()
+    f = make(neighbor_bytes=1 << 20)
+    layer = blob.layer()
+
+    async def main():
+        async with f.running():
+            for i, c in enumerate(blob.chunks):
+                assert await f.get(layer, c) == blob.plain[i]
+
+    run(main)
+    assert len(blob.requests) == 1  # chunk 0 + every following chunk within the window
+    snap = f.metrics.snapshot()
+    assert snap["served_chunks"]["registry"] == 1 and snap["served_chunks"]["memory"] == 7
+
+
+def test_get_many_coalesces_and_respects_max_request():
+    blob = FakeBlob()
+    total = sum(c.blob_size for c in blob.chunks)
+    f = make(neighbor_bytes=0, max_request=total // 2 + 1)
+    layer = blob.layer(index=False)
+
+    async def main():
+        async with f.running():
+            return await f.get_many(layer, blob.chunks)
+
+    assert run(main) == blob.plain
+    assert 2 <= len(blob.requests) <= 3
+    assert all(n <= total // 2 + 1 for _, n in blob.requests)
+
+
+def test_corrupt_bytes_refetch_once_then_integrity_error():
+    blob = FakeBlob()
+    f = make(neighbor_bytes=0)
+    layer = blob.layer()
+    blob.corrupt_times = 1  # a transient flip: the refetch heals it
+
+    async def transient():
+        async with f.running():
+            return await f.get(layer, blob.chunks[0])
+
+    assert run(transient) == blob.plain[0]
+    blob.corrupt_times = 100  # persistent corruption
+
+    async def persistent():
+        async with f.running():
+            with pytest.raises(IntegrityError):
+                await f.get(layer, blob.chunks[1])
+
+    run(persistent)
+    assert blob.chunks[1].digest not in f.memory
+    events = [e for e in f.metrics.snapshot()["events"] if e["type"] == "integrity_error"]
+    assert len(events) == 1 and events[0]["chunk"] == blob.chunks[1].digest
+
+
+def test_registry_down_fails_after_the_deadline_then_recovers():
+    blob = FakeBlob()
+    f = make(neighbor_bytes=0, deadline=0.3)
+    layer = blob.layer()
+    blob.fail = ConnectionError("refused")
+
+    async def down():
+        async with f.running():
+            t0 = trio.current_time()
+            with pytest.raises(RegistryUnavailable):
+                await f.get(layer, blob.chunks[2])
+            return trio.current_time() - t0
+
+    assert run(down) >= 0.3
+    assert len(blob.requests) > 2  # it retried
+    blob.fail = None
+
+    async def back():
+        async with f.running():
+            return await f.get(layer, blob.chunks[2])
+
+    assert run(back) == blob.plain[2]
+
+
+def test_a_hung_registry_is_abandoned_at_the_deadline():
+    blob = FakeBlob()
+    blob.delay = 3.0
+    f = make(neighbor_bytes=0, deadline=0.3)
+    layer = blob.layer()
+
+    async def main():
+        async with f.running():
+            with pytest.raises(RegistryUnavailable):
+                await f.get(layer, blob.chunks[0])
+
+    t0 = time.monotonic()
+    run(main)
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_disk_tier_serves_after_restart(tmp_path):
+    blob = FakeBlob()
+    layer = blob.layer()
+
+    async def read_all(f):
+        async with f.running():
+            out = [await f.get(layer, c) for c in blob.chunks]
+        return out  # leaving `running` waits for the disk writes
+
+    assert run(lambda: read_all(make(tmp_path))) == blob.plain
+    n = len(blob.requests)
+    fresh = make(tmp_path)
+    assert run(lambda: read_all(fresh)) == blob.plain
+    assert len(blob.requests) == n
+    assert fresh.metrics.snapshot()["served_chunks"]["disk"] > 0
+
+
+def test_prefetch_and_fill_make_reads_local():
+    blob = FakeBlob(n=12)
+    f = make(neighbor_bytes=0, background_request=60_000)
+    layer = blob.layer()
+    acct = Account()
+
+    async def main():
+        async with f.running():
+            await f.prefetch(layer, blob.chunks[:4], acct, Priority.PREFETCH)
+            await f.fill(layer, acct)
+            n = len(blob.requests)
+            for i, c in enumerate(blob.chunks):
+                assert await f.get(layer, c, acct) == blob.plain[i]
+            assert len(blob.requests) == n
+
+    run(main)
+    s = acct.summary()
+    assert s["prefetch_bytes"] > 0 and s["background_bytes"] > 0 and s["critical_path_bytes"] == 0
+    assert s["from_cache_bytes"] == sum(len(p) for p in blob.plain)

@@ -1,0 +1,69 @@
+"""LayerIndex: stable inodes, lookups, children, hardlinks, overlay-format attributes."""
+
+from __future__ import annotations
+
+import stat
+
+from rollstack.format.toc import EntryType, Toc, TocEntry
+from rollstack.mount.envs import env_id_from_cgroup
+from rollstack.mount.index import LayerIndex, entry_size, mode_bits, rdev
+
+D = "sha256:" + "cd" * 32
+
+
+def toc(with_root: bool = True) -> Toc:
+    es = [
+        TocEntry("a", EntryType.DIR, mode=0o755),
+        TocEntry("a/x", EntryType.REG, size=3),
+        TocEntry("a/y", EntryType.HARDLINK, link="a/x"),
+        TocEntry("a.b", EntryType.REG),  # sorts between "a" and "a/..." prefixes: must not be a child of a
+        TocEntry("a/sub", EntryType.DIR, opaque=True),
+        TocEntry("a/sub/z", EntryType.SYMLINK, link="../x"),
+        TocEntry("gone", EntryType.WHITEOUT),
+        TocEntry("dev", EntryType.CHAR, rdev_major=1, rdev_minor=3, mode=0o666),
+    ]
+    if with_root:
+        es.append(TocEntry("", EntryType.DIR, mode=0o755))
+    return Toc(es)
+
+
+def test_lookup_children_and_parents():
+    for with_root in (True, False):
+        idx = LayerIndex(D, toc(with_root), base=5000)
+        a = idx.child(idx.root, "a")
+        assert a is not None and idx.path(a) == "a"
+        assert [n for n, _ in idx.children(idx.root)] == ["a", "a.b", "dev", "gone"]
+        assert [n for n, _ in idx.children(a)] == ["sub", "x", "y"]
+        assert idx.child(a, "nope") is None
+        sub = idx.child(a, "sub")
+        assert idx.parent(sub) == a and idx.parent(a) == idx.root
+        assert all(idx.owns(i) for _, i in idx.children(a))
+        assert not idx.owns(idx.base + idx.size)
+
+
+def test_hardlinks_share_the_target_inode_and_count_links():
+    idx = LayerIndex(D, toc(), base=100)
+    a = idx.child(idx.root, "a")
+    x, y = idx.child(a, "x"), idx.child(a, "y")
+    assert x == y
+    assert idx.nlink(x) == 2
+    assert idx.nlink(a) == 3  # ., .., sub
+
+
+def test_overlay_format_attributes():
+    idx = LayerIndex(D, toc(), base=100)
+    wh = idx.entry(idx.child(idx.root, "gone"))
+    assert stat.S_ISCHR(mode_bits(wh)) and rdev(wh) == 0
+    dev = idx.entry(idx.child(idx.root, "dev"))
+    assert stat.S_ISCHR(mode_bits(dev)) and rdev(dev) != 0
+    link = idx.entry(idx.child(idx.child(idx.root, "a"), "sub"))
+    assert link.opaque
+    assert entry_size(TocEntry("l", EntryType.SYMLINK, link="../x")) == 4
+
+
+def test_env_id_from_cgroup():
+    v1 = "12:pids:/rollstack/env-1\n4:memory:/rollstack/env-1\n0::/\n"
+    assert env_id_from_cgroup(v1) == "env-1"
+    assert env_id_from_cgroup("0::/system.slice/rollstack/abc.def\n") == "abc.def"
+    assert env_id_from_cgroup("0::/user.slice\n4:memory:/process_api/x\n") is None
+    assert env_id_from_cgroup("0::/notrollstack/x\n") is None
