@@ -478,3 +478,24 @@ def test_event_hooks_see_every_request():
     store.has_blob("r", DIGEST)
     store.read_blob("r", DIGEST, 0, 1)
     assert seen == ["HEAD", "GET"]
+
+
+class _BrokenStream(httpx.SyncByteStream):
+    def __iter__(self):
+        yield b"par"
+        raise httpx.ReadError("connection reset mid-body")
+
+
+def test_body_cut_short_is_retried():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        if len(calls) == 1:
+            return httpx.Response(206, stream=_BrokenStream(),
+                                  headers={"Content-Range": f"bytes 0-9/{len(DATA)}"})
+        return blob_handler(request)
+
+    store, slept = make_store(handler)
+    assert store.read_blob("r", DIGEST, 0, 10) == DATA[:10]
+    assert len(calls) == 2 and len(slept) == 1
