@@ -1,0 +1,339 @@
+"""`rollstack bench fetch`: the lazy layer store on a realistic stack, measured side by side.
+
+Stack: the benchmark corpus (`rollstack bench corpus build`): Debian bookworm + python3, a real
+PyPI project with its test dependencies (more-itertools + pytest), and the mini-swe-agent
+harness (~1 GB, ~40k files), converted to rollstack layers and published to a docker-registry
+in its own network namespace behind a shaped link (`bench.netem`, profile `dc` = 1 Gbit/s,
+2 ms RTT). Without root/netns support it falls back to a loopback registry and says so.
+
+Measured (each against the same registry, in one run):
+- cold: fresh daemon state, page cache dropped: add the stack's layers (TOCs), mount an overlay,
+  chroot + `python3 -c "import more_itertools, pytest"`; bytes fetched vs stack size
+- warm (node cache, page cache dropped) and warm (page cache): the same command
+- FUSE overhead: warm command through the lazy store vs an overlay of the unpacked directories
+- sequential read of a 1 GiB file: uncached (from the registry), from the node disk cache, from
+  the page cache
+- GRPO group of 8 with access traces: critical-path bytes of rollouts 2-8 vs rollout 1 (node
+  caches dropped between rollouts, as if each landed on another node; the trace store is kept)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import typer
+
+DEFAULT_CORPUS = Path(os.environ.get("ROLLSTACK_CORPUS_CACHE", "/var/cache/rollstack/corpus")) / "small"
+DEFAULT_WORK = Path("/var/cache/rollstack/bench-fetch")
+STACK = ("os", "repo-more-itertools", "harness-mini-swe-agent")  # bottom first
+WORKDIR = "/work/more-itertools"
+COMMAND = 'python3 -c "import more_itertools, pytest"'
+CGROUP = Path("/sys/fs/cgroup/pids/rollstack")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench fetch] {msg}", file=sys.stderr, flush=True)
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+# -- stack preparation -------------------------------------------------------------------------
+def ensure_blob(src: Path, out_dir: Path, name: str) -> tuple[str, Path]:
+    """Convert `src` once (cached by name + source mtime)."""
+    from rollstack.format import convert
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    blob, stamp = out_dir / f"{name}.blob", out_dir / f"{name}.stamp"
+    key = f"{src}:{src.stat().st_mtime_ns}"
+    if blob.exists() and stamp.exists() and stamp.read_text().split("\n")[0] == key:
+        return stamp.read_text().split("\n")[1], blob
+    t0 = time.perf_counter()
+    info = convert(src, blob)
+    stamp.write_text(f"{key}\n{info.digest}\n")
+    _log(f"converted {name}: {info.size >> 20} MiB, {info.entries} entries in {time.perf_counter() - t0:.1f}s")
+    return info.digest, blob
+
+
+def big_file_layer(out_dir: Path, mib: int) -> tuple[str, Path]:
+    """A layer holding one `mib` MiB file of incompressible bytes (cached)."""
+    src = out_dir / f"big-{mib}"
+    if not (src / "big.bin").exists():
+        src.mkdir(parents=True, exist_ok=True)
+        with open(src / "big.bin.tmp", "wb") as f:
+            for _ in range(mib):
+                f.write(os.urandom(1 << 20))
+        os.replace(src / "big.bin.tmp", src / "big.bin")
+    return ensure_blob(src, out_dir, f"big-{mib}")
+
+
+@contextmanager
+def registry(work: Path, profile: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(registry URL, link facts): in a shaped netns when possible, else on loopback."""
+    if profile != "none" and os.geteuid() == 0:
+        try:
+            from rollstack.bench.baseline_registry import NetnsRegistry
+            from rollstack.bench.netem import ShapedLink
+
+            with ShapedLink(profile) as link, NetnsRegistry(link, work / "registry") as reg:
+                yield reg.url, {"shaped": True, **link.facts()}
+            return
+        except ImportError:
+            pass
+    from rollstack.store import RegistryServer
+
+    with RegistryServer(work / "registry-loopback") as server:
+        yield server.url, {"shaped": False, "note": "loopback registry, no network shaping"}
+
+
+@contextmanager
+def overlay(lowers: list[Path], scratch: Path) -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="ov-", dir=scratch))
+    upper, wd, merged = d / "upper", d / "work", d / "merged"
+    for p in (upper, wd, merged):
+        p.mkdir()
+    opts = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={wd}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], check=True)
+    try:
+        yield merged
+    finally:
+        subprocess.run(["umount", "-l", str(merged)], check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def chroot_run(root: Path, env_id: str | None = None) -> float:
+    """Seconds for COMMAND in a chroot of `root` (in cgroup rollstack/<env_id> if given)."""
+    cg = None
+    if env_id and CGROUP.parent.exists():
+        cg = CGROUP / env_id
+        cg.mkdir(parents=True, exist_ok=True)
+
+    def enter() -> None:
+        if cg is not None:
+            (cg / "cgroup.procs").write_text(str(os.getpid()))
+
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.perf_counter()
+    r = subprocess.run(["chroot", str(root), "/bin/sh", "-c", f"cd {WORKDIR} && {COMMAND}"], env=env,
+                       preexec_fn=enter, capture_output=True, text=True, timeout=300)
+    dt = time.perf_counter() - t0
+    if cg is not None:
+        try:
+            cg.rmdir()
+        except OSError:
+            pass
+    if r.returncode != 0:
+        raise RuntimeError(f"command failed in chroot: {r.stderr[-2000:]}")
+    return dt
+
+
+def read_seq(path: Path, block: int = 1 << 20) -> float:
+    """MB/s of one sequential read of `path`."""
+    t0 = time.perf_counter()
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(block)
+            if not b:
+                break
+            n += len(b)
+    return n / (time.perf_counter() - t0) / 1e6
+
+
+# -- the measurements ----------------------------------------------------------------------------
+class Bench:
+    def __init__(self, work: Path, store_url: str, refs: list[dict[str, str]], sizes: dict[str, int]) -> None:
+        self.work, self.store_url, self.refs, self.sizes = work, store_url, refs, sizes
+        self.stack_bytes = sum(sizes[r["digest"]] for r in refs)
+
+    def start(self, name: str, **kw: Any):
+        from rollstack.mount.client import LazyStoreClient
+
+        state = self.work / "runs" / name
+        shutil.rmtree(state, ignore_errors=True)
+        return LazyStoreClient.start(state / "mnt", state / "state", self.store_url, **kw)
+
+    def lowers(self, lazy: Any) -> list[Path]:
+        return [lazy.layer_dir(r["digest"]) for r in reversed(self.refs)]
+
+    def cold_and_warm(self, runs: int) -> dict[str, Any]:
+        colds, warm_node, warm_page, fetched = [], [], [], []
+        detail: dict[str, Any] = {}
+        for i in range(runs):
+            lazy = self.start(f"cold{i}")
+            try:
+                drop_page_cache()
+                t0 = time.perf_counter()
+                added = lazy.add_layers(self.refs)
+                t1 = time.perf_counter()
+                with overlay(self.lowers(lazy), self.work) as root:
+                    t2 = time.perf_counter()
+                    cmd = chroot_run(root)
+                    total = time.perf_counter() - t0
+                    stats = lazy.stats()["fetch"]
+                    colds.append(total)
+                    got = stats["transferred_bytes"].get("registry", 0) + added["bytes"]
+                    fetched.append(got)
+                    if i == 0:
+                        detail = {"toc_seconds": round(t1 - t0, 4), "mount_seconds": round(t2 - t1, 4),
+                                  "command_seconds": round(cmd, 4), "toc_bytes": added["bytes"],
+                                  "registry_requests": stats["requests"].get("registry", 0) + added["requests"],
+                                  "chunk_bytes": stats["transferred_bytes"].get("registry", 0)}
+                    time.sleep(0.5)  # let disk-cache writes land
+                    drop_page_cache()
+                    warm_node.append(chroot_run(root))
+                    warm_page.append(min(chroot_run(root) for _ in range(5)))
+            finally:
+                lazy.stop()
+        return {
+            "cold_seconds": _summary(colds), "cold_first_run": detail,
+            "fetched_bytes": int(statistics.median(fetched)), "stack_bytes": self.stack_bytes,
+            "fetched_fraction": round(statistics.median(fetched) / self.stack_bytes, 5),
+            "warm_node_cache_seconds": _summary(warm_node), "warm_page_cache_seconds": _summary(warm_page),
+        }
+
+    def fuse_overhead(self, corpus: Path) -> dict[str, Any]:
+        lazy = self.start("overhead")
+        try:
+            lazy.add_layers(self.refs)
+            with overlay(self.lowers(lazy), self.work) as root:
+                chroot_run(root)
+                fuse = [chroot_run(root) for _ in range(7)]
+            with overlay([corpus / n for n in reversed(STACK)], self.work) as root:
+                chroot_run(root)
+                local = [chroot_run(root) for _ in range(7)]
+        finally:
+            lazy.stop()
+        f, loc = statistics.median(fuse), statistics.median(local)
+        return {"fuse_warm_seconds": round(f, 4), "local_overlay_seconds": round(loc, 4), "ratio": round(f / loc, 3)}
+
+    def throughput(self, big_ref: dict[str, str], link_bytes_per_s: float | None) -> dict[str, Any]:
+        lazy = self.start("throughput")
+        try:
+            lazy.add_layers([big_ref])
+            path = lazy.layer_dir(big_ref["digest"]) / "big.bin"
+            drop_page_cache()
+            uncached = read_seq(path)
+            time.sleep(1.0)
+            drop_page_cache()
+            disk = read_seq(path)
+            page = read_seq(path)
+        finally:
+            lazy.stop()
+        out = {"uncached_MBps": round(uncached, 1), "node_cache_MBps": round(disk, 1), "page_cache_MBps": round(page, 1)}
+        if link_bytes_per_s:
+            out["uncached_fraction_of_link"] = round(uncached * 1e6 / link_bytes_per_s, 3)
+        return out
+
+    def grpo_group(self, n: int) -> dict[str, Any]:
+        lazy = self.start("grpo")
+        key = f"bench-{uuid.uuid4().hex[:8]}"
+        rows = []
+        try:
+            for i in range(n):
+                lazy.drop_caches()
+                drop_page_cache()
+                env = f"grpo-{i}-{uuid.uuid4().hex[:6]}"
+                t0 = time.perf_counter()
+                began = lazy.begin_env(env, self.refs, trace_key=key, background=False)
+                with overlay(self.lowers(lazy), self.work) as root:
+                    cmd = chroot_run(root, env)
+                total = time.perf_counter() - t0
+                s = lazy.end_env(env)
+                rows.append({"rollout": i + 1, "seconds": round(total, 4), "command_seconds": round(cmd, 4),
+                             "critical_path_bytes": s["critical_path_bytes"], "prefetch_bytes": s["prefetch_bytes"],
+                             "stall_seconds": s["stall_seconds"], "trace_chunks": began["trace_prefetch_chunks"]})
+        finally:
+            lazy.stop()
+        first = rows[0]["critical_path_bytes"]
+        rest = statistics.mean(r["critical_path_bytes"] for r in rows[1:]) if n > 1 else 0
+        return {"rollouts": rows, "rollout1_critical_bytes": first, "rollouts_2_n_mean_critical_bytes": int(rest),
+                "reduction": round(first / rest, 1) if rest else None,
+                "note": "node caches dropped between rollouts (each as if on a fresh node); the trace store is kept"}
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    return {"p50": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4), "n": len(xs)}
+
+
+def machine_facts() -> dict[str, Any]:
+    return {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+
+
+def run_bench(corpus: Path, work: Path, profile: str, runs: int, rollouts: int, big_mib: int) -> dict[str, Any]:
+    from rollstack.store import open_store
+
+    for name in STACK:
+        if not (corpus / name).is_dir():
+            raise typer.BadParameter(f"{corpus / name} missing: run `rollstack bench corpus build` first")
+    work.mkdir(parents=True, exist_ok=True)
+    blobs = [(name, *ensure_blob(corpus / name, work / "blobs", name)) for name in STACK]
+    big = big_file_layer(work / "blobs", big_mib) if big_mib else None
+    doc: dict[str, Any] = {"machine": machine_facts(), "command": " ".join(["rollstack", "bench", "fetch", *sys.argv[3:]]),
+                           "stack": [{"name": n, "digest": d, "bytes": p.stat().st_size} for n, d, p in blobs],
+                           "workload": f"chroot + cd {WORKDIR} && {COMMAND}"}
+    with ExitStack() as stack:
+        url, link = stack.enter_context(registry(work, profile))
+        doc["link"] = link
+        store = open_store(url)
+        t0 = time.perf_counter()
+        for name, digest, path in blobs + ([("big", *big)] if big else []):
+            store.put_blob(f"bench/{name}", digest, path)
+        _log(f"published in {time.perf_counter() - t0:.1f}s to {url}")
+        refs = [{"repo": f"bench/{n}", "digest": d} for n, d, _ in blobs]
+        sizes = {d: p.stat().st_size for _, d, p in blobs}
+        bench = Bench(work, url, refs, sizes)
+        _log("cold/warm")
+        doc["init"] = bench.cold_and_warm(runs)
+        _log("fuse overhead")
+        doc["fuse_overhead"] = bench.fuse_overhead(corpus)
+        if big:
+            _log("throughput")
+            rate = link.get("rate_bit")
+            doc["throughput_1GiB"] = bench.throughput({"repo": "bench/big", "digest": big[0]},
+                                                      rate / 8 if rate else None)
+        _log("grpo group")
+        doc["grpo"] = bench.grpo_group(rollouts)
+    return doc
+
+
+def _human(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc, indent=2))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("fetch")
+    def fetch_cmd(
+        as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+        corpus: Path = typer.Option(DEFAULT_CORPUS, help="built corpus flavor directory"),
+        work: Path = typer.Option(DEFAULT_WORK, help="blobs, registry data and scratch"),
+        profile: str = typer.Option("dc", help="link profile (dc, lan, wan) or 'none' for loopback"),
+        runs: int = typer.Option(3, help="cold starts to measure"),
+        rollouts: int = typer.Option(8, help="rollouts in the GRPO group"),
+        big_mib: int = typer.Option(1024, help="size of the throughput file (0: skip)"),
+    ) -> None:
+        """Cold/warm start, FUSE overhead, throughput and trace prefetch of the lazy store."""
+        from rollstack.cli.output import emit
+
+        if os.geteuid() != 0:
+            raise typer.BadParameter("needs root (FUSE, overlayfs, chroot, drop_caches)")
+        doc = run_bench(corpus, work, profile, runs, rollouts, big_mib)
+        emit(doc, as_json, _human)
+
+
+__all__ = ["register", "run_bench"]
