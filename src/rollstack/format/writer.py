@@ -86,6 +86,7 @@ class LayerWriter:
         what was read). Returns the entry as recorded."""
         if entry.path != layer_paths.normalize(entry.path):
             raise UnsafePath(f"entry {entry.path!r} is not a normalised layer path")
+        _check_fields(entry)
         if entry.type is EntryType.REG:
             entry = replace(entry, chunks=[], size=0)
             if payload is not None:
@@ -110,6 +111,13 @@ class LayerWriter:
         cur = self._entries.get(entry.path)
         if cur is None:
             self._entries[entry.path] = entry
+        elif EntryType.WHITEOUT in (cur.type, entry.type) and cur.type is not entry.type:
+            # OCI: a whiteout only hides lower layers, so a same-layer entry with the same path
+            # survives; for a directory that means nothing from below shows through: opaque.
+            keep = entry if cur.type is EntryType.WHITEOUT else cur
+            if keep.type is EntryType.DIR:
+                keep.opaque = True
+            self._entries[entry.path] = keep
         elif cur.type is EntryType.DIR and entry.type is EntryType.DIR:
             entry.opaque = entry.opaque or cur.opaque  # a repeated directory: the last header wins
             self._entries[entry.path] = entry
@@ -191,8 +199,29 @@ class LayerWriter:
                 cur = self._entries.get(anc)
                 if cur is None:
                     self._entries[anc] = TocEntry(anc, EntryType.DIR, IMPLICIT_DIR_MODE)
+                elif cur.type is EntryType.WHITEOUT:  # deleted then recreated in this layer
+                    self._entries[anc] = TocEntry(anc, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=True)
                 elif cur.type is not EntryType.DIR:
                     raise SourceInvalid(f"entry {path!r} lies below {anc!r}, which is a {cur.type.value}, not a directory")
+
+
+def _check_fields(e: TocEntry) -> None:
+    """Everything must fit its TOC field (docs/format.md, "Limits"); say which entry does not."""
+    for name in ("uid", "gid", "rdev_major", "rdev_minor"):
+        if not 0 <= getattr(e, name) <= _U32:
+            raise SourceInvalid(f"entry {e.path!r}: {name} {getattr(e, name)} does not fit in 32 bits")
+    if not -(1 << 63) <= e.mtime_ns < (1 << 63):
+        raise SourceInvalid(f"entry {e.path!r}: mtime out of range")
+    if len(e.xattrs) > 0xFFFF:
+        raise SourceInvalid(f"entry {e.path!r}: more than 65535 xattrs")
+    for k, v in e.xattrs.items():
+        if len(k.encode("utf-8", "surrogateescape")) > 0xFFFF or len(v) > _U32:
+            raise SourceInvalid(f"entry {e.path!r}: xattr {k[:64]!r} is too large")
+    if "\0" in e.link:
+        raise SourceInvalid(f"entry {e.path!r}: link target contains a NUL byte")
+
+
+_U32 = (1 << 32) - 1
 
 
 def _same(a: TocEntry, b: TocEntry) -> bool:

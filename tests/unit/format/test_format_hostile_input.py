@@ -99,3 +99,16 @@ def test_failed_convert_writes_nothing(tmp_path: Path, make_ti, make_tar) -> Non
 def test_missing_source(tmp_path: Path) -> None:
     with pytest.raises(SourceInvalid, match="no such"):
         convert(tmp_path / "nope.tar", tmp_path / "x")
+
+
+def test_whiteout_and_entry_in_the_same_layer(make_ti, make_tar) -> None:
+    """OCI: a whiteout hides only lower layers; the same-layer entry wins (dirs become opaque)."""
+    blob = _convert(make_tar([
+        (make_ti(".wh.f"), b""), (make_ti("f"), b"new"),
+        (make_ti("d", tarfile.DIRTYPE), None), (make_ti(".wh.d"), b""),
+        (make_ti(".wh.e"), b""), (make_ti("e/child"), b"c"),
+    ]))
+    toc = LayerReader(BytesBlobSource(blob)).toc
+    assert toc.lookup("f").type is EntryType.REG
+    assert toc.lookup("d").type is EntryType.DIR and toc.lookup("d").opaque
+    assert toc.lookup("e").type is EntryType.DIR and toc.lookup("e").opaque

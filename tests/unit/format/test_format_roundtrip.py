@@ -97,3 +97,32 @@ def test_footer_round_trip_and_open_toc() -> None:
     f = Footer.decode(blob[-FOOTER_SIZE:], blob_size=len(blob))
     assert f.toc_offset + f.toc_length == len(blob) - FOOTER_SIZE
     assert open_toc(BytesBlobSource(blob)).lookup("x").size == 1
+
+
+def test_every_compression_gives_the_same_layer(make_ti, make_tar) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    tar = make_tar([(make_ti("d/f", mode=0o640), os.urandom(5000) * 3), (make_ti("g"), b"g")])
+    plain = _convert(tar)
+    for packed in (gzip.compress(tar), bz2.compress(tar), lzma.compress(tar), zstandard.compress(tar),
+                   zstandard.compress(tar[:4000]) + zstandard.compress(tar[4000:])):  # multi-frame zstd
+        assert _convert(packed) == plain
+
+
+def test_pax_nanosecond_mtime_and_binary_xattr(make_ti, make_tar) -> None:
+    info = make_ti("f")
+    info.pax_headers = {"mtime": "1700000000.123456789", "SCHILY.xattr.user.bin": "\udcff\x00ab",
+                        "LIBARCHIVE.xattr.user.lib%20x": "AAEC"}
+    e = open_toc(BytesBlobSource(_convert(make_tar([(info, b"x")])))).lookup("f")
+    assert e.mtime_ns == 1_700_000_000_123_456_789
+    assert e.xattrs == {"user.bin": b"\xff\x00ab", "user.lib x": b"\x00\x01\x02"}
+
+
+def _convert(tar: bytes) -> bytes:
+    out = io.BytesIO()
+    convert_tar(io.BytesIO(tar), out)
+    return out.getvalue()
