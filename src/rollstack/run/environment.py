@@ -16,12 +16,14 @@ this root are touched: other runtimes may share the host's `rollstack/` cgroup p
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import resource
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -33,7 +35,7 @@ from rollstack.run.initbin import find_init_binaries
 from rollstack.run.ocispec import InitBinaries, SpecParams, build_spec
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 
-DEFAULT_NOFILE = 65536
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,10 @@ class RuntimeConfig:
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
     runc_binary: str = "runc"
+    subreaper: bool = True
+    """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
+    exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host
+    init that may reap lazily. Process-wide: only safe where nothing calls os.wait()/waitpid(-1)."""
 
 
 @dataclass
@@ -75,6 +81,8 @@ class EnvironmentRuntime:
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
         self.runc = Runc(self.root / "runc", config.runc_binary)
         self._init = config.init
+        if config.subreaper:
+            _set_child_subreaper()
 
     @property
     def init(self) -> InitBinaries:
@@ -178,6 +186,12 @@ class Environment:
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, self.meta_path)
 
+    def _init_pid(self) -> int | None:
+        try:
+            return int((self.bundle / "init.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def meta(self) -> dict:
         try:
             return json.loads(self.meta_path.read_text())
@@ -227,12 +241,15 @@ class Environment:
     def destroy(self) -> None:
         """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""
         runc, errors = self.runtime.runc, []
+        init_pid = self._init_pid()
         if (runc.root / self.id).exists():
             try:
                 runc.delete(self.id, force=True)
             except RuntimeFailure as e:
                 errors.append(str(e))
                 shutil.rmtree(runc.root / self.id, ignore_errors=True)
+        if init_pid is not None:
+            _reap(init_pid)
         for cg in cgroupfs.env_cgroup_dirs(self.id, self.runtime.config.cgroup_parent):
             try:
                 cgroupfs.remove_cgroup(cg)
@@ -249,8 +266,20 @@ class Environment:
                                  errors=errors)
 
 
-def timings_dict(env: Environment) -> dict[str, float]:
-    return dict(env.timings)
+def _set_child_subreaper() -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise RuntimeFailure(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
 
 
-__all__ = ["EnvironmentRuntime", "Environment", "RuntimeConfig", "Leftovers", "asdict"]
+def _reap(pid: int, wait: float = 2.0) -> None:
+    """Collect `pid` if it is our (dead or dying) child; no-op for anyone else's process."""
+    end = time.monotonic() + wait
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done or time.monotonic() >= end:
+            return
+        time.sleep(0.01)

@@ -2,18 +2,20 @@
 
 Exec and its process tree: every command runs as
 
-    runc exec --detach --preserve-fds 1 ID /.rollstack/busybox sh -c '"$@" 3>&-; echo $? >&3' \
-        rollstack-exec /.rollstack/tini -s -g -- ARGV...
+    runc exec --preserve-fds 3 ID /.rollstack/busybox sh -c \
+        'exec 0<&3 1>&4 2>&5 3<&- 4>&- 5>&-; exec "$@"' rollstack-exec \
+        /.rollstack/tini -s -g -- ARGV...
 
-`--detach` makes runc hand our pipes straight to the process and exit (a non-detached runc
-copies stdio itself and would not return while a background process holds its pipe); the static
-busybox `sh` waits for the command and writes its exit status to fd 3, our status pipe. tini puts
-the command in its own process group and, as a child subreaper, inherits every orphan of the tree
-(even double-forked daemons), so while it lives "the exec's tree" is exactly its descendants.
-On timeout we SIGSTOP that tree (rooted at the sh) until it stops growing, SIGKILL all of it, and
-report `timed_out=True` with `exit_code=124` (coreutils `timeout`'s convention). A command killed
-by signal N exits 128+N; if the status never arrives (the wrapper itself was SIGKILLed, e.g. by
-the OOM killer) the exit code is 137.
+Our stdin/stdout/stderr pipes travel as runc's preserved fds 3/4/5 and the static busybox sh
+moves them to 0/1/2 before becoming tini. So runc's own stdio copying (which a non-detached runc
+always does) only carries the sh's empty stdio and ends with the command, even when a background
+process keeps our pipes open; runc stays the command's parent, reaps it and exits with its
+status (a detached exec would orphan the command to the host's init, leaving zombies on hosts
+whose init does not reap). tini puts the command in its own process group and, as a child
+subreaper, inherits every orphan of the tree (even double-forked daemons), so while it lives
+"the exec's tree" is exactly its descendants. On timeout we SIGSTOP that tree until it stops
+growing, SIGKILL all of it, and report `timed_out=True` with `exit_code=124` (coreutils
+`timeout`'s convention). A command killed by signal N exits 128+N.
 
 Output: stdout and stderr are captured separately, each up to `output_limit` bytes (default
 16 MiB); the rest is read and dropped (so the command never blocks on a full pipe) and
@@ -43,9 +45,8 @@ from rollstack.run.ocispec import EXEC_WRAPPER_PATH, SHELL_PATH, cpu_quota
 
 DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
 TIMEOUT_EXIT_CODE = 124
-KILLED_EXIT_CODE = 137  # the command's status never came: its wrapper was SIGKILLed
-# Runs the command (tini) as a child with fd 3 closed, then writes its status to fd 3.
-STATUS_SCRIPT = '"$@" 3>&-; echo $? >&3'
+# Moves our pipes (runc's preserved fds 3/4/5) to stdio, then becomes tini.
+FD_SCRIPT = 'exec 0<&3 1>&4 2>&5 3<&- 4>&- 5>&-; exec "$@"'
 OnOutput = Callable[[str, bytes], None]
 
 
@@ -221,7 +222,7 @@ class Runc:
             raise InvalidRequest(f"timeout must be positive, not {timeout}")
         if output_limit < 0:
             raise InvalidRequest(f"output_limit must be >= 0, not {output_limit}")
-        args = ["exec", "--detach", "--preserve-fds", "1"]
+        args = ["exec", "--preserve-fds", "3"]
         if cwd:
             if not cwd.startswith("/") or "\x00" in cwd:
                 raise InvalidRequest(f"cwd must be an absolute path: {cwd!r}")
@@ -233,7 +234,7 @@ class Runc:
         with tempfile.TemporaryDirectory(prefix="rs-exec-", dir=self.root) as tmp:
             pid_file = Path(tmp) / "pid"
             args += ["--pid-file", str(pid_file), container_id,
-                     SHELL_PATH, "sh", "-c", STATUS_SCRIPT, "rollstack-exec",
+                     SHELL_PATH, "sh", "-c", FD_SCRIPT, "rollstack-exec",
                      EXEC_WRAPPER_PATH, "-s", "-g", "--", *argv]
             return _Exec(self._cmd(*args), pid_file, stdin, timeout, output_limit, on_output,
                          drain_grace, container_id).run()
@@ -256,11 +257,13 @@ def _last_error(log_tail: str) -> str:
 
 
 class _Exec:
-    """One `runc exec --detach`: pumps stdin/stdout/stderr/status, enforces the timeout.
+    """One `runc exec`: pumps stdin/stdout/stderr, waits for runc, enforces the timeout.
 
-    runc is spawned with our pipes as its stdio and the status pipe's write end as fd 3
-    (`--preserve-fds 1`); with `--detach` runc hands those fds straight to the process and exits
-    once it started, so nothing of runc sits between us and the command.
+    runc is spawned with /dev/null as stdin/stdout, its stderr on a pipe of its own (runc's
+    messages), and our stdin/stdout/stderr pipes as fds 3/4/5 (`--preserve-fds 3`), which the
+    busybox sh moves to 0/1/2 before exec'ing tini. runc's own stdio copy therefore only ever
+    carries the sh's (empty) stdio: it ends when the command ends, even if a background process
+    keeps our pipes open, and runc (the command's parent) reaps it and exits with its status.
     """
 
     def __init__(self, cmd: list[str], pid_file: Path, stdin: bytes | None,
@@ -270,12 +273,13 @@ class _Exec:
         self.timeout, self.limit, self.on_output = timeout, limit, on_output
         self.drain_grace, self.container_id = drain_grace, container_id
         self.buf = {"stdout": bytearray(), "stderr": bytearray()}
-        self.status = bytearray()
+        self.runc_err = bytearray()
         self.truncated = False
 
     def _feed(self, name: str, chunk: bytes) -> None:
-        if name == "status":
-            self.status.extend(chunk)
+        if name == "runc":
+            if len(self.runc_err) < 65536:
+                self.runc_err.extend(chunk)
             return
         buf = self.buf[name]
         room = self.limit - len(buf)
@@ -289,21 +293,23 @@ class _Exec:
             self.on_output(name, chunk)
 
     def _spawn(self) -> tuple[int, dict[str, int], int]:
-        """posix_spawn runc with stdio + fd 3 wired; returns (pid, {name: read fd}, stdin fd)."""
-        pipes = {name: os.pipe() for name in ("stdout", "stderr", "status")}
+        """posix_spawn runc with its fds wired; returns (pid, {name: read fd}, stdin write fd)."""
+        pipes = {name: os.pipe() for name in ("stdout", "stderr", "runc")}
         stdin_r, stdin_w = os.pipe() if self.stdin is not None else (-1, -1)
-        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             actions = [
-                (os.POSIX_SPAWN_DUP2, stdin_r if stdin_r >= 0 else devnull, 0),
-                (os.POSIX_SPAWN_DUP2, pipes["stdout"][1], 1),
-                (os.POSIX_SPAWN_DUP2, pipes["stderr"][1], 2),
-                (os.POSIX_SPAWN_DUP2, pipes["status"][1], 3),
+                (os.POSIX_SPAWN_DUP2, devnull, 0),
+                (os.POSIX_SPAWN_DUP2, devnull, 1),
+                (os.POSIX_SPAWN_DUP2, pipes["runc"][1], 2),
+                (os.POSIX_SPAWN_DUP2, stdin_r if stdin_r >= 0 else devnull, 3),
+                (os.POSIX_SPAWN_DUP2, pipes["stdout"][1], 4),
+                (os.POSIX_SPAWN_DUP2, pipes["stderr"][1], 5),
             ]
             try:
                 pid = os.posix_spawnp(self.cmd[0], self.cmd, os.environ, file_actions=actions)
             except OSError as e:
-                for r, w in pipes.values():
+                for r, _ in pipes.values():
                     os.close(r)
                 if stdin_w >= 0:
                     os.close(stdin_w)
@@ -319,32 +325,26 @@ class _Exec:
     def run(self) -> ExecResult:
         start = time.monotonic()
         runc_pid, readers, stdin_w = self._spawn()
-        runc_status: int | None = None
+        code: int | None = None
         try:
-            timed_out = self._pump(readers, stdin_w, start)
+            timed_out, code = self._pump(runc_pid, readers, stdin_w, start)
         finally:
             for fd in readers.values():
                 _close(fd)
-            if stdin_w >= 0:
-                _close(stdin_w)
-            # runc --detach exits as soon as the command started; never leave it a zombie.
-            _, wstatus = os.waitpid(runc_pid, 0)
-            runc_status = os.waitstatus_to_exitcode(wstatus)
+            if code is None:  # interrupted: do not leave runc or the command running
+                self._kill_tree()
+                os.kill(runc_pid, signal.SIGKILL)
+                os.waitpid(runc_pid, 0)
         duration = time.monotonic() - start
-        if runc_status != 0 and self._exec_pid(0) is None:
-            err = bytes(self.buf["stderr"]).decode(errors="replace").strip()
+        if self._exec_pid(0) is None and code != 0:
+            err = self.runc_err.decode(errors="replace").strip()
             if "not running" in err or "stopped" in err or "does not exist" in err:
                 raise EnvironmentGone(f"environment {self.container_id} is not running: {err}")
-            raise RuntimeFailure(f"runc exec failed: {err}", returncode=runc_status, stderr=err)
+            raise RuntimeFailure(f"runc exec failed: {err}", returncode=code, stderr=err)
         if timed_out:
             code = TIMEOUT_EXIT_CODE
-        else:
-            try:
-                code = int(bytes(self.status).split()[0])
-            except (IndexError, ValueError):
-                code = KILLED_EXIT_CODE  # the status shell itself was killed (OOM, destroy)
-        return ExecResult(code, bytes(self.buf["stdout"]), bytes(self.buf["stderr"]), duration,
-                          timed_out, self.truncated)
+        return ExecResult(int(code), bytes(self.buf["stdout"]), bytes(self.buf["stderr"]),
+                          duration, timed_out, self.truncated)
 
     def _exec_pid(self, wait: float) -> int | None:
         end = time.monotonic() + wait
@@ -359,13 +359,17 @@ class _Exec:
                 return None
             time.sleep(0.005)
 
-    def _pump(self, readers: dict[str, int], stdin_w: int, start: float) -> bool:
+    def _pump(self, runc_pid: int, readers: dict[str, int], stdin_w: int,
+              start: float) -> tuple[bool, int]:
+        """Move bytes until runc exited and output drained; returns (timed_out, exit code)."""
         sel = selectors.DefaultSelector()
         names = {}
         for name, fd in readers.items():
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_READ)
             names[fd] = name
+        pidfd = os.pidfd_open(runc_pid)
+        sel.register(pidfd, selectors.EVENT_READ)
         pending = memoryview(self.stdin or b"")
         if stdin_w >= 0:
             if pending:
@@ -376,18 +380,16 @@ class _Exec:
                 stdin_w = -1
         deadline = start + self.timeout if self.timeout is not None else None
         timed_out = False
+        code: int | None = None
         exited_at: float | None = None
         try:
-            while any(k.fd != stdin_w for k in sel.get_map().values()):
+            while code is None or any(k.fd in names for k in sel.get_map().values()):
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     timed_out, deadline = True, None
                     self._kill_tree()
-                if exited_at is None and (self.status.endswith(b"\n") or
-                                          readers["status"] not in sel.get_map()):
-                    exited_at = now
                 if exited_at is not None and now - exited_at >= self.drain_grace:
-                    break
+                    break  # a background process holds our pipe: stop waiting for EOF
                 wait: float | None = None
                 if exited_at is not None:
                     wait = max(0.0, exited_at + self.drain_grace - now)
@@ -395,7 +397,14 @@ class _Exec:
                     wait = max(0.0, deadline - now) if wait is None else min(wait, deadline - now)
                 for key, _ in sel.select(wait):
                     fd = key.fd
-                    if fd == stdin_w:
+                    if fd == pidfd:
+                        sel.unregister(pidfd)
+                        _, wstatus = os.waitpid(runc_pid, 0)
+                        code = os.waitstatus_to_exitcode(wstatus)
+                        if code < 0:
+                            code = 128 - code
+                        exited_at = time.monotonic()
+                    elif fd == stdin_w:
                         try:
                             n = os.write(fd, pending[:65536])
                             pending = pending[n:]
@@ -407,17 +416,18 @@ class _Exec:
                             sel.unregister(fd)
                             os.close(fd)
                             stdin_w = -1
-                        continue
-                    chunk = os.read(fd, 65536)
-                    if not chunk:
-                        sel.unregister(fd)
-                        continue
-                    self._feed(names[fd], chunk)
+                    else:
+                        chunk = os.read(fd, 65536)
+                        if not chunk:
+                            sel.unregister(fd)
+                            continue
+                        self._feed(names[fd], chunk)
         finally:
             if stdin_w >= 0:
                 _close(stdin_w)
+            os.close(pidfd)
             sel.close()
-        return timed_out
+        return timed_out, int(code)
 
     def _kill_tree(self) -> None:
         pid = self._exec_pid(2.0)
