@@ -9,6 +9,7 @@ reaps the process (terminate, wait, kill). The registry's log goes to `root/regi
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import signal
@@ -44,12 +45,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """False if something listens there; InvalidRequest if the host cannot be bound at all."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise InvalidRequest(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     return True
 
 
@@ -133,10 +137,14 @@ class RegistryServer:
             return self
         if not os.access(self.binary, os.X_OK):
             raise RegistryUnavailable(f"{self.binary} not found (install the docker-registry package)")
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidRequest(f"cannot use {self.root} as registry root: {exc.strerror}") from None
         pick_port = self.port == 0
         for _ in range(5 if pick_port else 1):
             if pick_port:
+                _port_free(self.host, 0)  # InvalidRequest for a host we cannot bind
                 self.port = free_port(self.host)
             elif not _port_free(self.host, self.port):
                 # something else (e.g. the distro's own registry service) answers there
