@@ -75,7 +75,10 @@ _TYPE_CHAR = {"reg": "-", "dir": "d", "symlink": "l", "hardlink": "h", "char": "
 
 def _human_ls(doc: dict[str, Any]) -> None:
     for e in doc["entries"]:
-        when = datetime.fromtimestamp(e["mtime_ns"] / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M")
+        try:
+            when = datetime.fromtimestamp(e["mtime_ns"] / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M")
+        except (ValueError, OverflowError, OSError):  # mtimes outside what datetime can show
+            when = f"@{e['mtime_ns'] // 10**9:<15}"
         name = e["path"] or "."
         if e["link"]:
             name += (" -> " if e["type"] == "symlink" else " link to ") + e["link"]

@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 import zstandard
 
-from rollstack.errors import RollstackError, SourceInvalid, UnsafePath
+from rollstack.errors import InvalidRequest, RollstackError, SourceInvalid, UnsafePath
 from rollstack.format import paths as layer_paths
 from rollstack.format.toc import EntryType, TocEntry
 from rollstack.format.writer import DEFAULT_CHUNK_SIZE, DEFAULT_LEVEL, LayerInfo, LayerWriter
@@ -45,26 +45,42 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             chunk_size: int = DEFAULT_CHUNK_SIZE, level: int = DEFAULT_LEVEL) -> LayerInfo:
     """Convert SRC (directory or tarball) into the layer blob DST (atomically)."""
     src, dst = Path(src), Path(dst)
-    if not src.exists() and not src.is_symlink():
+    if not src.exists():
         raise SourceInvalid(f"{src}: no such file or directory")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    if not src.is_dir() and not src.is_file():
+        raise SourceInvalid(f"{src}: not a directory or a tarball")
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    except OSError as exc:
+        raise InvalidRequest(f"cannot write {dst}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb", buffering=_READ_BUF) as out:
             if src.is_dir():
                 info = convert_dir(src, out, chunk_size=chunk_size, level=level)
             else:
-                with open(src, "rb", buffering=0) as f:
+                try:
+                    f = open(src, "rb", buffering=0)
+                except OSError as exc:
+                    raise SourceInvalid(f"cannot read {src}: {exc.strerror or exc}") from None
+                with f:
                     info = convert_tar(f, out, chunk_size=chunk_size, level=level)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dst)
         return info
+    except OSError as exc:  # writing DST (full disk, DST is a directory...)
+        _unlink(tmp)
+        raise InvalidRequest(f"cannot write {dst}: {exc.strerror or exc}") from None
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink(tmp)
         raise
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def convert_fileobj(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -228,7 +244,10 @@ def convert_dir(root: str | os.PathLike[str], out: BinaryIO, *, chunk_size: int 
     while stack:
         rel = stack.pop()
         full = os.path.join(root, rel) if rel else root
-        st = os.lstat(full)
+        try:
+            st = os.stat(full) if not rel else os.lstat(full)  # the root itself may be a symlink
+        except OSError as exc:
+            raise SourceInvalid(f"cannot stat {full}: {exc.strerror}") from None
         if stat.S_ISDIR(st.st_mode):
             _add_dir_entry(writer, full, rel, st)
             try:
@@ -295,7 +314,11 @@ def _add_dir_leaf(writer: LayerWriter, full: str, rel: str, st: os.stat_result,
         with f:
             writer.add(TocEntry(rel, EntryType.REG, xattrs=xattrs, **_common(st)), f)
     elif stat.S_ISLNK(mode):
-        writer.add(TocEntry(rel, EntryType.SYMLINK, link=os.readlink(full), xattrs=xattrs, **_common(st)))
+        try:
+            target = os.readlink(full)
+        except OSError as exc:
+            raise SourceInvalid(f"cannot read symlink {full}: {exc.strerror}") from None
+        writer.add(TocEntry(rel, EntryType.SYMLINK, link=target, xattrs=xattrs, **_common(st)))
     elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         etype = EntryType.CHAR if stat.S_ISCHR(mode) else EntryType.BLOCK
         writer.add(TocEntry(rel, etype, rdev_major=os.major(st.st_rdev), rdev_minor=os.minor(st.st_rdev),

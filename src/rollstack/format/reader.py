@@ -62,6 +62,8 @@ def read_toc(source: BlobSource, tail: int | None = None) -> OpenedToc:
     toc_bytes = buf[lo:lo + footer.toc_length]
     if "sha256:" + hashlib.sha256(toc_bytes).hexdigest() != footer.toc_digest:
         raise IntegrityError("TOC does not match the digest in the footer")
+    if footer.toc_raw_length > toc_codec.MAX_RAW_TOC:
+        raise FormatError(f"TOC claims {footer.toc_raw_length} bytes decompressed (limit {toc_codec.MAX_RAW_TOC})")
     raw = toc_codec.decompress(toc_bytes)
     if len(raw) != footer.toc_raw_length:
         raise FormatError(f"TOC decompresses to {len(raw)} bytes, footer says {footer.toc_raw_length}")
@@ -99,8 +101,9 @@ class LayerReader:
         if length == 0:
             return b""
         chunks = chunks_for(entry, offset, length)
-        if not chunks or chunks[0].offset > offset or chunks[-1].offset + chunks[-1].size < offset + length:
-            raise FormatError(f"chunk table of {entry.path!r} does not cover [{offset}, {offset + length})")
+        if not chunks or chunks[0].offset > offset or chunks[-1].offset + chunks[-1].size < offset + length \
+                or any(a.offset + a.size != b.offset for a, b in zip(chunks, chunks[1:])):
+            raise FormatError(f"chunk table of {entry.path!r} does not cover [{offset}, {offset + length}) contiguously")
         data = b"".join(self.read_chunk(c) for c in chunks)
         start = offset - chunks[0].offset
         return data[start:start + length]

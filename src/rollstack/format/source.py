@@ -7,6 +7,7 @@ how many range reads opening or reading a layer takes; the same count holds over
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -41,11 +42,18 @@ class FileBlobSource(_Counted):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = Path(path)
+        self._fd = -1
         try:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise BlobNotFound(f"no such blob file: {self.path}") from None
-        self._size = os.fstat(self._fd).st_size
+        except OSError as exc:
+            raise FormatError(f"cannot open blob {self.path}: {exc.strerror}") from None
+        st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
+            self.close()
+            raise FormatError(f"{self.path} is not a regular file")
+        self._size = st.st_size
 
     def size(self) -> int:
         return self._size

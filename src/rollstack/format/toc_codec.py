@@ -132,6 +132,8 @@ def decode_raw(raw: bytes) -> Toc:
             (tcode, flags, mode, uid, gid, mtime, size, rmaj, rmin, first, count,
              xoff) = RECORD.unpack_from(raw, rec_off + i * RECORD.size)
             etype = CODE_TYPES[tcode]
+            if mode > 0o7777 or flags & ~FLAG_OPAQUE:
+                raise FormatError(f"TOC entry {paths[i]!r} has invalid mode/flags")
             if first + count > n_chunks:
                 raise FormatError(f"TOC entry {paths[i]!r} references chunks out of range")
             if count == 0:
@@ -166,8 +168,8 @@ def decode_raw(raw: bytes) -> Toc:
             append = out.append
             for i, (tcode, flags, mode, uid, gid, mtime, size, rmaj, rmin, first, count, xoff) in enumerate(
                     RECORD.iter_unpack(view[rec_off:chk_off])):
-                if first + count > n_chunks:
-                    raise FormatError(f"TOC entry {paths[i]!r} references chunks out of range")
+                if first + count > n_chunks or mode > 0o7777 or flags & ~FLAG_OPAQUE:
+                    raise FormatError(f"TOC entry {paths[i]!r} has invalid chunk range, mode or flags")
                 append(TocEntry(paths[i], CODE_TYPES[tcode], mode, uid, gid, mtime, size, links[i], rmaj, rmin,
                                 _xattrs(xattr_view, xoff) if xoff != NO_XATTRS else {},
                                 bool(flags & FLAG_OPAQUE), chunks[first:first + count]))

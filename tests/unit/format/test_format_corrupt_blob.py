@@ -123,3 +123,22 @@ def test_record_struct_sizes_are_stable() -> None:
 
     assert (toc_codec.HEADER.size, toc_codec.RECORD.size, toc_codec.CHUNK.size, FOOTER_SIZE) == (44, 48, 57, 96)
     assert struct.calcsize("<8sIIQQQ32s16s8s") == FOOTER_SIZE
+
+
+def test_overlapping_chunk_table_never_returns_bytes() -> None:
+    """Chunks that verify individually but overlap in the file must not be stitched together."""
+    from rollstack.format import toc_codec
+    from rollstack.format.chunk import sha256_digest
+    from rollstack.format.toc import Chunk, Compression, EntryType, Toc, TocEntry
+
+    payload = b"A" * 10
+    c1 = Chunk(0, 10, 0, 10, sha256_digest(payload), Compression.NONE)
+    c2 = Chunk(5, 10, 0, 10, sha256_digest(payload), Compression.NONE)
+    toc = Toc([TocEntry("", EntryType.DIR), TocEntry("f", EntryType.REG, size=15, chunks=[c1, c2])])
+    raw = toc_codec.encode_raw(toc.entries)
+    toc_bytes = toc_codec.compress(raw, 3)
+    blob = payload + toc_bytes + Footer(10, len(toc_bytes), len(raw), "sha256:" + hashlib.sha256(toc_bytes).hexdigest()).encode()
+    r = LayerReader(BytesBlobSource(blob))
+    with pytest.raises(FormatError, match="contiguously"):
+        r.read("f")
+    assert not verify_layer(BytesBlobSource(blob)).ok

@@ -112,3 +112,34 @@ def test_whiteout_and_entry_in_the_same_layer(make_ti, make_tar) -> None:
     assert toc.lookup("f").type is EntryType.REG
     assert toc.lookup("d").type is EntryType.DIR and toc.lookup("d").opaque
     assert toc.lookup("e").type is EntryType.DIR and toc.lookup("e").opaque
+
+
+def test_directory_source_edge_cases(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    (real / "sub" / "f").write_bytes(b"data")
+    link = tmp_path / "link-to-real"
+    link.symlink_to(real)
+    a = convert(real, tmp_path / "a.blob")
+    b = convert(link, tmp_path / "b.blob")  # a symlinked root is followed; nothing below is
+    assert a.digest == b.digest
+    (tmp_path / "dst-is-dir").mkdir()
+    (tmp_path / "dst-is-dir" / "x").write_bytes(b"keep")
+    from rollstack.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="cannot write"):
+        convert(real, tmp_path / "dst-is-dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.blob", "b.blob", "dst-is-dir", "link-to-real", "real"]
+
+
+def test_blob_source_errors(tmp_path: Path) -> None:
+    from rollstack.errors import BlobNotFound, FormatError
+    from rollstack.format import FileBlobSource
+
+    with pytest.raises(BlobNotFound):
+        FileBlobSource(tmp_path / "missing")
+    with pytest.raises(FormatError, match="not a regular file"):
+        FileBlobSource(tmp_path)
+    (tmp_path / "tiny").write_bytes(b"abc")
+    with pytest.raises(FormatError, match="too small"):
+        LayerReader(FileBlobSource(tmp_path / "tiny"))
