@@ -125,6 +125,14 @@ class Toc:
             self._entries = [e if e is not None else b for e, b in zip(self._entries, bulk)]
         return [self._at(i) for i in range(len(self._paths))]
 
+    def at(self, i: int) -> TocEntry:
+        """Entry number `i` in path order (built on first access)."""
+        return self._at(i)
+
+    def index(self, path: str) -> int:
+        """Position of `path` in `paths`, or -1."""
+        return self._find(path)
+
     def lookup(self, path: str) -> TocEntry | None:
         i = self._find(path)
         return self._at(i) if i >= 0 else None
