@@ -131,7 +131,9 @@ def _validate(rootfs: str, p: SpecParams) -> None:
         raise InvalidRequest(f"cpu period must be 1000..1000000 us, not {p.cpu_period_us}")
     if p.nofile < 64:
         raise InvalidRequest(f"nofile must be at least 64, not {p.nofile}")
-    if not re.match(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", p.cgroup_parent.strip("/")):
+    parent = p.cgroup_parent.strip("/")
+    if not re.match(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", parent) \
+            or any(c in (".", "..") for c in parent.split("/")):
         raise InvalidRequest(f"invalid cgroup parent {p.cgroup_parent!r}")
     for cap in p.capabilities:
         if not _CAP_RE.match(cap):
