@@ -50,6 +50,10 @@ class LayerInfo:
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
+    def descriptor(self) -> dict[str, object]:
+        """The OCI descriptor of the blob (for a manifest's `layers`)."""
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
 
 class _HashingSink:
     """Counts and hashes every byte written, so the blob digest costs no second pass."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tarfile
@@ -97,6 +98,8 @@ def test_footer_round_trip_and_open_toc() -> None:
     f = Footer.decode(blob[-FOOTER_SIZE:], blob_size=len(blob))
     assert f.toc_offset + f.toc_length == len(blob) - FOOTER_SIZE
     assert open_toc(BytesBlobSource(blob)).lookup("x").size == 1
+    info = convert_tar(io.BytesIO(_tar([(_ti("x"), b"x")])), io.BytesIO())
+    assert info.descriptor() == {"mediaType": "application/vnd.rollstack.layer.v1", "digest": "sha256:" + hashlib.sha256(blob).hexdigest(), "size": len(blob)}
 
 
 def test_every_compression_gives_the_same_layer(make_ti, make_tar) -> None:
