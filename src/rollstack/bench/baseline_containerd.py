@@ -141,7 +141,7 @@ class Ctr:
         args = ["containers", "create", "--snapshotter", SNAPSHOTTER]
         for src, dst in mounts:
             args += ["--mount", f"type=bind,src={src},dst={dst},options=rbind:ro"]
-        self.run(*args, ref, cid, *cmd)
+        self.run(*args, "--", ref, cid, *cmd)  # `--`: the command's own flags (sh -c) are not ctr's
 
     def start(self, cid: str, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
         """Start the container's task attached; returns when its process exits."""

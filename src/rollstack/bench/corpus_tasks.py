@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,18 @@ from rollstack.bench import corpus_runner
 from rollstack.bench.corpus_bugs import Mutation, apply_mutation, find_mutations, sample_mutations, unified_diff
 from rollstack.bench.corpus_model import Task, dump_tasks
 from rollstack.bench.corpus_spec import EVAL_DIR, RepoSpec, test_command
-from rollstack.bench.corpus_tree import ChrootStep, check_step, remove_tree
+from rollstack.bench.corpus_tree import ChrootStep, check_step, default_env, remove_tree
 from rollstack.errors import RuntimeFailure
 
 PASSED = "passed"
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Extra chroot settings for test runs (tests use them to borrow the host's Python)."""
+
+    ro_binds: tuple[tuple[Path, str], ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def candidate_mutations(repo_tree: Path, repo: RepoSpec, k: int) -> list[tuple[Mutation, str, str]]:
@@ -76,7 +85,7 @@ def select_tasks(repo: RepoSpec, baseline: dict[str, str], runs: dict[str, dict[
 
 
 def discover_tasks(os_tree: Path, repo_tree: Path, repo: RepoSpec, want: int, k: int,
-                   max_f2p: int, scratch: Path) -> list[Task]:
+                   max_f2p: int, scratch: Path, step: StepOptions | None = None) -> list[Task]:
     cands = candidate_mutations(repo_tree, repo, k)
     spec = {
         "workdir": repo.workdir, "test_command": repo.test_command, "timeout": 600,
@@ -84,7 +93,7 @@ def discover_tasks(os_tree: Path, repo_tree: Path, repo: RepoSpec, want: int, k:
                        for n, (m, _, after) in enumerate(cands)],
     }
     out = _run_runner(os_tree, [repo_tree], scratch, f"discover-{repo.name}", "python3", "discover",
-                      {"spec.json": json.dumps(spec)})
+                      {"spec.json": json.dumps(spec)}, step=step)
     base = out["baseline"]["results"]
     if not any(v == PASSED for v in base.values()):
         raise RuntimeFailure(f"{repo.name}: no test passes on the clean tree (exit {out['baseline']['exit_code']})")
@@ -93,17 +102,18 @@ def discover_tasks(os_tree: Path, repo_tree: Path, repo: RepoSpec, want: int, k:
 
 
 def check_tasks(os_tree: Path, repo_tree: Path, eval_tree: Path, tasks: list[Task],
-                scratch: Path) -> list[dict[str, Any]]:
+                scratch: Path, step: StepOptions | None = None) -> list[dict[str, Any]]:
     """One verdict per task (`ok`, `reason`, buggy/fixed scores) from the evaluator in a chroot."""
     if not tasks:
         return []
     return _run_runner(os_tree, [eval_tree, repo_tree], scratch, f"check-{tasks[0].repo}",
                        f"env PYTHONPATH={EVAL_DIR}/lib python3 {EVAL_DIR}/corpus_runner.py", "check",
-                       {"tasks.jsonl": dump_tasks(tasks)}, runner_in_tree=True)
+                       {"tasks.jsonl": dump_tasks(tasks)}, runner_in_tree=True, step=step)
 
 
 def _run_runner(os_tree: Path, trees: list[Path], scratch: Path, name: str, python: str, mode: str,
-                inputs: dict[str, str], runner_in_tree: bool = False) -> Any:
+                inputs: dict[str, str], runner_in_tree: bool = False, step: StepOptions | None = None) -> Any:
+    opts = step or StepOptions()
     io = scratch / f"{name}-io"
     upper = scratch / f"{name}-upper"
     remove_tree(io)
@@ -115,7 +125,8 @@ def _run_runner(os_tree: Path, trees: list[Path], scratch: Path, name: str, pyth
         runner = python if runner_in_tree else f"{python} /tmp/rs-io/corpus_runner.py"
         arg = next(iter(inputs))
         script = f"{runner} {mode} /tmp/rs-io/{arg} /tmp/rs-io/out.json"
-        check_step(ChrootStep(trees + [os_tree], upper, script, network=False, binds=[(io, "/tmp/rs-io")]),
+        check_step(ChrootStep(trees + [os_tree], upper, script, network=False, binds=[(io, "/tmp/rs-io")],
+                              ro_binds=list(opts.ro_binds), env={**default_env(), **opts.env}),
                    scratch, f"{mode} ({name})")
         return json.loads((io / "out.json").read_text())
     finally:

@@ -63,6 +63,8 @@ class ChrootStep:
     env: dict[str, str] = field(default_factory=default_env)
     binds: list[tuple[Path, str]] = field(default_factory=list)
     """(host directory, absolute path under /tmp inside the root) made visible read-write."""
+    ro_binds: list[tuple[Path, str]] = field(default_factory=list)
+    """(host path, absolute path inside the root, which must exist in the tree) read-only."""
     timeout: float = 1800.0
 
 
@@ -128,10 +130,13 @@ def _outer_script(step: ChrootStep, root: Path, work: Path | None, inner: Path) 
             lines.append(f"if [ -f {r}/{inside} ] && [ -f {q(str(host))} ]; then mount --bind {q(str(host))} {r}/{inside}; fi")
     for host, inside in step.binds:
         lines.append(f"mkdir -p {r}{q(inside)} && mount --bind {q(str(host))} {r}{q(inside)}")
+    for host, inside in step.ro_binds:
+        lines.append(f"mount --rbind {q(str(host))} {r}{q(inside)} && mount -o remount,bind,ro {r}{q(inside)}")
     if not step.network:
         lines.append("ip link set lo up 2>/dev/null || true")
     env = " ".join(q(f"{k}={v}") for k, v in step.env.items())
-    lines.append(f"exec env -i {env} chroot {r} /bin/sh /tmp/rs-step/inner.sh")
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"  # resolved on the host: env -i changes PATH
+    lines.append(f"exec env -i {env} {chroot} {r} /bin/sh /tmp/rs-step/inner.sh")
     return "\n".join(lines) + "\n"
 
 
