@@ -14,8 +14,9 @@ One `httpx.Client` (thread-safe, HTTP/1.1 keep-alive, pool sized for ~32 paralle
 serves all threads. Uploads: existence check first (a blob the repository has is never sent
 again), then a cross-repository mount when this client saw the blob in another repository,
 else POST + PUT ?digest= (monolithic, body streamed from the file) or POST + PATCH... + PUT for
-blobs larger than `chunk_size`. An upload is retried as a whole (a half-sent PATCH leaves the
-session state unknown), single requests are retried individually.
+blobs larger than `chunk_size`. A failed PATCH is resumed from the offset the session reports
+(GET on the upload URL); if the session is lost the whole upload starts over. Single requests
+are retried individually.
 """
 
 from __future__ import annotations
@@ -292,16 +293,7 @@ class RegistryStore:
             self.stats.add(mounts=1)
             return False
         if body.size > self.chunk_size:
-            for start in range(0, body.size, self.chunk_size):
-                n = min(self.chunk_size, body.size - start)
-                location = self._request(
-                    "PATCH", self._session_url(location), scope=repo, retry=False,
-                    headers={"Content-Type": "application/octet-stream", "Content-Length": str(n),
-                             "Content-Range": f"{start}-{start + n - 1}"},
-                    body=lambda s=start, n=n: body.iter(s, n),
-                    handle=lambda r: r.headers["location"] if r.status_code == 202 and "location" in r.headers
-                    else self._fail(r, "upload", repo, digest),
-                )
+            location = self._patch_chunks(repo, digest, body, location)
             put_headers, put_body, size = {"Content-Length": "0"}, b"", 0
         else:
             put_headers = {"Content-Type": "application/octet-stream", "Content-Length": str(body.size)}
@@ -315,6 +307,50 @@ class RegistryStore:
                       headers=put_headers, body=put_body, handle=finished)
         self.stats.add(uploads=1, bytes_uploaded=body.size)
         return True
+
+    def _patch_chunks(self, repo: str, digest: str, body: "_BlobBody", location: str) -> str:
+        """PATCHes the blob in `chunk_size` pieces; resumes from the registry's offset after a
+        transient failure (GET on the session says how much it has). Returns the last Location."""
+        start, t0, attempt = 0, time.monotonic(), 0
+        while start < body.size:
+            n = min(self.chunk_size, body.size - start)
+            try:
+                location = self._request(
+                    "PATCH", self._session_url(location), scope=repo, retry=False,
+                    headers={"Content-Type": "application/octet-stream", "Content-Length": str(n),
+                             "Content-Range": f"{start}-{start + n - 1}"},
+                    body=lambda s=start, n=n: body.iter(s, n),
+                    handle=lambda r: r.headers["location"] if r.status_code == 202 and "location" in r.headers
+                    else self._fail(r, "upload", repo, digest),
+                )
+                start += n
+            except RegistryUnavailable:
+                attempt += 1
+                wait = self.retry.next_delay(attempt, time.monotonic() - t0)
+                if wait is None:
+                    raise
+                self.stats.add(retries=1)
+                self._sleep(wait)
+                location, start = self._session_status(repo, digest, location)
+        return location
+
+    def _session_status(self, repo: str, digest: str, location: str) -> tuple[str, int]:
+        """(Location, bytes the registry holds) of an upload session; RegistryUnavailable if lost."""
+
+        def handle(resp: httpx.Response) -> tuple[str, int]:
+            if resp.status_code != 204:
+                # the session is gone: let put_blob start over with a fresh one
+                raise RegistryUnavailable(f"upload session for {digest} lost (HTTP {resp.status_code})")
+            # "0-N" inclusive. distribution also says "0-0" for an empty session; resuming at 0
+            # when it really holds 1 byte fails its offset check and we start over: still correct.
+            held = resp.headers.get("range", "0-0")
+            try:
+                end = int(held.rsplit("-", 1)[1])
+            except ValueError:
+                raise RegistryUnavailable(f"upload session for {digest}: bad Range {held!r}") from None
+            return resp.headers.get("location", location), 0 if held == "0-0" else end + 1
+
+        return self._request("GET", self._session_url(location), scope=repo, handle=handle)
 
     def _session_url(self, location: str, digest: str | None = None) -> httpx.URL:
         url = httpx.URL(self.url + "/").join(location)

@@ -168,3 +168,30 @@ def test_registry_dies_with_its_parent(tmp_path):
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+class _FailSecondPatch(httpx.HTTPTransport):
+    """Real transport, except the 2nd PATCH is answered 503 without reaching the registry."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PATCH":
+            self.patches += 1
+            if self.patches == 2:
+                request.read()
+                return httpx.Response(503, request=request)
+        return super().handle_request(request)
+
+
+def test_chunked_upload_resumes_on_real_registry(registry, unique_repo):
+    data = os.urandom(3 << 20)
+    transport = _FailSecondPatch()
+    with RegistryStore(registry.url, chunk_size=1 << 20, transport=transport,
+                       retry=RetryPolicy(retries=2, backoff=0.01)) as store:
+        assert store.put_blob(unique_repo, digest_of(data), data) is True
+        assert store.stats.requests["POST"] == 1  # resumed the same session (GET status), no restart
+        assert transport.patches == 4
+        assert store.read_blob(unique_repo, digest_of(data), 0, 3 << 20) == data

@@ -332,7 +332,9 @@ def test_basic_auth_challenge():
 class UploadRegistry:
     """Fake registry recording an upload session (monolithic or chunked)."""
 
-    def __init__(self, fail_patch_once: bool = False) -> None:
+    def __init__(self, fail_patch_once: bool = False, lose_session: bool = False, fail_patch_number: int = 1) -> None:
+        self.lose_session = lose_session
+        self.fail_patch_number, self.patches = fail_patch_number, 0
         self.stored: dict[str, bytes] = {}
         self.sessions: dict[str, bytearray] = {}
         self.log: list[tuple[str, str, str | None]] = []
@@ -351,8 +353,15 @@ class UploadRegistry:
         sid = path.rsplit("/", 1)[1]
         assert request.url.params["_state"] == "abc"  # the Location's query is kept
         body = request.read()
+        if method == "GET":
+            if self.lose_session:
+                return httpx.Response(404, json={"errors": [{"code": "BLOB_UPLOAD_UNKNOWN", "message": "x"}]})
+            held = len(self.sessions[sid])
+            return httpx.Response(204, headers={"Range": f"0-{max(held - 1, 0)}",
+                                                "Location": f"/v2/r/blobs/uploads/{sid}?_state=abc"})
         if method == "PATCH":
-            if self.fail_patch_once:
+            self.patches += 1
+            if self.fail_patch_once and self.patches == self.fail_patch_number:
                 self.fail_patch_once = False
                 return httpx.Response(503)
             start, end = map(int, request.headers["content-range"].split("-"))
@@ -394,13 +403,25 @@ def test_chunked_upload_uses_patch_ranges(tmp_path):
     assert store.stats.bytes_uploaded == len(DATA) and store.stats.uploads == 1
 
 
-def test_chunked_upload_restarts_whole_upload_on_transient_failure(tmp_path):
-    reg = UploadRegistry(fail_patch_once=True)
+@pytest.mark.parametrize("failing_patch", [1, 2, 3])
+def test_chunked_upload_resumes_after_transient_failure(failing_patch):
+    reg = UploadRegistry(fail_patch_once=True, fail_patch_number=failing_patch)
     store, slept = make_store(reg, chunk_size=4000)
     assert store.put_blob("r", DIGEST, DATA) is True
     assert reg.stored[DIGEST] == DATA
-    assert [m for m, _, _ in reg.log].count("POST") == 2  # a fresh session after the failure
+    methods = [m for m, _, _ in reg.log]
+    assert methods.count("POST") == 1 and "GET" in methods  # asked the session, resumed it
+    patches = [cr for m, _, cr in reg.log if m == "PATCH"]
+    assert patches.count(["0-3999", "4000-7999", "8000-10239"][failing_patch - 1]) == 2  # only that chunk again
     assert len(slept) == 1
+
+
+def test_chunked_upload_starts_over_when_session_lost():
+    reg = UploadRegistry(fail_patch_once=True, lose_session=True)
+    store, slept = make_store(reg, chunk_size=4000)
+    assert store.put_blob("r", DIGEST, DATA) is True
+    assert reg.stored[DIGEST] == DATA
+    assert [m for m, _, _ in reg.log].count("POST") == 2  # a fresh session
 
 
 def test_cross_repo_mount_when_holder_known():
