@@ -33,7 +33,7 @@ def parse_size(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a size")
     if isinstance(value, (int, float)):
-        if value < 0:
+        if value != value or value in (float("inf"), float("-inf")) or value < 0:
             raise ValueError(f"{value!r} is not a size")
         return int(value)
     if isinstance(value, str):
@@ -54,10 +54,12 @@ def _check_groups(refs: list[str]) -> list[str]:
     return refs
 
 
-def _check_env(env: dict[str, Any]) -> dict[str, str]:
+def _check_env(env: Any) -> dict[str, str]:
+    if not isinstance(env, dict):
+        raise ValueError(f"must be a mapping of variable names to strings, not {type(env).__name__}")
     out: dict[str, str] = {}
     for key, value in env.items():
-        if not key or "=" in key or "\0" in key:
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise ValueError(f"{key!r} is not a valid variable name")
         if isinstance(value, (dict, list)) or value is None:
             raise ValueError(f"{key}: value must be a string, not {type(value).__name__}")
@@ -78,11 +80,11 @@ class _Model(BaseModel):
 class Resources(_Model):
     """Start values and caps; the provisioner moves the live quota between them."""
 
-    cpu: float = Field(1.0, gt=0)
+    cpu: float = Field(1.0, gt=0, allow_inf_nan=False)
     """cores at start"""
     memory: int = 1 * GIB
     """bytes at start (`256Mi`, `4Gi`, ...)"""
-    max_cpu: float = Field(64.0, gt=0)
+    max_cpu: float = Field(64.0, gt=0, allow_inf_nan=False)
     """the most cores the quota may grow to"""
     max_memory: int = 32 * GIB
     """the most bytes the quota may grow to"""
@@ -125,7 +127,7 @@ class Evaluator(_Model):
     """exit_code: 1.0 when the command exits 0, else 0.0; file: a number read from reward_file"""
     reward_file: str | None = None
     """where the command writes its reward (absolute, or relative to workdir) when reward=file"""
-    timeout: float = Field(600.0, gt=0)
+    timeout: float = Field(600.0, gt=0, allow_inf_nan=False)
 
     _groups = field_validator("groups")(classmethod(lambda cls, v: _check_groups(v)))
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
@@ -168,7 +170,7 @@ class Plan(_Model):
     resources: Resources = Field(default_factory=Resources)
     network: str = "none"
     fetch: FetchPolicy = Field(default_factory=FetchPolicy)
-    timeout: float = Field(1800.0, gt=0)
+    timeout: float = Field(1800.0, gt=0, allow_inf_nan=False)
     """seconds the environment may live"""
     evaluator: Evaluator | None = None
 

@@ -305,4 +305,8 @@ class _Parser:
 def parse_patch(diff: str | bytes) -> list[FilePatch]:
     """Every file patch in `diff`, in order. Raises MutationFailed on corrupt input."""
     data = diff.encode("utf-8", "surrogateescape") if isinstance(diff, str) else bytes(diff)
-    return _Parser(data).parse()
+    parser = _Parser(data)
+    try:
+        return parser.parse()
+    except (ValueError, IndexError) as exc:  # a malformed mode, quote, number...: one error type out
+        raise MutationFailed(f"corrupt patch at line {parser.i + 1}: {exc}") from None

@@ -119,3 +119,24 @@ def test_group_refs():
     for bad in ["", "Repo/x:1", "a:b:c", "a@sha256:12", "a/:1", "a:-x"]:
         with pytest.raises(InvalidRequest):
             GroupRef.parse(bad)
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**12) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6)
+    | st.sampled_from(["256Mi", "a:1", "/w", "none", "file", "exit_code"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(["groups", "cpu", "memory", "command", "reward", "env", "x", "background"]), children, max_size=3),
+    max_leaves=8,
+)
+FIELDS = ["name", "groups", "mutation", "mutation_text", "workdir", "env", "resources", "network", "fetch",
+          "timeout", "evaluator", "bogus"]
+
+
+@given(st.dictionaries(st.sampled_from(FIELDS), JSONISH, max_size=6))
+def test_any_document_is_a_plan_or_plan_invalid(doc):
+    try:
+        plan = load_plan(doc, base_dir=Path("/nonexistent"))
+    except PlanInvalid as exc:
+        assert exc.message
+    else:
+        assert isinstance(plan, Plan) and plan.groups

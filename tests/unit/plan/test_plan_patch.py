@@ -127,3 +127,20 @@ def test_difflib_patches_reproduce_the_target(before, after, context):
 
 def test_split_lines():
     assert split_lines(b"") == [] and split_lines(b"a") == [b"a"] and split_lines(b"a\r\nb\n") == [b"a\r\n", b"b\n"]
+
+
+DIFFISH = st.lists(st.sampled_from([
+    "diff --git a/f b/f", 'diff --git "a/f', "diff --git a/x", "old mode 100644", "new mode 10x755", "new file mode 100644",
+    "deleted file mode 100644", "rename from f", "rename to g", "index 123..456 100644", "index zz", "--- a/f", "+++ b/f",
+    "--- /dev/null", "+++ /dev/null", "@@ -1,2 +1,2 @@", "@@ -1 +1 @@", "@@ -0,0 +1 @@", " a", "-b", "+c", "",
+    "\\ No newline at end of file", "GIT binary patch", "literal 3", "delta 2", "zcmV?d00001", "Binary files differ",
+]), max_size=25).map(lambda lines: "\n".join(lines) + "\n")
+
+
+@given(DIFFISH, st.binary(max_size=30))
+def test_garbage_only_ever_raises_mutation_failed(diff, old):
+    try:
+        for p in parse_patch(diff):
+            new_content(old, p)
+    except MutationFailed:
+        pass
