@@ -199,3 +199,21 @@ def test_large_piped_tar_streams_in_bounded_memory(tmp_path: Path) -> None:
     pos = 500 << 20
     assert got == ((pos // 65536).to_bytes(8, "little") * 13)[:100]
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "oldgnu", "pax"])
+def test_gnu_sparse_archives(tmp_path: Path, fmt: str) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    with open(tree / "hole", "wb") as f:
+        f.write(b"start")
+        f.truncate(5 << 20)
+        f.seek(5 << 20)
+        f.write(b"end")
+    tar = tmp_path / "s.tar"
+    subprocess.run(["tar", "--sparse", f"--format={fmt}", "-cf", str(tar), "-C", str(tree), "."], check=True)
+    assert tar.stat().st_size < 64 << 10  # really stored sparse
+    info = convert(tar, tmp_path / "s.layer")
+    r = LayerReader(FileBlobSource(tmp_path / "s.layer"))
+    assert r.read("hole") == (tree / "hole").read_bytes()
+    assert info.chunks < info.chunk_refs  # the zero chunks of the hole are stored once
