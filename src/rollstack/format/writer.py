@@ -15,7 +15,7 @@ from typing import BinaryIO
 
 import zstandard
 
-from rollstack.errors import SourceInvalid, UnsafePath
+from rollstack.errors import InvalidRequest, SourceInvalid, UnsafePath
 from rollstack.format import paths as layer_paths
 from rollstack.format import toc_codec
 from rollstack.format.chunk import encode_chunk
@@ -73,7 +73,7 @@ class LayerWriter:
     def __init__(self, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  level: int = DEFAULT_LEVEL) -> None:
         if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
-            raise SourceInvalid(f"chunk size {chunk_size} outside [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
+            raise InvalidRequest(f"chunk size {chunk_size} outside [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
         self._sink = _HashingSink(out)
         self.chunk_size = chunk_size
         self._cctx = zstandard.ZstdCompressor(level=level)  # single-threaded: deterministic frames
