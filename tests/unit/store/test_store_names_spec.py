@@ -53,10 +53,10 @@ def test_open_store_specs(tmp_path):
     assert (tmp_path / "c" / "index.json").exists()
     r = open_store("http://user:p%40ss@127.0.0.1:5999/")
     assert isinstance(r, RegistryStore) and r.url == "http://127.0.0.1:5999"
-    assert (r._username, r._password) == ("user", "p@ss")
+    assert (r._wire.username, r._wire.password) == ("user", "p@ss")
     r.close()
     r = open_store("https://reg.example:443", env={"ROLLSTACK_REGISTRY_USERNAME": "u", "ROLLSTACK_REGISTRY_PASSWORD": "p"})
-    assert r._username == "u"
+    assert r._wire.username == "u"
     r.close()
     for bad in ["", "s3://bucket", "oci:", "http://"]:
         with pytest.raises(InvalidRequest):
