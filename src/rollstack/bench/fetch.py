@@ -41,6 +41,7 @@ STACK = ("os", "repo-more-itertools", "harness-mini-swe-agent")  # bottom first
 WORKDIR = "/work/more-itertools"
 COMMAND = 'python3 -c "import more_itertools, pytest"'
 CGROUP = Path("/sys/fs/cgroup/pids/rollstack")
+CHROOT = shutil.which("chroot", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") or "/usr/sbin/chroot"
 
 
 def _log(msg: str) -> None:
@@ -128,7 +129,7 @@ def chroot_run(root: Path, env_id: str | None = None) -> float:
 
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.perf_counter()
-    r = subprocess.run(["chroot", str(root), "/bin/sh", "-c", f"cd {WORKDIR} && {COMMAND}"], env=env,
+    r = subprocess.run([CHROOT, str(root), "/bin/sh", "-c", f"cd {WORKDIR} && {COMMAND}"], env=env,
                        preexec_fn=enter, capture_output=True, text=True, timeout=300)
     dt = time.perf_counter() - t0
     if cg is not None:

@@ -64,3 +64,20 @@ def following(blob_chunks: Sequence[Chunk], offsets: Sequence[int], target: Chun
             out.append(c)
         i += 1
     return out
+
+
+def window(after: Iterable[Chunk], target: Chunk, budget: int, wanted: Callable[[Chunk], bool]) -> list[Chunk]:
+    """Like `following`, over a lazily produced sequence of the chunks stored after `target`
+    (in blob order): stops at the first chunk that ends beyond the window; chunks stored
+    before `target` (shared chunks referenced again) are skipped."""
+    start = target.blob_offset + target.blob_size
+    limit = start + budget
+    out: list[Chunk] = []
+    for c in after:
+        if c.blob_offset < start:
+            continue
+        if c.blob_offset + c.blob_size > limit:
+            break
+        if wanted(c):
+            out.append(c)
+    return out

@@ -30,7 +30,7 @@ from typing import AsyncIterator, Callable, Iterable, Sequence
 import trio
 
 from rollstack.errors import FormatError, IntegrityError, NotFound, RegistryUnavailable, RollstackError
-from rollstack.fetch.coalesce import RangeRequest, coalesce, following
+from rollstack.fetch.coalesce import RangeRequest, coalesce, following, window
 from rollstack.fetch.config import FetchConfig
 from rollstack.fetch.disk import DiskChunkCache
 from rollstack.fetch.layer import RemoteLayer
@@ -120,9 +120,12 @@ class ChunkFetcher:
         return self.memory.get(chunk.digest)
 
     async def get(self, layer: RemoteLayer, chunk: Chunk, account: Account | None = None,
-                  used: int | None = None) -> bytes:
-        """The verified, decompressed bytes of `chunk` (a read is blocked on it). `used`: how
-        many of its bytes the read returns (what the account is charged; default all)."""
+                  used: int | None = None, after: Iterable[Chunk] | None = None) -> bytes:
+        """The verified, decompressed bytes of `chunk` (a read is blocked on it).
+
+        `used`: how many of its bytes the read returns (what the account is charged; default
+        all). `after`: the chunks stored after it in blob order (lazily produced), the pool a
+        miss takes neighbours from; default: the layer's chunk index once it is built."""
         t0 = trio.current_time()
         data = self.memory.get(chunk.digest)
         if data is not None:
@@ -130,8 +133,7 @@ class ChunkFetcher:
             return data
         flight = self._inflight.get(chunk.digest)
         if flight is None:
-            extra = self._neighbours(layer, chunk)
-            claimed = self._claim([chunk, *extra])
+            claimed = self._claim([chunk, *self._neighbours(layer, chunk, after)])
             flight = claimed[0][1]
             await self._resolve(layer, claimed, Priority.FOREGROUND, account)
         else:
@@ -143,18 +145,18 @@ class ChunkFetcher:
         return flight.data
 
     async def get_many(self, layer: RemoteLayer, chunks: Sequence[Chunk], account: Account | None = None,
-                       used: Sequence[int] | None = None) -> list[bytes]:
-        """Several chunks of one read, fetched together (one coalesced plan), in order."""
+                       used: Sequence[int] | None = None, after: Iterable[Chunk] | None = None) -> list[bytes]:
+        """The chunks of one read, in order; what is missing is fetched in one coalesced plan
+        (plus neighbours after the last one)."""
         u: Sequence[int | None] = used if used is not None else [None] * len(chunks)
         if len(chunks) == 1:
-            return [await self.get(layer, chunks[0], account, u[0])]
+            return [await self.get(layer, chunks[0], account, u[0], after)]
         missing = [c for c in chunks if c.digest not in self.memory and c.digest not in self._inflight]
-        if len(missing) > 1:
-            claimed = self._claim(missing)
+        if missing:
+            claimed = self._claim([*missing, *self._neighbours(layer, chunks[-1], after)])
             async with trio.open_nursery() as n:
                 n.start_soon(self._resolve, layer, claimed, Priority.FOREGROUND, account)
-                out = [await self.get(layer, c, account, k) for c, k in zip(chunks, u)]
-            return out
+                return [await self.get(layer, c, account, k) for c, k in zip(chunks, u)]
         return [await self.get(layer, c, account, k) for c, k in zip(chunks, u)]
 
     def _served(self, tier: Tier, nbytes: int, seconds: float, account: Account | None) -> None:
@@ -162,10 +164,15 @@ class ChunkFetcher:
         if account is not None:
             account.record_read(tier, nbytes, seconds)
 
-    def _neighbours(self, layer: RemoteLayer, chunk: Chunk) -> list[Chunk]:
-        if not self.config.neighbor_bytes or layer.chunks is None or layer.offsets is None:
+    def _neighbours(self, layer: RemoteLayer, chunk: Chunk, after: Iterable[Chunk] | None) -> list[Chunk]:
+        budget = self.config.neighbor_bytes
+        if not budget:
             return []
-        return following(layer.chunks, layer.offsets, chunk, self.config.neighbor_bytes, self._wanted)
+        if after is not None:
+            return window(after, chunk, budget, self._wanted)
+        if layer.chunks is None or layer.offsets is None:
+            return []
+        return following(layer.chunks, layer.offsets, chunk, budget, self._wanted)
 
     def _wanted(self, c: Chunk) -> bool:
         d = c.digest

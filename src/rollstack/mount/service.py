@@ -26,6 +26,7 @@ from rollstack.mount.index import LayerIndex
 from rollstack.mount.tocs import TocCache
 
 FIRST_LAYER_INODE = 1000
+SMALL_LAYER = 5000  # entries: below this, hardlink counts are computed while adding the layer
 
 
 @dataclass(frozen=True)
@@ -151,17 +152,17 @@ class LazyStoreService:
             self._bases.insert(i, base)
             self._base_layers.insert(i, layer)
             results[digest] = info
-            self.fetcher.spawn(self._prepare, layer)
+            if len(toc) <= SMALL_LAYER:
+                index.hardlinks()  # a few ms: exact link counts from the first getattr on
+            else:
+                self.fetcher.spawn(self._prepare, layer)
         finally:
             del self._loading[hexd]
             done.set()
 
     async def _prepare(self, layer: LoadedLayer) -> None:
-        """Off the critical path: the layer's chunk index and hardlink counts."""
-        def work() -> None:
-            layer.remote.build_index()
-            layer.index.hardlinks()
-        await trio.to_thread.run_sync(work)
+        """Off the critical path: hardlink counts of a big layer (materialises every entry)."""
+        await trio.to_thread.run_sync(layer.index.hardlinks)
 
     def layer_dir(self, digest: str) -> Path:
         return self.config.mountpoint / "layers" / _hex(digest)
@@ -202,7 +203,8 @@ class LazyStoreService:
         env = of.env
         acct = env.account if env is not None else None
         used = [min(end, c.offset + c.size) - max(off, c.offset) for c in chunks]
-        datas = await self.fetcher.get_many(of.layer.remote, chunks, acct, used)
+        after = of.layer.index.chunks_after(of.ino, chunks[-1].offset)
+        datas = await self.fetcher.get_many(of.layer.remote, chunks, acct, used, after)
         if env is not None and env.recorder is not None:
             for c in chunks:
                 env.recorder.record(of.layer.digest, _chunk_doc(c))

@@ -46,6 +46,8 @@ def test_hardlinks_share_the_target_inode_and_count_links():
     a = idx.child(idx.root, "a")
     x, y = idx.child(a, "x"), idx.child(a, "y")
     assert x == y
+    assert idx.nlink(x) == 1 and not idx.hardlinks_ready  # never computed on the FUSE loop
+    idx.hardlinks()
     assert idx.nlink(x) == 2
     assert idx.nlink(a) == 3  # ., .., sub
 
@@ -67,3 +69,17 @@ def test_env_id_from_cgroup():
     assert env_id_from_cgroup("0::/system.slice/rollstack/abc.def\n") == "abc.def"
     assert env_id_from_cgroup("0::/user.slice\n4:memory:/process_api/x\n") is None
     assert env_id_from_cgroup("0::/notrollstack/x\n") is None
+
+
+def test_chunks_after_walks_blob_order_lazily():
+    from rollstack.format.toc import Chunk
+
+    def c(bo: int, off: int = 0) -> Chunk:
+        return Chunk(offset=off, size=10, blob_offset=bo, blob_size=10, digest=f"sha256:{bo:064x}")
+
+    t = Toc([TocEntry("", EntryType.DIR), TocEntry("a", EntryType.REG, size=20, chunks=[c(0), c(10, 10)]),
+             TocEntry("b", EntryType.REG, size=10, chunks=[c(20)]), TocEntry("c", EntryType.DIR)])
+    idx = LayerIndex(D, t, base=10)
+    a = idx.child(idx.root, "a")
+    assert [x.blob_offset for x in idx.chunks_after(a, 0)] == [10, 20]
+    assert [x.blob_offset for x in idx.chunks_after(a, 10)] == [20]
