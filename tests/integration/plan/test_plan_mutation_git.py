@@ -107,6 +107,19 @@ def test_all_kinds_of_change_match_git(repo: Path, tmp_path: Path) -> None:
     assert result.files_changed == patch.count(b"diff --git ")
 
 
+def test_copies_match_git(repo: Path, tmp_path: Path) -> None:
+    text = (repo / "src/mod.py").read_text()
+    (repo / "src/copy.py").write_text(text.replace("return 20\n", "return 2000\n"))
+    git(repo, "add", "-A")
+    patch = git(repo, "diff", "--cached", "--binary", "-C", "--find-copies-harder")
+    assert b"copy from src/mod.py" in patch
+    expected = snapshot(repo)
+    git(repo, "reset", "-q", "--hard")
+    git(repo, "clean", "-qfdx")
+    apply_mutation(repo, patch)
+    assert snapshot(repo) == expected
+
+
 def test_paths_are_relative_to_workdir(tmp_path: Path) -> None:
     r = make_repo(tmp_path / "repo")
     (r / "f.txt").write_text("1\n2\n3\n")
