@@ -7,7 +7,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import subprocess
 import tarfile
 import time
