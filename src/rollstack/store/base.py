@@ -49,6 +49,14 @@ class ArtifactStore(Protocol):
 
     def has_manifest(self, repo: str, ref: str) -> bool: ...
 
+    def delete_manifest(self, repo: str, digest: str) -> None:
+        """Removes the manifest and every tag pointing at it; ManifestNotFound if absent."""
+        ...
+
+    def delete_blob(self, repo: str, digest: str) -> None:
+        """Unlinks the blob from the repository (storage is reclaimed by a separate GC)."""
+        ...
+
     def list_tags(self, repo: str) -> list[str]:
         """Sorted tags of a repository; [] for an unknown repository."""
         ...

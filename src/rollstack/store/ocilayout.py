@@ -159,6 +159,23 @@ class OciLayoutStore:
             return False
         return True
 
+    def delete_manifest(self, repo: str, digest: str) -> None:
+        """Removes the manifest and every tag pointing at it (registry semantics)."""
+        names.check_repo(repo)
+        names.check_digest(digest)
+        with self._index_lock():
+            entries = self._read_index()
+            kept = [e for e in entries if not ((e.get("annotations") or {}).get(REPO_ANNOTATION) == repo and e["digest"] == digest)]
+            if len(kept) == len(entries):
+                raise ManifestNotFound(f"manifest {repo}@{digest} not found", repo=repo, ref=digest)
+            self._write_index(kept)
+
+    def delete_blob(self, repo: str, digest: str) -> None:
+        """Unlinks the blob from the repository. Bytes stay in blobs/ (other repositories may
+        share them); reclaiming storage is a separate garbage collection, as on a registry."""
+        self._require_blob(repo, digest)
+        self._link(repo, digest).unlink(missing_ok=True)
+
     def list_tags(self, repo: str) -> list[str]:
         names.check_repo(repo)
         return sorted(

@@ -202,6 +202,27 @@ class RegistryStore:
 
         return self._wire.request("HEAD", f"/v2/{repo}/manifests/{ref}", scope=repo, headers={"Accept": ACCEPT_MANIFESTS}, handle=handle)
 
+    def delete_manifest(self, repo: str, digest: str) -> None:
+        """Removes the manifest and every tag pointing at it (needs `delete: enabled`)."""
+        self._delete(repo, digest, "manifest", f"/v2/{repo}/manifests/{digest}")
+
+    def delete_blob(self, repo: str, digest: str) -> None:
+        """Unlinks the blob from the repository (storage is reclaimed by garbage collection)."""
+        self._delete(repo, digest, "blob", f"/v2/{repo}/blobs/{digest}")
+        with self._holders_lock:
+            if self._holders.get(digest) == repo:
+                del self._holders[digest]
+
+    def _delete(self, repo: str, digest: str, what: str, path: str) -> None:
+        names.check_repo(repo)
+        names.check_digest(digest)
+
+        def handle(resp: httpx.Response) -> None:
+            if resp.status_code not in (200, 202, 204):
+                self._wire.fail(resp, what, repo, digest)
+
+        self._wire.request("DELETE", path, scope=repo, handle=handle)
+
     def list_tags(self, repo: str) -> list[str]:
         names.check_repo(repo)
         try:

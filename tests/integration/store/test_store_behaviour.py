@@ -251,3 +251,39 @@ def test_store_blob_source(store, unique_repo):
     assert src.requests == 1  # size asked once
     assert src.read_at(65_536, 4464) == data[65_536:]
     assert (src.requests, src.bytes_read) == (2, 4464)
+
+
+# -- deletion ------------------------------------------------------------------------------
+
+
+def test_delete_manifest_removes_its_tags(store, unique_repo):
+    keep = image_manifest(store, unique_repo, [b"keep"])
+    drop = image_manifest(store, unique_repo, [b"drop"])
+    d_keep = store.put_manifest(unique_repo, "keep", keep, OCI_MANIFEST)
+    d_drop = store.put_manifest(unique_repo, "a", drop, OCI_MANIFEST)
+    store.put_manifest(unique_repo, "b", drop, OCI_MANIFEST)
+    store.delete_manifest(unique_repo, d_drop)
+    assert store.list_tags(unique_repo) == ["keep"]
+    assert not store.has_manifest(unique_repo, d_drop)
+    with pytest.raises(ManifestNotFound):
+        store.get_manifest(unique_repo, "a")
+    assert store.get_manifest(unique_repo, "keep").digest == d_keep
+    with pytest.raises(ManifestNotFound):
+        store.delete_manifest(unique_repo, d_drop)
+
+
+def test_delete_blob_unlinks_from_one_repository(store, unique_repo):
+    data = os.urandom(2000)
+    d = digest_of(data)
+    other = unique_repo + "-keeps"
+    store.put_blob(unique_repo, d, data)
+    store.put_blob(other, d, data)
+    store.delete_blob(unique_repo, d)
+    assert not store.has_blob(unique_repo, d)
+    with pytest.raises(BlobNotFound):
+        store.read_blob(unique_repo, d, 0, 10)
+    assert store.read_blob(other, d, 0, 10) == data[:10]
+    with pytest.raises(BlobNotFound):
+        store.delete_blob(unique_repo, d)
+    assert store.put_blob(unique_repo, d, data) in (True, False)  # can come back
+    assert store.read_blob(unique_repo, d, 5, 5) == data[5:10]
