@@ -52,24 +52,44 @@ def parse_psi_some_total(data: bytes) -> int:
 
 
 class FdCache:
-    """Read-only descriptors for one cgroup's files, opened on first use."""
+    """Read-only descriptors for one cgroup's files, in a fixed order, opened on first use."""
 
-    __slots__ = ("fds",)
+    __slots__ = ("paths", "fds", "_extra")
 
-    def __init__(self) -> None:
-        self.fds: dict[Path, int] = {}
+    def __init__(self, paths: tuple[Path, ...] = ()) -> None:
+        self.paths = paths
+        self.fds: list[int] | None = None
+        self._extra: dict[Path, int] = {}
+
+    def read_all(self) -> list[bytes]:
+        """pread every file of `paths` (opening them the first time)."""
+        fds = self.fds
+        if fds is None:
+            fds = []
+            try:
+                for p in self.paths:
+                    fds.append(os.open(p, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            self.fds = fds
+        pread = os.pread
+        return [pread(fd, 4096, 0) for fd in fds]
 
     def read(self, path: Path) -> bytes:
-        fd = self.fds.get(path)
+        """pread one file by path (for optional files probed separately)."""
+        fd = self._extra.get(path)
         if fd is None:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self.fds[path] = fd
+            self._extra[path] = fd
         return os.pread(fd, 4096, 0)
 
     def close(self) -> None:
-        for fd in self.fds.values():
+        for fd in (self.fds or []) + list(self._extra.values()):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self.fds.clear()
+        self.fds = None
+        self._extra.clear()

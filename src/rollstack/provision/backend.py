@@ -63,6 +63,10 @@ class CgroupBackend(abc.ABC):
         """Read the cgroup's counters (cheap: cached file descriptors, one pread each)."""
 
     @abc.abstractmethod
+    def oom_kills(self, path: str) -> int:
+        """How many tasks the kernel OOM-killed in this cgroup, read now."""
+
+    @abc.abstractmethod
     def forget(self, path: str) -> None:
         """Drop cached file descriptors for `path` (after it is gone or unregistered)."""
 
@@ -98,10 +102,16 @@ class CgroupBackend(abc.ABC):
         """Lift the memory limit (used before killing, so paused tasks can die)."""
 
     def remove(self, path: str, timeout: float = 5.0) -> None:
-        """Kill what is inside, then rmdir the cgroup in every hierarchy. Missing cgroups are fine."""
+        """Kill what is inside, then rmdir the cgroup (children first) in every hierarchy.
+
+        Missing cgroups are fine.
+        """
         self.forget(path)
         if not self.exists(path):
             return
+        children = {c.name for d in self._dirs(path) for c in d.iterdir() if c.is_dir()}
+        for name in sorted(children):
+            self.remove(f"{path.rstrip('/')}/{name}", timeout)
         if not self.kill(path, timeout):
             raise RuntimeFailure(f"cgroup {path} did not empty within {timeout}s", path=path)
         deadline = time.monotonic() + timeout

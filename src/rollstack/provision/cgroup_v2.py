@@ -37,7 +37,7 @@ class CgroupV2(CgroupBackend):
 
     def __init__(self, root: Path = Path("/sys/fs/cgroup")) -> None:
         self.root = Path(root)
-        self._cache: dict[str, tuple[FdCache, Path]] = {}
+        self._cache: dict[str, FdCache] = {}
 
     def dir(self, path: str) -> Path:
         rel = str(path).strip("/")
@@ -85,10 +85,13 @@ class CgroupV2(CgroupBackend):
     def add_proc(self, path: str, pid: int) -> None:
         write_text(self.dir(path) / "cgroup.procs", str(pid))
 
+    def oom_kills(self, path: str) -> int:
+        return parse_flat_keyed(read_text(self.dir(path) / "memory.events").encode()).get(b"oom_kill", 0)
+
     def forget(self, path: str) -> None:
         entry = self._cache.pop(path, None)
         if entry:
-            entry[0].close()
+            entry.close()
 
     # -- limits --------------------------------------------------------------------------------
     def set_cpu(self, path: str, cores: float | None) -> None:
@@ -116,18 +119,20 @@ class CgroupV2(CgroupBackend):
 
     # -- sampling ------------------------------------------------------------------------------
     def sample(self, path: str, now: float | None = None) -> CgroupSample:
-        entry = self._cache.get(path)
-        if entry is None:
-            entry = (FdCache(), self.dir(path))
-            self._cache[path] = entry
-        cache, d = entry
+        cache = self._cache.get(path)
+        if cache is None:
+            d = self.dir(path)
+            names = ("cpu.stat", "cpu.max", "memory.current", "memory.max", "memory.high", "memory.events")
+            cache = self._cache[path] = FdCache(tuple(d / n for n in names))
+        d = cache.paths[0].parent
         try:
-            cpu = parse_flat_keyed(cache.read(d / "cpu.stat"))
-            cpu_max = cache.read(d / "cpu.max").split()
-            current = int(cache.read(d / "memory.current"))
-            mmax = _limit(cache.read(d / "memory.max"))
-            high = _limit(cache.read(d / "memory.high"))
-            events = parse_flat_keyed(cache.read(d / "memory.events"))
+            raw = cache.read_all()
+            cpu = parse_flat_keyed(raw[0])
+            cpu_max = raw[1].split()
+            current = int(raw[2])
+            mmax = _limit(raw[3])
+            high = _limit(raw[4])
+            events = parse_flat_keyed(raw[5])
             mem_psi = _optional_psi(cache, d / "memory.pressure")
             cpu_psi = _optional_psi(cache, d / "cpu.pressure")
         except OSError:

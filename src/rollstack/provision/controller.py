@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest
@@ -112,7 +112,7 @@ class Provisioner:
             self.backend.create(cgroup_path)
             self._write(self.backend.set_cpu, cgroup_path, state.cpu)
             applied = self._write(self.backend.set_memory_quota, cgroup_path, state.memory, state.max_memory)
-            state = replace(state, memory=int(applied))
+            state.memory = int(applied)
             env = _Env(env_id, cgroup_path, state, deque(maxlen=self._history_len), deque(maxlen=self._events_len))
             self._envs[env_id] = env
             self._record_history(env, time.time(), 0.0, 0)
@@ -234,6 +234,7 @@ class Provisioner:
         terminations: list[tuple[_Env, dict[str, Any]]] = []
         with self._lock:
             self._cost["ticks"] += 1
+            node = self._node()  # O(n) once per tick, then kept current with each change's delta
             for env in list(self._envs.values()):
                 if env.status != "active":
                     continue
@@ -242,13 +243,18 @@ class Provisioner:
                     sample = self.backend.sample(env.path)
                 except OSError as exc:
                     env.status = "gone"
+                    node = node.with_delta(-env.state.cpu, -env.state.memory)
                     self._log(env, {"t": time.monotonic(), "env": env.env_id, "signal": "cgroup_gone",
                                     "resource": "-", "old": None, "new": None, "reason": str(exc)})  # fmt: skip
                     continue
                 self._cost["sample_cpu_s"] += time.thread_time() - c0
                 self._cost["samples"] += 1
-                decision = self._decide(env, sample)
+                before = (env.state.cpu, env.state.memory)
+                decision, reclaimed = self._decide(env, sample, node)
+                if reclaimed:
+                    node = self._node()
                 self._apply(env, decision)
+                node = node.with_delta(env.state.cpu - before[0], env.state.memory - before[1])
                 self._record_history(env, sample.t + self._wall_offset, decision.state.cpu_usage, sample.memory_usage)
                 if decision.terminate is not None:
                     env.status = "terminated"
@@ -257,14 +263,14 @@ class Provisioner:
             self._terminate(env, reason)
 
     # -- internals -----------------------------------------------------------------------------
-    def _decide(self, env: _Env, sample: Any) -> Decision:
-        decision = self.policy.decide(env.state, sample, self._node())
+    def _decide(self, env: _Env, sample: Any, node: Any) -> tuple[Decision, bool]:
+        decision = self.policy.decide(env.state, sample, node)
         if decision.short_cpu <= 0 and decision.short_memory <= 0:
-            return decision
+            return decision, False
         others = [e.state for e in self._envs.values() if e.status == "active"]
         plan = self.policy.plan_reclaim(others, decision.short_cpu, decision.short_memory, exclude=env.env_id)
         if not plan:
-            return decision
+            return decision, False
         for ev in plan:
             victim = self._envs[ev["env"]]
             if ev["resource"] == "cpu":
@@ -274,7 +280,7 @@ class Provisioner:
                 ev = dict(ev, new=int(applied))
             victim.state = self.policy.apply_reclaim(victim.state, ev, sample.t)
             self._log(victim, ev)
-        return self.policy.decide(env.state, sample, self._node())  # same sample, more room
+        return self.policy.decide(env.state, sample, self._node()), True  # same sample, more room
 
     def _apply(self, env: _Env, d: Decision) -> None:
         old = env.state
@@ -287,7 +293,7 @@ class Provisioner:
                 d.events.append({"t": state.prev.t, "env": env.env_id, "signal": "write_refused",
                                  "resource": "memory", "old": d.new_memory, "new": applied,
                                  "reason": "kernel kept the old limit (usage above the new one: EBUSY)"})  # fmt: skip
-                state = replace(state, memory=applied)
+                state.memory = applied
         env.state = state
         for ev in d.events:
             self._log(env, ev)

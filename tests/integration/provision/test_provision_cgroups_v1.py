@@ -81,11 +81,13 @@ def test_backend_limits_and_sample_roundtrip(cg):
     if b.version == 1:
         assert (b.dir("memory", p) / "memory.oom_control").read_text().startswith("oom_kill_disable 1")
         assert (b.dir("cpu", p) / "cpu.cfs_quota_us").read_text().strip() == "50000"
-    w = cg.run(p, [{"burn": 0.3, "procs": 1}])
+    b.set_cpu(p, 0.1)
+    w = cg.run(p, [{"burn": 0.15, "procs": 2}])
     assert w.wait(30) == 0
     s2 = b.sample(p)
-    assert s2.cpu_usage_ns - s.cpu_usage_ns >= 0.25e9  # the burner's CPU was charged here
-    assert s2.nr_throttled > 0  # 0.3 s of CPU at 0.5 cores cannot avoid throttling
+    assert s2.cpu_limit == 0.1
+    assert s2.cpu_usage_ns - s.cpu_usage_ns >= 0.28e9  # the burners' CPU was charged here
+    assert s2.nr_throttled > 0  # two busy processes at 0.1 cores cannot avoid throttling
 
 
 def test_lowering_memory_below_usage_keeps_old_limit(cg):
@@ -109,7 +111,7 @@ def test_remove_kills_tasks_paused_under_oom(cg):
     assert wait_for(lambda: b.sample(p).under_oom, 15)
     time.sleep(0.3)
     assert w.poll() is None  # paused, not killed (oom_kill_disable)
-    assert b.sample(p).oom_kill_count == 0
+    assert b.oom_kills(p) == 0
     b.remove(p)
     assert not b.exists(p) and w.wait(5) != 0
 
@@ -126,7 +128,7 @@ def test_cpu_burner_gets_more_cpu_within_a_few_samples(cg):
         ticks = prov.loop_cost()["ticks"]
     w.kill()
     grows = [e for e in prov.events("burn") if e["resource"] == "cpu" and e["new"] > e["old"]]
-    assert grows[0]["old"] == 0.2 and grows[0]["new"] == 0.8  # severe: every period throttled -> x4
+    assert grows[0]["old"] == 0.2 and grows[0]["new"] in (0.4, 0.8)  # x2 or x4 by throttled share
     assert ticks <= 5  # within a few 200 ms samples (the first one only sets the baseline)
     q = int((b.dir("cpu", p) / "cpu.cfs_quota_us").read_text()) if b.version == 1 else None
     assert q is None or q == int(prov.quotas("burn")["cpu"] * 100_000)
@@ -145,7 +147,7 @@ def test_memory_ramp_grows_limit_and_completes_without_oom_kill(cg):
     with prov:
         rc = w.wait(30)
     assert rc == 0
-    assert b.sample(p).oom_kill_count == 0
+    assert b.oom_kills(p) == 0
     assert prov.quotas("ramp")["memory"] >= 300 * MiB
     assert prov.quotas("ramp")["peak_memory"] >= 290 * MiB
     mem_events = [e for e in prov.events("ramp") if e["resource"] == "memory"]
@@ -215,7 +217,7 @@ def test_reclaim_from_idle_env_lets_a_busy_one_grow(cg):
         assert g.wait(30) == 0
         node = prov.committed()
     v.kill()
-    assert b.sample(busy_p).oom_kill_count == 0
+    assert b.oom_kills(busy_p) == 0
     reclaims = [e for e in prov.events("victim") if e["signal"] == "reclaim"]
     assert reclaims and reclaims[0]["resource"] == "memory" and reclaims[0]["new"] < reclaims[0]["old"]
     assert reclaims[-1]["new"] >= 64 * MiB  # never below the victim's start

@@ -121,6 +121,7 @@ def test_sample_parses_counters_and_follows_rewrites(fake_root: Path):
     assert (s1.cpu_usage_ns, s1.nr_periods, s1.nr_throttled, s1.throttled_ns) == (50_000_000, 2, 2, 150_000_000)
     assert (s1.events_high, s1.events_max, s1.oom_kill_count) == (7, 0, 1)
     assert s1.under_oom and s1.pressure_total_us == 30000 and s1.memory_usage == 64 * MiB - 4096
+    assert b.oom_kills("rollstack/e") == 1
     # the same policy runs on v2 samples: severe CPU and memory pressure -> x4 each
     p = QuotaPolicy(PolicyConfig(), NodeCapacity(cpu=2, memory=8 * GiB))
     st = p.new_state("e", 0.25, 64 * MiB, None, None, 0.0)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollstack.provision.config import GiB, MiB, NodeCapacity, PolicyConfig
-from rollstack.provision.policy import CPU_EPS, NodeView, QuotaPolicy, memory_floor
+from rollstack.provision.policy import _STATE_FIELDS, CPU_EPS, NodeView, QuotaPolicy, memory_floor
 from rollstack.provision.sample import CgroupSample
 
 CFG = PolicyConfig()
@@ -238,8 +238,10 @@ def test_policy_invariants(steps, start_cpu, start_mem, max_cpu, max_mem, reserv
         sample = mk(t, cpu_ns=ns, periods=periods, throttled=throttled, usage=usage, limit=s.memory,
                     failcnt=failcnt, under_oom=oom)  # fmt: skip
         old = s
+        before = tuple(getattr(old, f) for f in _STATE_FIELDS)
         d = p.decide(s, sample, node)
         s = d.state
+        assert tuple(getattr(old, f) for f in _STATE_FIELDS) == before and s is not old  # pure
         assert (d.new_cpu, d.new_memory) == (s.cpu, s.memory)
         # caps
         assert s.cpu <= s.max_cpu + CPU_EPS and s.memory <= s.max_memory
