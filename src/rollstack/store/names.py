@@ -63,8 +63,14 @@ def check_manifest_type(media_type: str) -> str:
     return media_type
 
 
+def check_manifest_data(data: bytes) -> bytes:
+    if not isinstance(data, (bytes, bytearray)):
+        raise InvalidRequest(f"manifest data must be bytes, not {type(data).__name__}")
+    return bytes(data)
+
+
 def check_range(offset: int, length: int) -> None:
-    if offset < 0 or length < 0:
+    if not isinstance(offset, int) or not isinstance(length, int) or offset < 0 or length < 0:
         raise InvalidRequest(f"invalid range offset={offset} length={length}")
 
 

@@ -123,6 +123,7 @@ class OciLayoutStore:
         names.check_repo(repo)
         names.check_ref(ref)
         names.check_manifest_type(media_type)
+        data = names.check_manifest_data(data)
         digest = names.sha256_digest(data)
         if names.is_digest(ref) and ref != digest:
             raise IntegrityError(f"manifest digest {digest} != reference {ref}", digest=digest)
@@ -326,11 +327,10 @@ def _blocks(data: bytes | Path | BinaryIO) -> Iterator[bytes]:
     if isinstance(data, (bytes, bytearray, memoryview)):
         yield bytes(data)
     elif isinstance(data, (str, os.PathLike)):
-        try:
-            with open(data, "rb") as f:
-                yield from names.stream_blocks(f, _COPY_BLOCK)
-        except FileNotFoundError:
-            raise InvalidRequest(f"no such file {data}") from None
+        if not Path(data).is_file():
+            raise InvalidRequest(f"no such file {data}")
+        with open(data, "rb") as f:
+            yield from names.stream_blocks(f, _COPY_BLOCK)
     elif hasattr(data, "read"):
         yield from names.stream_blocks(data, _COPY_BLOCK)
     else:

@@ -148,6 +148,7 @@ class RegistryStore:
         names.check_repo(repo)
         names.check_ref(ref)
         names.check_manifest_type(media_type)
+        data = names.check_manifest_data(data)
         digest = names.sha256_digest(data)
         if names.is_digest(ref) and ref != digest:
             raise IntegrityError(f"manifest digest {digest} != reference {ref}", digest=digest)

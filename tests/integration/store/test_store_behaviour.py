@@ -135,6 +135,16 @@ def test_invalid_names_rejected(store, repo):
         store.put_blob(repo, digest_of(b"x"), b"x")
 
 
+def test_bad_blob_data_rejected(store, unique_repo, tmp_path):
+    d = digest_of(b"x")
+    for bad in (tmp_path, tmp_path / "missing", 42, "not/a/file"):
+        with pytest.raises(InvalidRequest):
+            store.put_blob(unique_repo, d, bad)
+    assert not store.has_blob(unique_repo, d)
+    with pytest.raises(InvalidRequest):
+        store.put_manifest(unique_repo, "t", "{}", OCI_MANIFEST)  # str, not bytes
+
+
 def test_invalid_digest_and_range_rejected(store, unique_repo):
     with pytest.raises(InvalidRequest):
         store.has_blob(unique_repo, "sha256:../../etc/passwd")

@@ -120,3 +120,22 @@ def test_concurrent_processes_lose_no_tags(tmp_path):
     assert len(store.list_tags("shared/repo")) == 60
     for w in range(4):
         assert store.get_manifest("shared/repo", f"w{w}-14").data
+
+
+def test_corrupt_index_is_integrity_error(tmp_path):
+    store = OciLayoutStore(tmp_path)
+    (tmp_path / "index.json").write_text("{not json")
+    with pytest.raises(IntegrityError):
+        store.list_tags("r")
+
+
+def test_foreign_index_entries_are_ignored(tmp_path):
+    store = OciLayoutStore(tmp_path)
+    (tmp_path / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": OCI_MANIFEST, "digest": digest_of(b"x"), "size": 1,
+         "annotations": {REF_ANNOTATION: "skopeo-tag"}}, "garbage", {"no": "digest"}]}))
+    assert store.list_repositories() == [] and store.list_tags("r") == []
+    d = store.put_manifest("r", "t", manifest(store, "r", b"y"), OCI_MANIFEST)
+    assert store.get_manifest("r", "t").digest == d
+    kept = json.loads((tmp_path / "index.json").read_text())["manifests"]
+    assert any(e.get("annotations", {}).get(REF_ANNOTATION) == "skopeo-tag" for e in kept)  # left alone
