@@ -40,6 +40,11 @@ def env_cgroup_dirs(env_id: str, parent: str = "rollstack",
     return [Path(mp) / rel for mp, _ in mounts if (Path(mp) / rel).is_dir()]
 
 
+def cgroup_procs(cg: Path) -> list[int]:
+    """Pids in `cg` and its sub-cgroups."""
+    return _procs(cg)
+
+
 def _procs(cg: Path) -> list[int]:
     pids: list[int] = []
     for sub, _dirs, _files in os.walk(cg):

@@ -21,6 +21,7 @@ import ctypes.util
 import json
 import os
 import resource
+import select
 import shutil
 import time
 from dataclasses import dataclass, field, replace
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
-from rollstack.run import cgroupfs, overlay
+from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
@@ -186,6 +187,15 @@ class Environment:
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, self.meta_path)
 
+    def _members(self) -> list[procs.ProcRef]:
+        """The environment's processes (from its cgroups), for reaping during teardown."""
+        refs: dict[int, procs.ProcRef] = {}
+        for cg in cgroupfs.env_cgroup_dirs(self.id, self.runtime.config.cgroup_parent):
+            for pid in cgroupfs.cgroup_procs(cg):
+                if pid not in refs and (r := procs.ref(pid)) is not None:
+                    refs[pid] = r
+        return list(refs.values())
+
     def _init_pid(self) -> int | None:
         try:
             return int((self.bundle / "init.pid").read_text().strip())
@@ -243,13 +253,24 @@ class Environment:
         runc, errors = self.runtime.runc, []
         init_pid = self._init_pid()
         if (runc.root / self.id).exists():
+            # kill + wait + plain delete: `runc delete --force` sleeps >= 100 ms polling.
+            members = self._members()
             try:
-                runc.delete(self.id, force=True)
-            except RuntimeFailure as e:
-                errors.append(str(e))
-                shutil.rmtree(runc.root / self.id, ignore_errors=True)
+                runc.kill(self.id, "KILL")
+            except RuntimeFailure:
+                pass  # not running any more: delete below handles it
+            if init_pid is not None:
+                _wait_exit(init_pid, members)
+            try:
+                runc.delete(self.id)
+            except RuntimeFailure:
+                try:
+                    runc.delete(self.id, force=True)
+                except RuntimeFailure as e:
+                    errors.append(str(e))
+                    shutil.rmtree(runc.root / self.id, ignore_errors=True)
         if init_pid is not None:
-            _reap(init_pid)
+            _reap(init_pid, wait=0)
         for cg in cgroupfs.env_cgroup_dirs(self.id, self.runtime.config.cgroup_parent):
             try:
                 cgroupfs.remove_cgroup(cg)
@@ -270,6 +291,26 @@ def _set_child_subreaper() -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise RuntimeFailure(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
+
+
+def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> None:
+    """Block until `pid` has exited (zombie or gone), at most `timeout` seconds.
+
+    Meanwhile reap any of the environment's `members` that were re-parented to us: the init
+    cannot finish exiting while a member of its pid namespace is an unreaped zombie.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # already gone
+    try:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            procs.reap(members)
+            if select.select([fd], [], [], 0.01)[0]:
+                return
+    finally:
+        os.close(fd)
 
 
 def _reap(pid: int, wait: float = 2.0) -> None:

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
 import selectors
 import signal
 import subprocess
@@ -42,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.run.ocispec import EXEC_WRAPPER_PATH, SHELL_PATH, cpu_quota
+from rollstack.run.procs import ProcRef, kill_tree, reap
 
 DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
 TIMEOUT_EXIT_CODE = 124
@@ -73,58 +76,6 @@ class ContainerState:
     bundle: str
 
 
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    kids.extend(int(x) for x in f.read().split())
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return kids
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of `pid` (host pids), parents before children."""
-    out, todo, seen = [], [pid], {pid}
-    while todo:
-        for kid in _children(todo.pop()):
-            if kid not in seen:
-                seen.add(kid)
-                out.append(kid)
-                todo.append(kid)
-    return out
-
-
-def _signal(pids: Sequence[int], sig: int) -> None:
-    for p in pids:
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
-
-
-def kill_tree(root_pid: int, rounds: int = 50) -> None:
-    """SIGKILL `root_pid` and every descendant without letting the tree fork away.
-
-    Stop first (a stopped process cannot fork), re-list until no new member appears, then kill
-    all. The root is a subreaper, so orphans created meanwhile still show up under it.
-    """
-    stopped: set[int] = set()
-    for _ in range(rounds):
-        tree = [root_pid, *descendants(root_pid)]
-        new = [p for p in tree if p not in stopped]
-        if not new:
-            break
-        _signal(new, signal.SIGSTOP)
-        stopped.update(new)
-    _signal(sorted(stopped), signal.SIGKILL)
-    _signal(descendants(root_pid), signal.SIGKILL)
-
-
 class Runc:
     """runc with a private state root (`runc --root ROOT`)."""
 
@@ -146,8 +97,8 @@ class Runc:
             raise RuntimeFailure(f"runc binary not found: {self.binary}") from e
         if proc.returncode != 0:
             err = proc.stderr.decode(errors="replace").strip()
-            raise RuntimeFailure(f"runc {args[0]} failed: {err}", returncode=proc.returncode,
-                                 stderr=err)
+            raise RuntimeFailure(f"runc {args[0]} failed: {_message(err)}",
+                                 returncode=proc.returncode, stderr=err)
         return proc
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -240,6 +191,15 @@ class Runc:
                          drain_grace, container_id).run()
 
 
+def _message(stderr: str) -> str:
+    """runc's error text without the logrus decoration (time=... level=error msg="...")."""
+    text = stderr.strip()
+    m = re.search(r'msg="((?:[^"\\]|\\.)*)"', text)
+    if m:
+        return m.group(1).replace('\\"', '"')
+    return text
+
+
 def _last_error(log_tail: str) -> str:
     """The message of runc's last error log line (text or json format)."""
     for line in reversed(log_tail.splitlines()):
@@ -252,7 +212,7 @@ def _last_error(log_tail: str) -> str:
                 return str(rec.get("msg", line))
         except ValueError:
             if "level=error" in line or "level=fatal" in line or "error" in line.lower():
-                return line
+                return _message(line)
     return log_tail.strip()[-500:]
 
 
@@ -332,14 +292,21 @@ class _Exec:
             for fd in readers.values():
                 _close(fd)
             if code is None:  # interrupted: do not leave runc or the command running
-                self._kill_tree()
-                os.kill(runc_pid, signal.SIGKILL)
+                killed = self._kill_tree()
+                # runc reaps the killed command itself if left alive a moment; killing runc
+                # first would hand the command's zombie to us (we may be a subreaper) and
+                # the container's init could never finish exiting.
+                if not _wait_pid_exit(runc_pid, 2.0):
+                    os.kill(runc_pid, signal.SIGKILL)
                 os.waitpid(runc_pid, 0)
+                reap(killed)
         duration = time.monotonic() - start
         if self._exec_pid(0) is None and code != 0:
-            err = self.runc_err.decode(errors="replace").strip()
-            if "not running" in err or "stopped" in err or "does not exist" in err:
+            err = _message(self.runc_err.decode(errors="replace"))
+            if "stopped container" in err or "does not exist" in err or "not running" in err:
                 raise EnvironmentGone(f"environment {self.container_id} is not running: {err}")
+            if "chdir to cwd" in err:
+                raise InvalidRequest(f"working directory unusable: {err}")
             raise RuntimeFailure(f"runc exec failed: {err}", returncode=code, stderr=err)
         if timed_out:
             code = TIMEOUT_EXIT_CODE
@@ -429,10 +396,18 @@ class _Exec:
             sel.close()
         return timed_out, int(code)
 
-    def _kill_tree(self) -> None:
+    def _kill_tree(self) -> list[ProcRef]:
         pid = self._exec_pid(2.0)
-        if pid is not None:
-            kill_tree(pid)
+        return kill_tree(pid) if pid is not None else []
+
+
+def _wait_pid_exit(pid: int, timeout: float) -> bool:
+    """Whether our child `pid` exited within `timeout` (it is not reaped)."""
+    fd = os.pidfd_open(pid)
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 def _close(fd: int) -> None:

@@ -87,3 +87,34 @@ def test_exec_validation_and_gone(make_env):
         time.sleep(0.05)
     with pytest.raises(EnvironmentGone):
         env.exec("true")
+
+
+def test_bad_cwd_is_the_callers_error(make_env):
+    env = make_env()
+    with pytest.raises(InvalidRequest, match="nonexistent"):
+        env.exec("true", cwd="/nonexistent")
+    with pytest.raises(InvalidRequest):
+        env.exec("true", cwd="relative")
+    with pytest.raises(InvalidRequest):
+        env.exec("true", env={"A=B": "x"})
+
+
+def test_callback_error_still_kills_the_command(make_env):
+    env = make_env()
+
+    def explode(stream: str, chunk: bytes) -> None:
+        raise RuntimeError("consumer went away")
+
+    with pytest.raises(RuntimeError):
+        env.exec("echo first; sleep 300", on_output=explode)
+    assert b"sleep 300" not in env.exec(["ps", "-o", "args"]).stdout
+
+
+def test_no_zombies_accumulate(make_env):
+    env = make_env()
+    for _ in range(3):
+        env.exec("sleep 0.1 & true")
+        env.exec("(sleep 0.1 &) ; true")
+    time.sleep(0.3)
+    ps = env.exec(["ps", "-o", "stat,args"]).stdout.decode().splitlines()[1:]
+    assert not [line for line in ps if line.startswith("Z")], ps

@@ -196,3 +196,28 @@ def test_bad_overlay_input(tmp_path):
     bad.mkdir()
     with pytest.raises(InvalidRequest):
         overlay.mount_overlay([bad], tmp_path, tmp_path, tmp_path)
+
+
+def test_destroy_after_a_runc_exec_was_killed(make_env, runtime):
+    """The command's runc dies: its tree is re-parented to us; destroy must still finish."""
+    import threading
+    import time
+
+    env = make_env()
+    results = []
+    th = threading.Thread(target=lambda: results.append(env.exec("sleep 300")))
+    th.start()
+    pattern = f"--root {runtime.runc.root} exec"
+    for _ in range(200):
+        out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True,
+                             text=True).stdout.split()
+        if out:
+            break
+        time.sleep(0.02)
+    assert len(out) == 1
+    time.sleep(0.3)  # let the command start
+    os.kill(int(out[0]), 9)
+    th.join(10)
+    assert not th.is_alive() and results and results[0].exit_code == 137
+    env.destroy()
+    assert _traces(runtime, env.id) == {"mounts": [], "cgroups": [], "runc": False, "dir": False}
