@@ -41,6 +41,7 @@ class _File:
     content: bytes
     mode: int  # permission bits
     symlink: bool = False
+    owner: tuple[int, int] | None = None  # (uid, gid) to keep; None: like the parent directory
 
 
 def _check_relative(path: str) -> list[str]:
@@ -111,11 +112,12 @@ class _Tree:
             st = os.lstat(host)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        owner = (st.st_uid, st.st_gid)
         if stat.S_ISLNK(st.st_mode):
-            return _File(os.readlink(host).encode("utf-8", "surrogateescape"), 0o777, symlink=True)
+            return _File(os.readlink(host).encode("utf-8", "surrogateescape"), 0o777, True, owner)
         if not stat.S_ISREG(st.st_mode):
             raise MutationFailed(f"{rel}: not a regular file", path=rel)
-        return _File(host.read_bytes(), stat.S_IMODE(st.st_mode))
+        return _File(host.read_bytes(), stat.S_IMODE(st.st_mode), False, owner)
 
 
 def _file_mode(git_mode: int | None, fallback: int) -> tuple[int, bool]:
@@ -157,7 +159,7 @@ def _plan_one(tree: _Tree, patch: FilePatch) -> None:
         symlink = old.symlink
     if patch.rename:
         tree.changes[source] = None
-    tree.changes[target] = _File(data, mode, symlink)
+    tree.changes[target] = _File(data, mode, symlink, old.owner)
 
 
 def plan_changes(root: Path, diff: str | bytes, workdir: str = "/") -> tuple[_Tree, int]:
@@ -176,10 +178,18 @@ def plan_changes(root: Path, diff: str | bytes, workdir: str = "/") -> tuple[_Tr
     return tree, len(patches)
 
 
-def _makedirs(tree: _Tree, host: Path) -> None:
+def _makedirs(host: Path, created: list[Path]) -> None:
+    """Create the missing parents of `host`, remembering them (removed again if the write fails)."""
+    missing = []
     parent = host.parent
-    if not parent.is_dir():
-        parent.mkdir(parents=True, exist_ok=True)
+    while not parent.is_dir():
+        missing.append(parent)
+        parent = parent.parent
+    st = os.stat(parent)
+    for d in reversed(missing):
+        d.mkdir()
+        created.append(d)
+        _chown(d, (st.st_uid, st.st_gid))  # new directories belong to whoever owns the one above
 
 
 def _remove_empty_parents(directory: Path, stop: Path) -> None:
@@ -192,24 +202,45 @@ def _remove_empty_parents(directory: Path, stop: Path) -> None:
         directory = directory.parent
 
 
-def _write(tree: _Tree, rel: str, new: _File) -> tuple[Path, Path]:
+def _write(tree: _Tree, rel: str, new: _File, created: list[Path]) -> tuple[Path, Path]:
     host = tree.host_path(rel)
-    _makedirs(tree, host)
+    _makedirs(host, created)
     tmp = host.with_name(f".{host.name}.rollstack-{os.getpid()}.tmp")
-    if new.symlink:
+    tmp.unlink(missing_ok=True)  # a leftover of a crashed run; O_EXCL below refuses anything planted
+    owner = new.owner
+    if owner is None:  # a new file belongs to whoever owns its directory (the agent's user, say)
+        st = os.stat(host.parent)
+        owner = (st.st_uid, st.st_gid)
+    try:
+        if new.symlink:
+            os.symlink(new.content.decode("utf-8", "surrogateescape"), tmp)
+            _chown(tmp, owner)
+        else:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                view = memoryview(new.content)
+                while view:
+                    view = view[os.write(fd, view):]
+                _chown(fd, owner)
+                os.fchmod(fd, new.mode)  # after chown, which clears setuid/setgid bits
+            finally:
+                os.close(fd)
+    except BaseException:
         tmp.unlink(missing_ok=True)
-        os.symlink(new.content.decode("utf-8", "surrogateescape"), tmp)
-    else:
-        tmp.unlink(missing_ok=True)  # a leftover of a crashed run; O_EXCL below refuses anything planted
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            view = memoryview(new.content)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, new.mode)
-        finally:
-            os.close(fd)
+        raise
     return tmp, host
+
+
+def _chown(target: int | Path, owner: tuple[int, int]) -> None:
+    if (os.geteuid(), os.getegid()) == owner:
+        return
+    try:
+        if isinstance(target, int):
+            os.fchown(target, *owner)
+        else:
+            os.lchown(target, *owner)
+    except PermissionError:
+        pass  # not root: the file stays ours, as with git apply
 
 
 def apply_mutation(root: Path, diff: str | bytes, *, workdir: str = "/") -> MutationResult:
@@ -218,13 +249,19 @@ def apply_mutation(root: Path, diff: str | bytes, *, workdir: str = "/") -> Muta
     root = Path(root)
     tree, count = plan_changes(root, diff, workdir)
     staged: list[tuple[Path, Path]] = []
+    created: list[Path] = []
     try:
         for rel, new in tree.changes.items():
             if new is not None:
-                staged.append(_write(tree, rel, new))
+                staged.append(_write(tree, rel, new, created))
     except OSError as exc:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
         raise MutationFailed(f"cannot write the mutation: {exc}") from None
     # renames and unlinks only from here on: nothing left that is likely to fail halfway
     for rel, new in tree.changes.items():

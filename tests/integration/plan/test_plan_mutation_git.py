@@ -223,3 +223,19 @@ def test_random_text_edits_match_git(tmp_path_factory: pytest.TempPathFactory, b
     patch, expected = diff_and_reset(r, tmp_path_factory.getbasetemp())
     apply_mutation(r, patch)
     assert snapshot(r) == expected
+
+
+def test_owners_are_kept(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "home/agent/repo").mkdir(parents=True)
+    os.chown(root / "home/agent/repo", 1000, 1000)
+    f = root / "home/agent/repo/f.txt"
+    f.write_text("a\n")
+    os.chown(f, 1000, 1001)
+    diff = ("--- a/f.txt\n+++ b/f.txt\n@@ -1 +1 @@\n-a\n+b\n"
+            "diff --git a/sub/new.txt b/sub/new.txt\nnew file mode 100644\n--- /dev/null\n+++ b/sub/new.txt\n@@ -0,0 +1 @@\n+n\n")
+    apply_mutation(root, diff, workdir="/home/agent/repo")
+    st_f = os.stat(f)
+    assert (st_f.st_uid, st_f.st_gid) == (1000, 1001) and f.read_text() == "b\n"
+    st_new = os.stat(root / "home/agent/repo/sub/new.txt")
+    assert (st_new.st_uid, st_new.st_gid) == (1000, 1000)
