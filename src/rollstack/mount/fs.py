@@ -54,8 +54,11 @@ def _errno_of(exc: BaseException) -> int:
 def _translate(fn: Callable) -> Callable:
     """The one place where exceptions become errnos."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def op(self: "LazyFS", *args: Any) -> Any:
+        self.ops[name] = self.ops.get(name, 0) + 1
         try:
             return await fn(self, *args)
         except pyfuse3.FUSEError:
@@ -82,6 +85,8 @@ class LazyFS(pyfuse3.Operations):
         self.svc = service
         self.timeout = service.config.entry_timeout
         self.lookups: dict[int, int] = {}
+        self.ops: dict[str, int] = {}  # FUSE requests served, by operation
+        service.fs_ops = self.ops
 
     # -- attributes ------------------------------------------------------------------------
     def _dir_attr(self, ino: int, nlink: int) -> pyfuse3.EntryAttributes:

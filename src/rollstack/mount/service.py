@@ -109,6 +109,7 @@ class LazyStoreService:
         self.files: dict[int, OpenFile] = {}
         self._next_fh = 1
         self.started = time.time()
+        self.fs_ops: dict[str, int] = {}  # filled in by the FUSE layer
 
     # -- layers ----------------------------------------------------------------------------
     async def add_layers(self, refs: Iterable[Any]) -> dict[str, Any]:
@@ -343,6 +344,7 @@ class LazyStoreService:
             "peers": {"urls": list(self.config.peers),
                       "hits": self.peers.hits if self.peers else 0, "misses": self.peers.misses if self.peers else 0},
             "fetch": self.metrics.snapshot(),
+            "fuse_ops": dict(self.fs_ops),
             "uptime_seconds": round(time.time() - self.started, 3),
         }
 
