@@ -14,7 +14,7 @@ What an environment gets (see docs/runtime.md for the reasons):
 - cgroup `linux.cgroupsPath = "/<parent>/<env-id>"` (default parent `rollstack`): with runc's
   cgroupfs driver that is `<mount>/rollstack/<env-id>` under every v1 controller, or
   `/sys/fs/cgroup/rollstack/<env-id>` on v2. Resources: CPU quota from cores, memory limit with
-  swap disabled (memory+swap = memory), pids limit (default 4096: stops fork bombs).
+  swap left to the host (none here; see _resources), pids limit (default 4096: stops fork bombs).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class SpecParams:
     cpu: float | None = None
     """CPU quota in cores (None: unlimited)."""
     memory: int | None = None
-    """Memory limit in bytes, swap disabled (None: unlimited)."""
+    """Memory limit in bytes (None: unlimited). Swap is not limited separately."""
     pids_limit: int | None = 4096
     """Maximum tasks in the environment (None: unlimited; do not, fork bombs)."""
     nofile: int = 65536
@@ -174,7 +174,9 @@ def _resources(p: SpecParams) -> dict[str, Any]:
     if p.cpu is not None:
         res["cpu"] = {"quota": cpu_quota(p.cpu, p.cpu_period_us), "period": p.cpu_period_us}
     if p.memory is not None:
-        res["memory"] = {"limit": int(p.memory), "swap": int(p.memory)}
+        # No "swap": on v1 memory+swap (memsw) must stay >= the memory limit, so a pinned memsw
+        # would make every later raise of memory.limit_in_bytes (the provisioner's) fail EINVAL.
+        res["memory"] = {"limit": int(p.memory)}
     if p.pids_limit is not None:
         res["pids"] = {"limit": int(p.pids_limit)}
     return res

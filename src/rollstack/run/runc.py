@@ -146,7 +146,7 @@ class Runc:
 
     def update(self, container_id: str, cpu: float | None = None, memory: int | None = None,
                pids: int | None = None, cpu_period_us: int = 100_000) -> None:
-        """Change quotas live: `cpu` cores, `memory` bytes (swap kept disabled), `pids`."""
+        """Change quotas live: `cpu` cores, `memory` bytes, `pids`."""
         args: list[str] = []
         if cpu is not None:
             if cpu <= 0:
@@ -154,7 +154,7 @@ class Runc:
             args += ["--cpu-period", str(cpu_period_us),
                      "--cpu-quota", str(cpu_quota(cpu, cpu_period_us))]
         if memory is not None:
-            args += ["--memory", str(int(memory)), "--memory-swap", str(int(memory))]
+            args += ["--memory", str(int(memory))]
         if pids is not None:
             args += ["--pids-limit", str(int(pids))]
         if args:

@@ -101,3 +101,9 @@ def test_update_quotas_live(make_env):
     env.update(cpu=1.5, memory=256 * 1024 * 1024)
     assert int(open(f"{cpu_dir}/cpu.cfs_quota_us").read()) == 150_000
     assert int(open(f"{mem_dir}/memory.limit_in_bytes").read()) == 256 * 1024 * 1024
+    # the provisioner writes the cgroup files directly: growing memory must not hit memsw
+    with open(f"{mem_dir}/memory.limit_in_bytes", "w") as f:
+        f.write(str(1024 * 1024 * 1024))
+    assert int(open(f"{mem_dir}/memory.limit_in_bytes").read()) == 1024 * 1024 * 1024
+    env.update(memory=128 * 1024 * 1024)
+    assert int(open(f"{mem_dir}/memory.limit_in_bytes").read()) == 128 * 1024 * 1024

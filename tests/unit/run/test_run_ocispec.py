@@ -54,7 +54,7 @@ def test_resources_and_overrides():
              init=InitBinaries("/i", "/t", "/b"))
     r = s["linux"]["resources"]
     assert r["cpu"] == {"quota": 150_000, "period": 100_000}
-    assert r["memory"] == {"limit": 512 << 20, "swap": 512 << 20}
+    assert r["memory"] == {"limit": 512 << 20}
     assert r["pids"] == {"limit": 100}
     assert s["hostname"] == "box-1" and s["process"]["cwd"] == "/work"
     assert "PATH=/x" in s["process"]["env"] and "A=1" in s["process"]["env"]
