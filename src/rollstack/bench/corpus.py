@@ -227,7 +227,8 @@ def publish_corpus(root: Path, store_spec: str) -> list[dict[str, Any]]:
     try:
         for c in manifest.components:
             res = publish_group(store, c.group, [root / c.name], kind=c.kind)
-            published.append({"component": c.name, "group": c.group, "result": res if isinstance(res, (dict, str)) else str(res)})
+            published.append({"component": c.name, "group": c.group,
+                              "result": res.to_dict() if hasattr(res, "to_dict") else str(res)})
     finally:
         store.close()
     return published
@@ -281,7 +282,41 @@ def register(app: typer.Typer) -> None:
 
         emit({"published": publish_corpus(corpus_dir("small" if small else "full", out), store)}, as_json)
 
+    @corpus_app.command("baselines")
+    def baselines_cmd(
+        out: Optional[Path] = typer.Option(None, "--out", help="corpus directory"),
+        small: bool = typer.Option(False, "--small"),
+        profile: str = typer.Option("dc", "--profile", help="link profile: lan, dc, wan"),
+        cold: int = typer.Option(3, "--cold", help="cold inits per system"),
+        warm: int = typer.Option(5, "--warm", help="warm inits per system"),
+        results: Optional[Path] = typer.Option(None, "--results", help="write results.json/.md/plots here"),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """Cold/warm init of the containerd baselines (docker-equivalent, dynamic-assembly) on the corpus."""
+        from rollstack.bench.baseline_bench import measure_baselines
+        from rollstack.bench.report import current_command, machine_facts, write_results
+        from rollstack.cli.output import emit
+
+        doc = measure_baselines(corpus_dir("small" if small else "full", out), profile=profile,
+                                cold_runs=cold, warm_runs=warm, log=_stderr)
+        doc["machine"], doc["command"] = machine_facts(), current_command()
+        if results is not None:
+            samples = {f"{n} cold": [r["first_cmd_s"] for r in rs if r["cold"]] for n, rs in doc["samples"].items()}
+            samples.update({f"{n} warm": [r["first_cmd_s"] for r in rs if not r["cold"]] for n, rs in doc["samples"].items()})
+            doc["files"] = write_results(results, doc, title="containerd baselines", init_samples=samples)
+        emit(doc, as_json, lambda d: _human_baselines(d))
+
     app.add_typer(corpus_app, name="corpus")
+
+
+def _human_baselines(doc: dict[str, Any]) -> None:
+    from rollstack.bench.report import markdown_table, INIT_COLUMNS
+    from rollstack.cli.output import stdout
+
+    st = doc["stack"]
+    stdout.print(f"stack {st['name']}: {st['bytes'] / 1e6:.0f} MB, {st['files']} files; link {doc['link']}")
+    stdout.print(markdown_table(doc["systems"], INIT_COLUMNS + [("cold_bytes_pulled", "cold bytes pulled", ",d")]))
+    stdout.print(f"command: {doc['command']}")
 
 
 def _emit(root: Path, manifest: CorpusManifest, as_json: bool) -> None:

@@ -45,7 +45,7 @@ def build_repo(os_tree: Path, dest: Path, repo: RepoSpec, scratch: Path) -> None
     script = f"""
 mkdir -p /tmp/sdist /tmp/src
 pip download --no-deps --no-binary :all: {shlex.quote(f"{repo.name}=={repo.version}")} -d /tmp/sdist
-tar xzf /tmp/sdist/*.tar.gz -C /tmp/src
+tar xzf /tmp/sdist/*.tar.gz -C /tmp/src --no-same-owner
 mkdir -p /work
 mv /tmp/src/* {wd}
 cd {wd}

@@ -20,6 +20,8 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "git", "ca-certificat
 BUILD_PACKAGES = ("build-essential", "python3-dev", "curl", "procps", "less", "patch", "ripgrep")
 EVALUATOR_PYTEST = "8.3.4"
 EVAL_DIR = "/opt/rollstack-eval"
+# pytest and its dependencies, pinned: the registries move on, a corpus should not.
+PYTEST_PINS = ("pytest==8.3.4", "pluggy==1.5.0", "iniconfig==2.0.0", "packaging==24.1")
 
 
 def test_command(files: tuple[str, ...] | list[str]) -> str:
@@ -112,14 +114,14 @@ def _hash(doc: object) -> str:
 
 
 MORE_ITERTOOLS = RepoSpec(
-    name="more-itertools", version="10.5.0", test_deps=("pytest==8.3.4",),
+    name="more-itertools", version="10.5.0", test_deps=PYTEST_PINS,
     mutate=("more_itertools/more.py", "more_itertools/recipes.py"),
     tests=("tests/test_more.py", "tests/test_recipes.py"),
     test_map=(("more_itertools/more.py", ("tests/test_more.py",)),
               ("more_itertools/recipes.py", ("tests/test_recipes.py",))),
 )
 TOOLZ = RepoSpec(
-    name="toolz", version="1.0.0", test_deps=("pytest==8.3.4",),
+    name="toolz", version="1.0.0", test_deps=PYTEST_PINS,
     mutate=("toolz/itertoolz.py", "toolz/dicttoolz.py", "toolz/functoolz.py"),
     tests=("toolz/tests/test_itertoolz.py", "toolz/tests/test_dicttoolz.py", "toolz/tests/test_functoolz.py"),
     test_map=(("toolz/itertoolz.py", ("toolz/tests/test_itertoolz.py",)),
@@ -127,7 +129,7 @@ TOOLZ = RepoSpec(
               ("toolz/functoolz.py", ("toolz/tests/test_functoolz.py",))),
 )
 ATTRS = RepoSpec(
-    name="attrs", version="24.2.0", test_deps=("pytest==8.3.4", "hypothesis==6.112.2", "pympler==1.1", "cloudpickle==3.0.0"),
+    name="attrs", version="24.2.0", test_deps=PYTEST_PINS + ("hypothesis==6.112.2", "sortedcontainers==2.4.0", "pympler==1.1", "cloudpickle==3.0.0"),
     mutate=("src/attr/validators.py", "src/attr/converters.py", "src/attr/_funcs.py"),
     tests=("tests/test_validators.py", "tests/test_converters.py", "tests/test_funcs.py"),
     test_map=(("src/attr/validators.py", ("tests/test_validators.py",)),
@@ -135,14 +137,14 @@ ATTRS = RepoSpec(
               ("src/attr/_funcs.py", ("tests/test_funcs.py",))),
 )
 PACKAGING = RepoSpec(
-    name="packaging", version="24.1", test_deps=("pytest==8.3.4", "pretend==1.0.9"),
+    name="packaging", version="24.1", test_deps=PYTEST_PINS + ("pretend==1.0.9",),
     mutate=("src/packaging/version.py", "src/packaging/specifiers.py"),
     tests=("tests/test_version.py", "tests/test_specifiers.py"),
     test_map=(("src/packaging/version.py", ("tests/test_version.py",)),
               ("src/packaging/specifiers.py", ("tests/test_specifiers.py",))),
 )
 BOLTONS = RepoSpec(
-    name="boltons", version="24.0.0", test_deps=("pytest==8.3.4",),
+    name="boltons", version="24.0.0", test_deps=PYTEST_PINS,
     mutate=("boltons/iterutils.py", "boltons/strutils.py"),
     tests=("tests/test_iterutils.py", "tests/test_strutils.py"),
     test_map=(("boltons/iterutils.py", ("tests/test_iterutils.py",)),
@@ -170,7 +172,7 @@ def full() -> CorpusSpec:
     return CorpusSpec(
         flavor="full", os_packages=BASE_PACKAGES + BUILD_PACKAGES,
         repos=(MORE_ITERTOOLS, TOOLZ, ATTRS, PACKAGING, BOLTONS),
-        harnesses=(MINI_SWE_AGENT, CLAUDE_CODE), tasks_per_repo=8, candidates_per_repo=30,
+        harnesses=(MINI_SWE_AGENT, CLAUDE_CODE), tasks_per_repo=8, candidates_per_repo=24,
     )
 
 
