@@ -8,7 +8,8 @@ print and applies with `git apply` (or `patch -p1`) onto the original tree:
   headers, hunks with 3 lines of context, `\\ No newline at end of file` where due;
 - symlinks: mode 120000, the target as content (as git stores them);
 - binary files (a NUL in the first 8000 bytes, or not UTF-8): named only,
-  `Binary files a/P and b/P differ` (git apply cannot apply those; text changes still apply);
+  `Binary files a/P and b/P differ` (git apply refuses a patch with such a section), or with
+  `binary="patch"` a `GIT binary patch` (full `index` hashes, literal hunks) git apply applies;
 - files whose bytes and git mode (644/755/symlink) did not change (e.g. copied up by chmod or
   touch) are left out; directories appear only through the files in them; devices, fifos and
   sockets are skipped.
@@ -20,9 +21,12 @@ under it; any other entry is an fnmatch pattern matched against every path compo
 
 from __future__ import annotations
 
+import base64
 import difflib
 import fnmatch
+import hashlib
 import os
+import zlib
 import stat as statmod
 from pathlib import Path
 from typing import Sequence
@@ -125,13 +129,37 @@ def _hunks(a: list[str], b: list[str]) -> list[str]:
     return out
 
 
-def format_file_diff(path: str, old: Entry | None, new: Entry | None) -> str:
-    """One file's `diff --git` section ("" when nothing git tracks changed)."""
+def _git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _binary_literal(data: bytes) -> str:
+    """git's `literal` binary hunk: zlib-deflated, base85 in lines of <= 52 bytes."""
+    packed = zlib.compress(data, 9)
+    out = [f"literal {len(data)}\n"]
+    for i in range(0, len(packed), 52):
+        chunk = packed[i:i + 52]
+        n = len(chunk)
+        out.append((chr(ord("A") + n - 1) if n <= 26 else chr(ord("a") + n - 27)) +
+                   base64.b85encode(chunk, pad=True).decode() + "\n")
+    return "".join(out) + "\n"
+
+
+def format_file_diff(path: str, old: Entry | None, new: Entry | None,
+                     binary: str = "name") -> str:
+    """One file's `diff --git` section ("" when nothing git tracks changed).
+
+    `binary`: "name" (only say the files differ) or "patch" (a `GIT binary patch` that git
+    apply can apply).
+    """
+    if binary not in ("name", "patch"):
+        raise InvalidRequest(f"binary must be 'name' or 'patch', not {binary!r}")
     if old is None and new is None:
         return ""
     if old is not None and new is not None and old.kind != new.kind:
         # git shows a type change (file <-> symlink) as a deletion plus a creation.
-        return format_file_diff(path, old, None) + format_file_diff(path, None, new)
+        return format_file_diff(path, old, None, binary) + format_file_diff(path, None, new,
+                                                                              binary)
     old_data = old.read() if old is not None else b""
     new_data = new.read() if new is not None else b""
     old_mode = _git_mode(old) if old is not None else None
@@ -152,6 +180,14 @@ def format_file_diff(path: str, old: Entry | None, new: Entry | None) -> str:
     src = a_name if old is not None else "/dev/null"
     dst = b_name if new is not None else "/dev/null"
     if old_text is None or new_text is None:
+        if binary == "patch":
+            zero = "0" * 40
+            ids = (f"index {_git_blob_id(old_data) if old is not None else zero}.."
+                   f"{_git_blob_id(new_data) if new is not None else zero}")
+            if old is not None and new is not None and old_mode == new_mode:
+                ids += f" {old_mode}"
+            return "".join(head) + ids + "\nGIT binary patch\n" + _binary_literal(new_data) \
+                + _binary_literal(old_data)
         return "".join(head) + f"Binary files {src} and {dst} differ\n"
     tab = "\t" if " " in path else ""  # as git does, so patch(1) finds the name's end
     head += [f"--- {src}{tab if old is not None else ''}\n",
@@ -208,8 +244,11 @@ class _Collector:
 
 
 def upper_diff(upper: Path, lower: LowerReader, *, base: str = "/",
-               excludes: Sequence[str] = DEFAULT_EXCLUDES) -> str:
-    """The unified diff of `upper` over `lower`, paths relative to `base` (absolute)."""
+               excludes: Sequence[str] = DEFAULT_EXCLUDES, binary: str = "name") -> str:
+    """The unified diff of `upper` over `lower`, paths relative to `base` (absolute).
+
+    `binary="patch"` carries binary files as git binary patches instead of naming them.
+    """
     if not base.startswith("/") or ".." in base.split("/"):
         raise InvalidRequest(f"diff base must be an absolute path without '..': {base!r}")
     base = "/" + base.strip("/") if base.strip("/") else "/"
@@ -223,5 +262,5 @@ def upper_diff(upper: Path, lower: LowerReader, *, base: str = "/",
         if is_excluded("/" + rel, excludes):
             continue
         old, new = collector.changes[rel]
-        out.append(format_file_diff(rel[len(prefix):], old, new))
+        out.append(format_file_diff(rel[len(prefix):], old, new, binary))
     return "".join(out)

@@ -229,9 +229,13 @@ class Environment:
         """Read/write access to the merged root that never escapes it."""
         return SafeRoot(self.rootfs)
 
-    def diff(self, base: str = "/", excludes: Sequence[str] = DEFAULT_EXCLUDES) -> str:
-        """The environment's changes as a git-style unified diff, paths relative to `base`."""
-        return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes)
+    def diff(self, base: str = "/", excludes: Sequence[str] = DEFAULT_EXCLUDES,
+             binary: str = "name") -> str:
+        """The environment's changes as a git-style unified diff, paths relative to `base`.
+
+        `binary`: "name" (binary files only named) or "patch" (git binary patches)."""
+        return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes,
+                          binary=binary)
 
     def update(self, cpu: float | None = None, memory: int | None = None) -> None:
         self.runtime.runc.update(self.id, cpu=cpu, memory=memory)

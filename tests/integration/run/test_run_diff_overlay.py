@@ -22,6 +22,7 @@ PATHS = ["a", "b.txt", "d", "d/x", "d/y", "d/e", "d/e/z", "f w.txt", "q\"t", "ü
 lines = st.lists(st.sampled_from(["alpha", "beta", "gamma", "", "  indented", "tab\there",
                                   "cr\rinside", "form\x0cfeed"]), max_size=12)
 texts = st.builds(lambda ls, nl: "\n".join(ls) + ("\n" if nl and ls else ""), lines, st.booleans())
+binaries = st.binary(max_size=300).map(lambda b: b"\x00" + b)
 ops = st.one_of(
     st.tuples(st.just("write"), st.sampled_from(PATHS), texts),
     st.tuples(st.just("delete"), st.sampled_from(PATHS)),
@@ -29,6 +30,7 @@ ops = st.one_of(
     st.tuples(st.just("symlink"), st.sampled_from(PATHS), st.sampled_from(["a", "d/x", "nowhere"])),
     st.tuples(st.just("rename"), st.sampled_from(PATHS), st.sampled_from(PATHS)),
     st.tuples(st.just("mkdir"), st.sampled_from(PATHS)),
+    st.tuples(st.just("write"), st.sampled_from(PATHS), binaries),
 )
 
 
@@ -37,7 +39,10 @@ def apply_op(root: Path, op: tuple) -> None:
     try:
         if kind == "write":
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(op[2])
+            if isinstance(op[2], bytes):
+                path.write_bytes(op[2])
+            else:
+                path.write_text(op[2])
         elif kind == "delete":
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
@@ -99,7 +104,7 @@ def build_layer(root: Path, files: dict[str, str]) -> None:
         p = root / rel
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text)
+            p.write_bytes(text) if isinstance(text, bytes) else p.write_text(text)
         except OSError:
             pass
 
@@ -113,7 +118,7 @@ def git_apply(tree: Path, patch: str) -> None:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(bottom=st.dictionaries(st.sampled_from(PATHS), texts, max_size=6),
+@given(bottom=st.dictionaries(st.sampled_from(PATHS), texts | binaries, max_size=6),
        top=st.dictionaries(st.sampled_from(PATHS), texts, max_size=4),
        whiteouts=st.lists(st.sampled_from(PATHS), max_size=2),
        opaque_d=st.booleans(),
@@ -143,7 +148,7 @@ def test_diff_applies_to_original_and_reproduces_merged(tmp_path_factory, bottom
         after = snapshot(base / "merged")
     finally:
         unmount(base / "merged")
-    patch = upper_diff(base / "upper", LowerView(lowers))
+    patch = upper_diff(base / "upper", LowerView(lowers), binary="patch")
     git_apply(base / "orig", patch)
     assert snapshot(base / "orig") == after, patch
     shutil.rmtree(base)

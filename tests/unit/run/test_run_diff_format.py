@@ -142,3 +142,18 @@ def test_upper_diff_whiteout_and_opaque_semantics(tmp_path):
                    "+++ /dev/null\n@@ -1 +0,0 @@\n-b\n"
                    "diff --git a/file b/file\ndeleted file mode 100644\n--- a/file\n"
                    "+++ /dev/null\n@@ -1 +0,0 @@\n-f\n")
+
+
+def test_binary_patch_mode(tmp_path):
+    old = entry(tmp_path, "o", b"\x00old")
+    new = entry(tmp_path, "n", b"\x00new" * 40)
+    out = format_file_diff("b.bin", old, new, binary="patch")
+    lines = out.splitlines()
+    assert lines[0] == "diff --git a/b.bin b/b.bin"
+    # full blob ids, as `git hash-object` computes them
+    import hashlib
+    oid = hashlib.sha1(b"blob 4\x00\x00old").hexdigest()
+    assert lines[1].startswith(f"index {oid}..") and lines[1].endswith(" 100644")
+    assert lines[2] == "GIT binary patch" and lines[3] == "literal 160"
+    with pytest.raises(InvalidRequest):
+        format_file_diff("b.bin", old, new, binary="base64")
