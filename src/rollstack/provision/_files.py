@@ -61,19 +61,22 @@ class FdCache:
         self.fds: list[int] | None = None
         self._extra: dict[Path, int] = {}
 
+    def open(self) -> list[int]:
+        """Open every file of `paths` (all or none)."""
+        fds: list[int] = []
+        try:
+            for p in self.paths:
+                fds.append(os.open(p, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self.fds = fds
+        return fds
+
     def read_all(self) -> list[bytes]:
         """pread every file of `paths` (opening them the first time)."""
-        fds = self.fds
-        if fds is None:
-            fds = []
-            try:
-                for p in self.paths:
-                    fds.append(os.open(p, os.O_RDONLY | os.O_CLOEXEC))
-            except OSError:
-                for fd in fds:
-                    os.close(fd)
-                raise
-            self.fds = fds
+        fds = self.fds or self.open()
         pread = os.pread
         return [pread(fd, 4096, 0) for fd in fds]
 

@@ -47,6 +47,10 @@ class CgroupBackend(abc.ABC):
         """Limit CPU to `cores` (None = unlimited)."""
 
     @abc.abstractmethod
+    def set_cpu_weight(self, path: str, weight: int) -> None:
+        """Relative CPU share under contention, in v2 units (1..10000, default 100)."""
+
+    @abc.abstractmethod
     def set_memory(self, path: str, limit_bytes: int, high: int | None = None) -> int:
         """Set the memory limit; returns the limit actually in force (may stay higher: see backends)."""
 

@@ -13,6 +13,7 @@ container in the v2 tree; if that directory exists, PSI totals are read from it.
 from __future__ import annotations
 
 import errno
+import os
 import time
 from pathlib import Path
 
@@ -30,7 +31,13 @@ from rollstack.provision.sample import CgroupSample
 CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
 
 OOM_CHECK_FRACTION = 0.9
-"""memory.oom_control is read when usage >= this fraction of the limit (and on the first sample)."""
+"""memory.oom_control is read when usage >= this fraction of the limit (see `_Track`)."""
+LAZY_MEM_FRACTION = 0.5
+"""memory.failcnt is read when usage >= this fraction of the limit."""
+LAZY_CPU_FRACTION = 0.2
+"""cpu.stat is read when CPU use since the last sample >= this fraction of the quota."""
+
+pread = os.pread
 
 
 class CgroupV1(CgroupBackend):
@@ -38,16 +45,15 @@ class CgroupV1(CgroupBackend):
 
     version = 1
 
-    def __init__(self, root: Path = Path("/sys/fs/cgroup"), *, use_unified_psi: bool = False) -> None:
+    def __init__(
+        self, root: Path = Path("/sys/fs/cgroup"), *, use_unified_psi: bool = False, lazy: bool = True
+    ) -> None:
         self.root = Path(root)
         # Off by default: two more reads per sample (~25% of the sampling cost) for a signal that
         # under_oom and failcnt already give on v1.
         self.use_unified_psi = use_unified_psi and (self.root / "unified" / "cgroup.procs").exists()
-        self._cache: dict[str, FdCache] = {}
-        # Values rollstack wrote itself are remembered rather than re-read on every sample.
-        self._cpu_limits: dict[str, float | None] = {}
-        self._mem_limits: dict[str, int] = {}
-        self._oom: dict[str, tuple[bool, int]] = {}
+        self.lazy = lazy
+        self._tracks: dict[str, _Track] = {}
 
     # -- layout --------------------------------------------------------------------------------
     def dir(self, controller: str, path: str) -> Path:
@@ -95,18 +101,22 @@ class CgroupV1(CgroupBackend):
             write_text(d / "cgroup.procs", str(pid))
 
     def forget(self, path: str) -> None:
-        entry = self._cache.pop(path, None)
-        if entry:
-            entry.close()
-        self._cpu_limits.pop(path, None)
-        self._mem_limits.pop(path, None)
-        self._oom.pop(path, None)
+        tr = self._tracks.pop(path, None)
+        if tr is not None:
+            tr.fds.close()
 
     # -- limits --------------------------------------------------------------------------------
     def set_cpu(self, path: str, cores: float | None) -> None:
         quota = -1 if cores is None else max(1000, int(round(cores * CFS_PERIOD_US)))
         write_text(self.dir("cpu", path) / "cpu.cfs_quota_us", str(quota))
-        self._cpu_limits[path] = None if quota < 0 else quota / CFS_PERIOD_US
+        tr = self._tracks.get(path)
+        if tr is not None:
+            tr.cpu_limit = None if quota < 0 else quota / CFS_PERIOD_US
+            tr.force_stat = True
+
+    def set_cpu_weight(self, path: str, weight: int) -> None:
+        shares = max(2, min(262144, int(weight) * 1024 // 100))  # v1 default 1024 == v2 default 100
+        write_text(self.dir("cpu", path) / "cpu.shares", str(shares))
 
     def set_memory(self, path: str, limit_bytes: int, high: int | None = None) -> int:
         target = self.dir("memory", path) / "memory.limit_in_bytes"
@@ -118,8 +128,12 @@ class CgroupV1(CgroupBackend):
             # The kernel reclaimed what it could and usage is still above the new limit: the old
             # limit stays. The caller sees the limit in force and records the refusal.
         applied = int(read_text(target))
-        self._mem_limits[path] = applied
-        self._oom.pop(path, None)  # re-read oom_control on the next sample
+        tr = self._tracks.get(path)
+        if tr is not None:
+            tr.mem_limit = applied
+            tr.oom = None  # re-read oom_control and failcnt on the next sample
+            tr.failcnt = None
+        return applied
         return applied
 
     def set_memory_quota(self, path: str, quota: int, cap: int) -> int:
@@ -131,7 +145,7 @@ class CgroupV1(CgroupBackend):
 
     def _unlimit_memory(self, path: str) -> None:
         write_text(self.dir("memory", path) / "memory.limit_in_bytes", "-1")
-        self._mem_limits.pop(path, None)
+        self.forget(path)
 
     def set_pids(self, path: str, max_pids: int | None) -> None:
         d = self.dir("pids", path)
@@ -139,73 +153,109 @@ class CgroupV1(CgroupBackend):
             write_text(d / "pids.max", "max" if max_pids is None else str(int(max_pids)))
 
     # -- sampling ------------------------------------------------------------------------------
-    def _files(self, path: str) -> FdCache:
-        entry = self._cache.get(path)
-        if entry is None:
-            mem = self.dir("memory", path)
-            files = [
-                self.dir("cpuacct", path) / "cpuacct.usage",
-                self.dir("cpu", path) / "cpu.stat",
-                mem / "memory.usage_in_bytes",
-                mem / "memory.failcnt",
-            ]
-            uni = self.root / "unified" / _rel(path)
-            if self.use_unified_psi and (uni / "memory.pressure").exists():
-                files += [uni / "memory.pressure", uni / "cpu.pressure"]
-            entry = FdCache(tuple(files))
-            self._cache[path] = entry
-        return entry
+    def _track(self, path: str) -> "_Track":
+        mem = self.dir("memory", path)
+        files = [
+            self.dir("cpuacct", path) / "cpuacct.usage",
+            mem / "memory.usage_in_bytes",
+            self.dir("cpu", path) / "cpu.stat",
+            mem / "memory.failcnt",
+            mem / "memory.oom_control",
+        ]
+        uni = self.root / "unified" / _rel(path)
+        if self.use_unified_psi and (uni / "memory.pressure").exists():
+            files += [uni / "memory.pressure", uni / "cpu.pressure"]
+        q = int(read_text(self.dir("cpu", path) / "cpu.cfs_quota_us"))
+        tr = _Track(FdCache(tuple(files)))
+        tr.cpu_limit = None if q < 0 else q / CFS_PERIOD_US
+        tr.mem_limit = int(read_text(mem / "memory.limit_in_bytes"))
+        self._tracks[path] = tr
+        return tr
 
     def sample(self, path: str, now: float | None = None) -> CgroupSample:
-        cache = self._cache.get(path) or self._files(path)
+        """Read the cgroup. With `lazy` (default) only what can have changed is read (see `_Track`)."""
+        tr = self._tracks.get(path) or self._track(path)
+        t = time.monotonic() if now is None else now
         try:
-            raw = cache.read_all()
+            fds = tr.fds.fds or tr.fds.open()
+            cpu_ns = int(pread(fds[0], 64, 0))
+            usage = int(pread(fds[1], 64, 0))
+            limit = tr.mem_limit
+            lazy = self.lazy and tr.last_t is not None
+            quota = tr.cpu_limit
+            if not lazy or tr.force_stat or (quota is not None and (
+                (cpu_ns - tr.last_cpu_ns) >= LAZY_CPU_FRACTION * quota * (t - tr.last_t) * 1e9
+            )):
+                # Fixed key order on v1 ("nr_periods N nr_throttled N throttled_time N ..."):
+                # split() is 3x cheaper than a dict; the keys are checked so another layout fails loudly.
+                st = pread(fds[2], 4096, 0).split()
+                if st[0] != b"nr_periods" or st[4] != b"throttled_time":
+                    raise RuntimeFailure(f"unexpected cpu.stat layout in {path}", path=path)
+                stat = (int(st[1]), int(st[3]), int(st[5]))
+                tr.force_stat = tr.stat is not None and stat[1] > tr.stat[1]  # keep reading while throttled
+                tr.stat = stat
+            if not lazy or tr.failcnt is None or usage >= LAZY_MEM_FRACTION * limit:
+                tr.failcnt = int(pread(fds[3], 64, 0))
+            if not lazy or tr.oom is None or tr.oom[0] or usage >= OOM_CHECK_FRACTION * limit:
+                oom = pread(fds[4], 4096, 0).split()
+                if oom[2] != b"under_oom":
+                    raise RuntimeFailure(f"unexpected memory.oom_control layout in {path}", path=path)
+                tr.oom = (oom[3] != b"0", int(oom[5]) if len(oom) > 5 else 0)
+            psi = [parse_psi_some_total(pread(fd, 4096, 0)) for fd in fds[5:]]
         except OSError:
             self.forget(path)  # gone (ENODEV/ENOENT): drop descriptors, let the caller decide
             raise
-        # cpu.stat has a fixed key order on v1 ("nr_periods N nr_throttled N throttled_time N ...");
-        # split() is 3x cheaper than building a dict, and the keys are checked so a different
-        # kernel fails loudly.
-        cpu = raw[1].split()
-        if cpu[0] != b"nr_periods" or cpu[4] != b"throttled_time":
-            raise RuntimeFailure(f"unexpected cpu.stat layout in {path}", path=path)
-        if path not in self._cpu_limits:
-            q = int(read_text(self.dir("cpu", path) / "cpu.cfs_quota_us"))
-            self._cpu_limits[path] = None if q < 0 else q / CFS_PERIOD_US
-        limit = self._mem_limits.get(path)
-        if limit is None:
-            limit = self._mem_limits[path] = int(read_text(self.dir("memory", path) / "memory.limit_in_bytes"))
-        usage = int(raw[2])
-        # Tasks can only be paused under OOM (and the kernel can only OOM-kill) with usage at the
-        # limit, so oom_control is read only near it, while it last said under_oom, and after a
-        # limit change: 4 reads per sample instead of 5 in the common case.
-        cached = self._oom.get(path)
-        if cached is None or cached[0] or usage >= limit * OOM_CHECK_FRACTION:
-            oom = read_text(self.dir("memory", path) / "memory.oom_control").split()
-            if oom[2] != "under_oom":
-                raise RuntimeFailure(f"unexpected memory.oom_control layout in {path}", path=path)
-            self._oom[path] = (oom[3] != "0", int(oom[5]) if len(oom) > 5 else 0)
-        under_oom, oom_kills = self._oom[path]
+        tr.last_t, tr.last_cpu_ns = t, cpu_ns
+        stat = tr.stat
         return CgroupSample(
-            t=time.monotonic() if now is None else now,
-            cpu_usage_ns=int(raw[0]),
-            nr_periods=int(cpu[1]),
-            nr_throttled=int(cpu[3]),
-            throttled_ns=int(cpu[5]),
+            t=t,
+            cpu_usage_ns=cpu_ns,
+            nr_periods=stat[0],
+            nr_throttled=stat[1],
+            throttled_ns=stat[2],
             memory_usage=usage,
             memory_limit=limit,
-            failcnt=int(raw[3]),
-            oom_kill_count=oom_kills,
-            under_oom=under_oom,
-            pressure_total_us=parse_psi_some_total(raw[4]) if len(raw) > 4 else None,
-            cpu_pressure_total_us=parse_psi_some_total(raw[5]) if len(raw) > 5 else None,
-            cpu_limit=self._cpu_limits[path],
+            failcnt=tr.failcnt,
+            oom_kill_count=tr.oom[1],
+            under_oom=tr.oom[0],
+            pressure_total_us=psi[0] if psi else None,
+            cpu_pressure_total_us=psi[1] if psi else None,
+            cpu_limit=quota,
         )
 
     def oom_kills(self, path: str) -> int:
         """The cgroup's OOM-kill count, read now (sample() refreshes it only near the limit)."""
         oom = read_text(self.dir("memory", path) / "memory.oom_control").split()
         return int(oom[5]) if len(oom) > 5 else 0
+
+
+class _Track:
+    """Per-cgroup sampling state: cached descriptors and the last values of lazily read files.
+
+    Lazy reads (each counter is cumulative, so a skipped read loses nothing: the next read sees
+    the whole delta):
+    - cpu.stat is read when the CPU used since the last sample is >= LAZY_CPU_FRACTION of the
+      quota, or the last read showed new throttling, or the quota just changed. A throttled 100 ms
+      period uses the full quota for that period, so any 200 ms window containing one is at
+      >= 25% of quota (>= 50% if it contains the whole period).
+    - memory.failcnt only grows while usage sits at the limit: read when usage >= 50% of it.
+    - memory.oom_control (under_oom, oom_kill) only changes at the limit: read when usage >= 90%
+      of it, while it last said under_oom, and after a limit change.
+    Values rollstack wrote (cfs quota, memory limit) are remembered, not re-read.
+    """
+
+    __slots__ = ("fds", "cpu_limit", "mem_limit", "last_t", "last_cpu_ns", "stat", "force_stat", "failcnt", "oom")
+
+    def __init__(self, fds: FdCache) -> None:
+        self.fds = fds
+        self.cpu_limit: float | None = None
+        self.mem_limit = UNLIMITED_V1
+        self.last_t: float | None = None
+        self.last_cpu_ns = 0
+        self.stat: tuple[int, int, int] | None = None
+        self.force_stat = False
+        self.failcnt: int | None = None
+        self.oom: tuple[bool, int] | None = None
 
 
 def _rel(path: str) -> str:

@@ -98,6 +98,9 @@ class CgroupV2(CgroupBackend):
         quota = "max" if cores is None else str(max(1000, int(round(cores * CFS_PERIOD_US))))
         write_text(self.dir(path) / "cpu.max", f"{quota} {CFS_PERIOD_US}")
 
+    def set_cpu_weight(self, path: str, weight: int) -> None:
+        write_text(self.dir(path) / "cpu.weight", str(max(1, min(10000, int(weight)))))
+
     def set_memory(self, path: str, limit_bytes: int, high: int | None = None) -> int:
         d = self.dir(path)
         # Order matters for the kernel only in that high > max is pointless; write high first when

@@ -17,6 +17,7 @@ from rollstack.provision.config import GiB, MiB
 LEAF_FILES = {
     "cgroup.procs": "",
     "cpu.max": "max 100000\n",
+    "cpu.weight": "100\n",
     "cpu.stat": "usage_usec 0\nuser_usec 0\nsystem_usec 0\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
     "nr_bursts 0\nburst_usec 0\n",
     "memory.current": "0\n",
@@ -91,6 +92,8 @@ def test_writes_use_kernel_formats(fake_root: Path):
     assert (d / "memory.max").read_text() == str(2 * GiB)
     b.set_memory("rollstack/e", 512 * MiB)
     assert (d / "memory.high").read_text() == "max" and (d / "memory.max").read_text() == str(512 * MiB)
+    b.set_cpu_weight("rollstack/e", 400)
+    assert (d / "cpu.weight").read_text() == "400"
     b.set_pids("rollstack/e", 128)
     assert (d / "pids.max").read_text() == "128"
     b.set_pids("rollstack/e", None)
