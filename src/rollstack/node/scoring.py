@@ -2,8 +2,8 @@
 
 The evaluator runs in a fresh clean environment built from `plan.evaluator` (its own groups,
 workdir, env) with the rollout's diff applied as its mutation. The rollout's diff names paths
-relative to the environment root, so the evaluator plan applies it at workdir `/`-relative paths
-(`mutation_workdir`), whatever the evaluator's working directory is.
+relative to the environment root, so the evaluator plan's workdir is `/` (where the mutation is
+applied) and its command runs with cwd = the evaluator's workdir (`evaluator_cwd`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def evaluator_plan(plan: Any, rollout_diff: str) -> Any:
         name=f"{plan.name}-evaluator",
         groups=list(ev.groups),
         mutation_text=rollout_diff or None,
-        workdir=plan.evaluator_workdir,
+        workdir=MUTATION_WORKDIR,
         env=env,
         resources=plan.resources,
         fetch=plan.fetch,

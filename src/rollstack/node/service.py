@@ -352,7 +352,8 @@ class NodeService:
         created = self._create(evaluator_plan(rec.plan, patch), internal=True)
         t_created = time.perf_counter()
         try:
-            result = self.exec(created.id, ExecRequest(argv=ev.argv, timeout=ev.timeout))
+            request = ExecRequest(argv=ev.argv, timeout=ev.timeout, cwd=rec.plan.evaluator_workdir)
+            result = self.exec(created.id, request)
             t_run = time.perf_counter()
             path = reward_file_path(ev, rec.plan.evaluator_workdir)
             data = self._read_reward(created.id, path) if path else None

@@ -82,7 +82,8 @@ class Stages:
         lazy = self.config.lazy_dir
         mountpoint = lazy / "mnt"
         mountpoint.mkdir(parents=True, exist_ok=True)
-        return LazyStoreClient.start(mountpoint, lazy / "state", spec)
+        cfg = self.config
+        return LazyStoreClient.start(mountpoint, lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers)
 
     def _start_provisioner(self, on_terminate: Callable[..., None]) -> Any:
         from rollstack.provision.backend import detect_backend

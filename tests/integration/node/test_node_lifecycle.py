@@ -1,0 +1,222 @@
+"""The node end to end, as root: a real OCI layout store, the lazy store daemon, overlayfs, runc,
+cgroups, the HTTP API on a loopback port and the SDK. Everything is torn down even on failure."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from node_fixtures import leftovers, plan, publish_corpus, remember
+from rollstack import Client, errors
+from rollstack.node.api import create_app
+from rollstack.node.config import NodeConfig
+from rollstack.node.models import ExecRequest
+from rollstack.node.server import BackgroundServer
+from rollstack.node.service import NodeService
+
+pytestmark = pytest.mark.integration
+TOKEN = "integration-token"
+
+
+def _require_host() -> None:
+    for tool in ("runc", "fusermount3"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed")
+    if not Path("/bin/busybox").exists():
+        pytest.skip("busybox-static not installed")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    _require_host()
+    work = tmp_path_factory.mktemp("node-corpus")
+    return publish_corpus(work / "store", work / "build")
+
+
+@pytest.fixture(scope="module")
+def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("node-root")
+    service = NodeService(NodeConfig(root=root, store=corpus, max_environments=6, reap_interval=0.5))
+    service.start()
+    try:
+        with BackgroundServer(create_app(service, TOKEN)) as server:
+            yield service, server
+    finally:
+        service.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+
+
+@pytest.fixture
+def client(node):
+    _service, server = node
+    with Client(server.url, token=TOKEN) as c:
+        yield c
+
+
+def _create(client: Client, **overrides):
+    env = client.create(plan(**overrides))
+    remember(NODE_ROOT[0], env.id)
+    return env
+
+
+NODE_ROOT: list[Path] = [Path("/nonexistent")]
+
+
+@pytest.fixture(autouse=True)
+def _node_root(node) -> None:
+    NODE_ROOT[0] = node[0].config.root
+
+
+def test_create_exec_files_diff_destroy(client: Client) -> None:
+    with _create(client) as env:
+        doc = env.created
+        assert doc is not None
+        assert set(doc.timings.model_dump()) >= {"resolve", "toc", "mount", "mutation", "start", "total"}
+        assert doc.fetch.stack_bytes > 0
+        # the mutation was applied at init, in the plan's workdir, with the plan's env
+        r = env.exec("cat hello.txt; echo $TASK; pwd")
+        assert (r.exit_code, r.stdout) == (0, "bug\napp\n/work/app\n")
+        r = env.exec(["sh", "-c", "echo out; echo err >&2; exit 3"], cwd="/tmp", env={"X": "1"})
+        assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (3, "out\n", "err\n", False)
+        assert env.exec("cat", stdin=b"from stdin").stdout == "from stdin"
+        r = env.exec("sleep 30", timeout=1)
+        assert r.timed_out
+        chunks = list(env.exec_stream("echo one; echo two >&2; exit 5"))
+        assert "".join(c.data or "" for c in chunks if c.type == "stdout") == "one\n"
+        assert chunks[-1].type == "result" and chunks[-1].result.exit_code == 5
+        env.write_file("/work/app/new.txt", b"\x00\x01binary-ish\n")
+        assert env.read_file("/work/app/new.txt") == b"\x00\x01binary-ish\n"
+        env.write_file("/work/app/notes.txt", "note\n")
+        assert env.exec("cat /work/app/notes.txt").stdout == "note\n"
+        patch = env.diff()
+        assert "+bug" in patch and "notes.txt" in patch and "new.txt" in patch
+        assert [e.id for e in client.list()].count(env.id) == 1
+        assert env.info().state == "running"
+        stats = env.stats()
+        assert stats.state == "running"
+    with pytest.raises(errors.EnvironmentNotFound):
+        client.get(env.id)
+    env.destroy()  # idempotent
+
+
+def test_evaluate_scores_in_a_clean_environment(client: Client) -> None:
+    with _create(client) as fixed, _create(client) as broken:
+        fixed.exec("echo fixed > hello.txt")
+        before = fixed.diff()
+        score = fixed.evaluate()
+        assert (score.reward, score.exit_code) == (1.0, 0) and "PASS" in score.output
+        assert fixed.diff() == before and fixed.exec("cat hello.txt").stdout == "fixed\n"
+        assert fixed.exec("test -e /eval/check.sh").exit_code == 1  # evaluator files never leak in
+        score = broken.evaluate()
+        assert (score.reward, score.exit_code) == (0.0, 1)
+        ids = {e.id for e in client.list()}
+        assert ids == {fixed.id, broken.id}  # the evaluator environments are gone
+
+
+def test_requests_without_the_token_get_401(node) -> None:
+    _service, server = node
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        r = httpx.get(server.url + "/v1/environments", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_hostile_paths_are_refused(client: Client) -> None:
+    with _create(client) as env:
+        with pytest.raises(errors.UnsafePath):
+            env.read_file("/../../etc/shadow")
+        env.exec("ln -s /etc/shadow /tmp/abs; ln -s ../../../../../../etc/shadow /work/app/rel")
+        for path in ("/tmp/abs", "/work/app/rel"):
+            with pytest.raises(errors.UnsafePath):
+                env.read_file(path)
+            with pytest.raises(errors.UnsafePath):
+                env.write_file(path, b"pwned")
+        with pytest.raises(errors.UnsafePath):
+            env.write_file("/work/../../../tmp/escape", b"x")
+
+
+def test_isolation(client: Client) -> None:
+    with _create(client) as a, _create(client) as b:
+        assert a.exec("cat /etc/passwd").stdout == "root:x:0:0:root:/root:/bin/sh\n"  # not the host's
+        a.exec("sleep 300 &")
+        procs_b = b.exec("ps -o pid,args").stdout
+        assert "sleep 300" not in procs_b
+        links = a.exec("ip -o link").stdout.strip().splitlines()
+        assert len(links) == 1 and " lo:" in links[0]
+
+
+def test_unknown_environment_is_not_found(node) -> None:
+    service, _server = node
+    with pytest.raises(errors.EnvironmentNotFound):
+        service.exec("e000000000000", ExecRequest(command="true"))
+    with pytest.raises(errors.EnvironmentNotFound):
+        service.read_file("e000000000000", "/etc/passwd")
+
+
+def test_bad_plans_are_plan_invalid(client: Client) -> None:
+    with pytest.raises(errors.PlanInvalid):
+        client.create({"name": "x"})
+    with pytest.raises(errors.GroupNotFound):
+        client.create(plan(groups=["os/nothing-here:1"]))
+    with pytest.raises(errors.PlanInvalid):
+        client.create(plan(mutation="/etc/shadow", mutation_text=None))
+
+
+def test_admission_refuses_at_once_when_full(corpus: str, tmp_path: Path) -> None:
+    service = NodeService(NodeConfig(root=tmp_path / "small", store=corpus, max_environments=2))
+    service.start()
+    try:
+        a = service.create(plan())
+        b = service.create(plan())
+        with pytest.raises(errors.InsufficientCapacity):
+            service.create(plan())
+        service.destroy(a.id)
+        c = service.create(plan())  # a slot is free again
+        for doc in (b, c):
+            service.destroy(doc.id)
+    finally:
+        service.stop()
+    assert not any(leftovers(tmp_path / "small").values())
+
+
+def test_lifecycle_leaves_nothing_behind(corpus: str, tmp_path: Path) -> None:
+    root = tmp_path / "leak"
+    service = NodeService(NodeConfig(root=root, store=corpus, max_environments=4))
+    service.start()
+    ids = []
+    try:
+        for _ in range(20):
+            doc = service.create(plan())
+            ids.append(doc.id)
+            remember(root, doc.id)
+            assert service.exec(doc.id, ExecRequest(command="echo x > /tmp/f; sleep 100 & true")).exit_code == 0
+            service.destroy(doc.id)
+        assert service.list() == []
+        assert not any(leftovers(root).values()), leftovers(root)
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert "sleep 100" not in ps
+        assert not [p for p in (root / "envs").iterdir()]
+    finally:
+        service.stop()
+
+
+def test_restart_cleans_up_a_crashed_run(corpus: str, tmp_path: Path) -> None:
+    root = tmp_path / "crash"
+    first = NodeService(NodeConfig(root=root, store=corpus))
+    first.start()
+    doc = first.create(plan())
+    remember(root, doc.id)
+    first._envs.clear()  # "crash": the service forgets what it owns, its pieces stay
+    first.stop()
+    assert leftovers(root)["envs"] == [doc.id]
+    second = NodeService(NodeConfig(root=root, store=corpus))
+    second.start()
+    try:
+        assert not any(leftovers(root).values()), leftovers(root)
+        assert second.stages is not None and doc.id in second.stages.recovered.envs
+    finally:
+        second.stop()
