@@ -12,7 +12,9 @@ task's, and hands the evaluator the task: `RS_TASK` (the JSON the demo corpus's 
 `/opt/rollstack-eval/score` reads) and `RS_TEST_COMMAND` in the evaluator's environment.
 
 `DEMO_TEMPLATE` is the demo corpus's layout (`rollstack bench corpus build --small`): groups
-os/..., repo/..., harness/..., and the evaluator group with its pytest scorer.
+os/..., repo/..., harness/..., and the evaluator group with its pytest scorer. Its evaluator
+runs at workdir `/` because the rollout diff the node applies there names paths from the
+environment root (the scorer changes to the task's workdir itself).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ DEMO_TEMPLATE: dict[str, Any] = {
     "timeout": 1800,
     "evaluator": {
         "groups": ["os/debian-python:bookworm", "repo/{repo}:{version}", "evaluator/pytest:8.3.4"],
+        "workdir": "/",
         "command": SCORE_COMMAND,
         "reward": "exit_code",
         "timeout": 900,

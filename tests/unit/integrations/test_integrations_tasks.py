@@ -24,7 +24,7 @@ def test_demo_plan_is_a_valid_plan() -> None:
     assert plan["groups"] == ["os/debian-python:bookworm", "repo/more-itertools:10.5.0", "harness/mini-swe-agent:2.4.6"]
     assert plan["workdir"] == "/work/more-itertools" and plan["mutation_text"] == PATCH
     ev = plan["evaluator"]
-    assert ev["groups"][-1] == "evaluator/pytest:8.3.4"
+    assert ev["groups"][-1] == "evaluator/pytest:8.3.4" and ev["workdir"] == "/"
     doc = json.loads(ev["env"]["RS_TASK"])
     assert doc["FAIL_TO_PASS"] == ["tests/t.py::a"] and doc["workdir"] == "/work/more-itertools"
     assert ev["env"]["RS_TEST_COMMAND"] == TASK["test_command"]
