@@ -227,6 +227,8 @@ class Environment:
     @property
     def files(self) -> SafeRoot:
         """Read/write access to the merged root that never escapes it."""
+        if not overlay.is_mounted(self.rootfs):
+            raise EnvironmentGone(f"environment {self.id} has no mounted root")
         return SafeRoot(self.rootfs)
 
     def diff(self, base: str = "/", excludes: Sequence[str] = DEFAULT_EXCLUDES,
@@ -234,6 +236,8 @@ class Environment:
         """The environment's changes as a git-style unified diff, paths relative to `base`.
 
         `binary`: "name" (binary files only named) or "patch" (git binary patches)."""
+        if not self.upper.is_dir():
+            raise EnvironmentGone(f"environment {self.id} has no upper dir")
         return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes,
                           binary=binary)
 

@@ -57,6 +57,10 @@ def test_destroy_leaves_nothing_and_is_idempotent(runtime, busybox_lower):
         assert not Path(f"/proc/{pid}").exists()
     env.destroy()  # again: no error
     assert runtime.find_leftovers().empty()
+    from rollstack.errors import EnvironmentGone
+    for use in (lambda: env.files, env.diff, lambda: env.exec("true")):
+        with pytest.raises(EnvironmentGone):
+            use()
 
 
 def test_create_failure_cleans_up(runtime, busybox_lower, tmp_path):
