@@ -98,17 +98,26 @@ class FetchMetrics:
         self._c: dict[str, float] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=200)
         self.fetch_counts: dict[str, int] = {}  # chunk digest -> registry fetches (single-flight check)
+        self._children: dict[Tier, tuple] = {}
+        self._served_keys = {t: (f"served_bytes.{t.value}", f"served_chunks.{t.value}") for t in Tier}
 
     def _add(self, key: str, v: float) -> None:
         with self._lock:
             self._c[key] = self._c.get(key, 0) + v
 
     def served(self, tier: Tier, nbytes: int, seconds: float) -> None:
-        self.served_bytes.labels(tier.value).inc(nbytes)
-        self.served_hits.labels(tier.value).inc()
-        self.latency.labels(tier.value).observe(seconds)
-        self._add(f"served_bytes.{tier.value}", nbytes)
-        self._add(f"served_chunks.{tier.value}", 1)
+        # the hot path of every read: label children resolved once, plain dict updates
+        children = self._children.get(tier)
+        if children is None:
+            children = self._children[tier] = (self.served_bytes.labels(tier.value), self.served_hits.labels(tier.value),
+                                               self.latency.labels(tier.value))
+        children[0].inc(nbytes)
+        children[1].inc()
+        children[2].observe(seconds)
+        c = self._c
+        kb, kc = self._served_keys[tier]
+        c[kb] = c.get(kb, 0) + nbytes  # single trio thread writes these: no lock needed
+        c[kc] = c.get(kc, 0) + 1
         if tier in NETWORK_TIERS:
             self.stall.inc(seconds)
             self._add("stall_seconds", seconds)

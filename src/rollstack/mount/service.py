@@ -19,13 +19,13 @@ import trio
 from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import (ChunkFetcher, DiskChunkCache, FetchConfig, FetchMetrics, MemoryChunkCache, PeerClient,
                              Priority, RemoteLayer, TraceRecorder, TraceStore)
-from rollstack.format.reader import chunks_for
 from rollstack.format.toc import Chunk, Compression, TocEntry
 from rollstack.mount.envs import Env, EnvTable
 from rollstack.mount.index import LayerIndex
 from rollstack.mount.tocs import TocCache
 
 FIRST_LAYER_INODE = 1000
+TRACE_WAVE = 512 << 10  # stored bytes per trace-prefetch wave
 SMALL_LAYER = 5000  # entries: below this, hardlink counts are computed while adding the layer
 
 
@@ -200,7 +200,13 @@ class LazyStoreService:
         if off >= e.size or size <= 0:
             return b""
         end = min(e.size, off + size)
-        chunks = chunks_for(e, off, end - off)
+        if len(e.chunks) > 1:
+            if of.chunk_offsets is None:
+                of.chunk_offsets = [c.offset for c in e.chunks]
+            lo = bisect.bisect_right(of.chunk_offsets, off) - 1
+            chunks = e.chunks[max(lo, 0):bisect.bisect_left(of.chunk_offsets, end)]
+        else:
+            chunks = e.chunks
         env = of.env
         acct = env.account if env is not None else None
         used = [min(end, c.offset + c.size) - max(off, c.offset) for c in chunks]
@@ -211,7 +217,7 @@ class LazyStoreService:
                 env.recorder.record(of.layer.digest, _chunk_doc(c))
         if len(e.chunks) > 1:
             self._readahead(of, off, chunks[-1], acct)
-        of.next_off = end
+        of.next_off = max(of.next_off, end)
         if len(chunks) == 1:
             c = chunks[0]
             return datas[0][off - c.offset:end - c.offset]
@@ -221,25 +227,27 @@ class LazyStoreService:
         return b"".join(parts)
 
     def _readahead(self, of: OpenFile, off: int, last: Chunk, acct: Any) -> None:
-        """Sequential reader of a multi-chunk file: keep `readahead_bytes` of it in flight."""
-        if off != of.next_off and off != 0:
+        """Sequential reader of a multi-chunk file: keep the next `readahead_bytes` of it in
+        flight (a sliding window, topped up as the reader advances). The kernel issues reads
+        concurrently and slightly out of order, so "sequential" tolerates 1 MiB of jitter."""
+        if off != 0 and abs(off - of.next_off) > (1 << 20):
             return
+        chunks = of.entry.chunks
         if of.chunk_offsets is None:
-            of.chunk_offsets = [c.offset for c in of.entry.chunks]
+            of.chunk_offsets = [c.offset for c in chunks]
         k = bisect.bisect_left(of.chunk_offsets, last.offset)
-        if k + 1 >= len(of.entry.chunks) or of.ahead_until > k + 1:
-            return
+        start = max(k + 1, of.ahead_until + 1)
         budget = self.config.fetch.readahead_bytes
-        ahead, stored = [], 0
-        for c in of.entry.chunks[max(k + 1, of.ahead_until + 1):]:
-            if stored + c.blob_size > budget and ahead:
+        stored = sum(c.blob_size for c in chunks[k + 1:start])
+        ahead = []
+        for c in chunks[start:]:
+            if stored + c.blob_size > budget and (ahead or stored):
                 break
             ahead.append(c)
             stored += c.blob_size
-        if not ahead:
-            return
-        of.ahead_until = k + 1 + len(ahead) + max(0, of.ahead_until - k - 1)
-        self.fetcher.spawn(self.fetcher.prefetch, of.layer.remote, ahead, acct, Priority.PREFETCH)
+        if ahead:
+            of.ahead_until = start + len(ahead) - 1
+            self.fetcher.spawn(self.fetcher.prefetch, of.layer.remote, ahead, acct, Priority.PREFETCH)
 
     async def chunk_bytes(self, digest: str) -> bytes | None:
         """A chunk we hold (memory or disk), for peers."""
@@ -294,14 +302,26 @@ class LazyStoreService:
             await fn(*args)
 
     async def _trace_prefetch(self, env: Env, trace: list[tuple[str, dict]]) -> None:
-        by_layer: dict[str, list[Chunk]] = {}
+        """Fetch a trace in waves of ~TRACE_WAVE stored bytes, in first-read order: every wave is
+        claimed at once (reads join its flights) and the prefetch limiter (FIFO) issues the
+        waves' requests roughly in the order the previous environment needed them."""
+        waves: list[tuple[LoadedLayer, list[Chunk]]] = []
+        current: dict[str, tuple[LoadedLayer, list[Chunk], list[int]]] = {}
         for digest, doc in trace:
-            by_layer.setdefault(digest, []).append(_chunk_from_doc(doc))
+            layer = self.layers.get(digest.partition(":")[2])
+            if layer is None:
+                continue
+            _, chunks, size = current.setdefault(digest, (layer, [], [0]))
+            c = _chunk_from_doc(doc)
+            chunks.append(c)
+            size[0] += c.blob_size
+            if size[0] >= TRACE_WAVE:
+                waves.append((layer, chunks))
+                del current[digest]
+        waves.extend((layer, chunks) for layer, chunks, _ in current.values())
         async with trio.open_nursery() as n:
-            for digest, chunks in by_layer.items():
-                layer = self.layers.get(digest.partition(":")[2])
-                if layer is not None:
-                    n.start_soon(self.fetcher.prefetch, layer.remote, chunks, env.account, Priority.PREFETCH)
+            for layer, chunks in waves:
+                n.start_soon(self.fetcher.prefetch, layer.remote, chunks, env.account, Priority.PREFETCH)
 
     async def _background_fill(self, env: Env) -> None:
         for digest in env.layers:
