@@ -121,7 +121,16 @@ class CgroupV1(CgroupBackend):
     def set_memory(self, path: str, limit_bytes: int, high: int | None = None) -> int:
         target = self.dir("memory", path) / "memory.limit_in_bytes"
         try:
-            write_text(target, str(int(limit_bytes)))
+            try:
+                write_text(target, str(int(limit_bytes)))
+            except OSError as exc:
+                memsw = target.with_name("memory.memsw.limit_in_bytes")
+                if exc.errno != errno.EINVAL or not memsw.exists():
+                    raise
+                # memory.limit must stay <= memory+swap: someone pinned memsw (e.g. a runtime
+                # given a swap value). There is no swap to bound here, so lift it and retry.
+                write_text(memsw, "-1")
+                write_text(target, str(int(limit_bytes)))
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise RuntimeFailure(f"cannot set memory limit of {path}: {exc}", path=path) from exc

@@ -103,6 +103,16 @@ def test_lowering_memory_below_usage_keeps_old_limit(cg):
     assert not b.exists(p)
 
 
+def test_raising_memory_above_a_pinned_memsw_limit_works(cg):
+    b = cg.backend
+    if b.version != 1 or not (b.dir("memory", "x").parent / "memory.memsw.limit_in_bytes").exists():
+        pytest.skip("no v1 memsw accounting on this host")
+    p = cg.path("memsw")
+    b.set_memory(p, 64 * MiB)
+    (b.dir("memory", p) / "memory.memsw.limit_in_bytes").write_text(str(64 * MiB))
+    assert b.set_memory(p, 256 * MiB) == 256 * MiB
+
+
 def test_remove_kills_tasks_paused_under_oom(cg):
     b = cg.backend
     p = cg.path("paused")
