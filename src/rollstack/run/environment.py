@@ -161,8 +161,13 @@ class EnvironmentRuntime:
         return left
 
     def cleanup_leftovers(self) -> Leftovers:
-        """Destroy everything `find_leftovers` reports; returns what was found."""
+        """Destroy everything `find_leftovers` reports; returns what was found.
+
+        Call it when no exec is in flight (agent start/stop): it also clears exec scratch files.
+        """
         left = self.find_leftovers()
+        for stale in self.runc.scratch.iterdir():
+            shutil.rmtree(stale, ignore_errors=True)
         for env_id in sorted(set(left.envs) | set(left.containers)):
             Environment(self, env_id).destroy()
         for mp in reversed(left.mounts):  # mounts whose env dir is already gone

@@ -79,10 +79,13 @@ class ContainerState:
 class Runc:
     """runc with a private state root (`runc --root ROOT`)."""
 
-    def __init__(self, root: Path, binary: str = "runc") -> None:
+    def __init__(self, root: Path, binary: str = "runc", scratch: Path | None = None) -> None:
         self.root = Path(root)
         self.binary = binary
+        # Per-exec pid files live beside runc's state, not in it (runc list would warn).
+        self.scratch = Path(scratch) if scratch else self.root.with_name(self.root.name + "-exec")
         self.root.mkdir(parents=True, exist_ok=True)
+        self.scratch.mkdir(parents=True, exist_ok=True)
 
     def _cmd(self, *args: str) -> list[str]:
         return [self.binary, "--root", str(self.root), *args]
@@ -182,7 +185,7 @@ class Runc:
             if not k or "=" in k or "\x00" in k or "\x00" in v:
                 raise InvalidRequest(f"invalid environment variable {k!r}")
             args += ["--env", f"{k}={v}"]
-        with tempfile.TemporaryDirectory(prefix="rs-exec-", dir=self.root) as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"{container_id}.", dir=self.scratch) as tmp:
             pid_file = Path(tmp) / "pid"
             args += ["--pid-file", str(pid_file), container_id,
                      SHELL_PATH, "sh", "-c", FD_SCRIPT, "rollstack-exec",
