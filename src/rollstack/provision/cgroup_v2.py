@@ -112,6 +112,17 @@ class CgroupV2(CgroupBackend):
     def set_memory_quota(self, path: str, quota: int, cap: int) -> int:
         return self.set_memory(path, max(int(cap), int(quota)), high=int(quota))
 
+    def kill(self, path: str, timeout: float = 5.0) -> bool:
+        """`cgroup.kill` (Linux 5.14+) kills every task atomically, forks included; then verify."""
+        ctl = self.dir(path) / "cgroup.kill"
+        if ctl.exists():
+            try:
+                self._unlimit_memory(path)
+                write_text(ctl, "1")
+            except OSError:
+                pass
+        return super().kill(path, timeout)
+
     def _unlimit_memory(self, path: str) -> None:
         d = self.dir(path)
         write_text(d / "memory.high", "max")

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest
+from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest, RuntimeFailure
 from rollstack.provision.backend import CgroupBackend
 from rollstack.provision.config import NodeCapacity, PolicyConfig
 from rollstack.provision.policy import Decision, EnvState, QuotaPolicy
@@ -108,10 +108,13 @@ class Provisioner:
                     f"node cannot admit {state.cpu:g} cores / {state.memory} bytes",
                     **self.committed(),
                 )
-            # Idempotent: the runtime may have created it already; this also sets v1 oom_kill_disable.
-            self.backend.create(cgroup_path)
-            self._write(self.backend.set_cpu, cgroup_path, state.cpu)
-            applied = self._write(self.backend.set_memory_quota, cgroup_path, state.memory, state.max_memory)
+            try:
+                # Idempotent: the runtime may have created it already; also sets v1 oom_kill_disable.
+                self.backend.create(cgroup_path)
+                self._write(self.backend.set_cpu, cgroup_path, state.cpu)
+                applied = self._write(self.backend.set_memory_quota, cgroup_path, state.memory, state.max_memory)
+            except OSError as exc:
+                raise RuntimeFailure(f"cannot apply quotas to cgroup {cgroup_path}: {exc}", path=cgroup_path) from exc
             state.memory = int(applied)
             try:  # baseline sample now, so the first tick can already decide (<= 200 ms to grow)
                 state = self.policy.decide(state, self.backend.sample(cgroup_path), self._node()).state

@@ -381,7 +381,7 @@ class QuotaPolicy:
         c = self.config
         out: list[dict[str, Any]] = []
         for resource, need in (("cpu", need_cpu), ("memory", need_memory)):
-            if need <= 0:
+            if need <= (CPU_EPS if resource == "cpu" else 0):
                 continue
             offers: list[tuple[float, EnvState, float]] = []
             for s in states:
@@ -406,7 +406,7 @@ class QuotaPolicy:
                 old = s.cpu if resource == "cpu" else s.memory
                 take = min(spare, need)
                 new = old - take if resource == "cpu" else max(int(floor), _page_up(old - take))
-                if resource == "memory" and new >= old:
+                if new >= old:  # a sliver too small to matter (float rounding, page alignment)
                     continue
                 need -= old - new
                 out.append(_event(s.prev.t, s.env, "reclaim", resource, old, new,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest
+from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest, RuntimeFailure
 from rollstack.provision import CgroupBackend, CgroupSample, NodeCapacity, PolicyConfig, Provisioner
 from rollstack.provision.config import GiB, MiB
 
@@ -111,6 +111,17 @@ def test_register_applies_start_quotas_and_checks_admission():
         prov.history("nope")
     prov.unregister("nope")  # no-op
     assert prov.committed()["environments"] == 1
+
+
+def test_register_turns_cgroup_os_errors_into_runtime_failure():
+    class Broken(FakeBackend):
+        def create(self, path):
+            raise PermissionError(13, "Permission denied", path)
+
+    prov = Provisioner(Broken(), PolicyConfig(), NodeCapacity(cpu=2, memory=4 * GiB))
+    with pytest.raises(RuntimeFailure):
+        prov.register("a", "rollstack/a", 0.5, 64 * MiB)
+    assert prov.committed()["environments"] == 0
 
 
 def test_tick_grows_on_pressure_writes_cgroup_and_records_history():

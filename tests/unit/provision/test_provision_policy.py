@@ -279,3 +279,40 @@ def test_admission_is_capacity_minus_committed_including_the_reserve(committed_c
     expected = committed_cpu + cpu <= 2 * cfg.cpu_overcommit + 1e-6 and committed_mem + mem <= 8 * GiB
     assert node.admits(cpu, mem) == expected
     assert node.grow_budget_memory() == max(0, 8 * GiB - int(8 * GiB * 0.2) - committed_mem)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    envs=st.lists(
+        st.tuples(st.floats(0.05, 1.0), st.floats(0.05, 2.0), st.integers(16, 512), st.integers(16, 1024),
+                  st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+        min_size=1, max_size=8,
+    ),
+    need_cpu=st.floats(0, 8),
+    need_mem=st.integers(0, 4 * GiB),
+)
+def test_reclaim_respects_floors_and_takes_no_more_than_needed(envs, need_cpu, need_mem):
+    cfg = PolicyConfig()
+    p = QuotaPolicy(cfg, NodeCapacity(cpu=4, memory=8 * GiB))
+    states = []
+    for i, (start_cpu, cpu, start_mib, mib, cpu_use, mem_use) in enumerate(envs):
+        s = p.new_state(f"e{i}", start_cpu, start_mib * MiB, None, None, 0.0)
+        cur = max(cpu, s.start_cpu)
+        mem = max(mib * MiB, s.start_memory)
+        s = s.clone(cpu=cur, memory=mem, prev=mk(1.0), cpu_usage=cpu_use * cur * 0.3,
+                    memory_usage=int(mem_use * mem * 0.3), cpu_low_since=0.5, mem_low_since=0.5)  # fmt: skip
+        states.append(s)
+    plan = p.plan_reclaim(states, need_cpu, need_mem, exclude="other")
+    by_env = {s.env: s for s in states}
+    freed = {"cpu": 0.0, "memory": 0}
+    for ev in plan:
+        s = by_env[ev["env"]]
+        assert ev["new"] < ev["old"]
+        if ev["resource"] == "cpu":
+            assert ev["new"] >= max(s.start_cpu, 2 * s.cpu_usage) - CPU_EPS
+        else:
+            assert ev["new"] >= max(s.start_memory, memory_floor(cfg, s.memory_usage))
+        freed[ev["resource"]] += ev["old"] - ev["new"]
+    assert freed["cpu"] <= need_cpu + CPU_EPS
+    assert freed["memory"] <= need_mem + 4096 * len(plan)
+    assert len({(e["env"], e["resource"]) for e in plan}) == len(plan)
