@@ -130,3 +130,43 @@ def test_any_request_path_stays_inside(tmp_path_factory, parts: list[str], data:
     assert fs.read_file(path) == data
     clean = [p for p in split_request(path)]
     assert (root.joinpath(*clean)).read_bytes() == data
+
+
+link_targets = st.lists(st.sampled_from(["..", ".", "a", "b", "f", "outside", "x"]),
+                        min_size=1, max_size=5).map("/".join)
+
+
+@settings(max_examples=80, deadline=None)
+@given(links=st.lists(st.tuples(st.sampled_from(["a/l1", "b/l2", "l3", "a/b2/l4"]),
+                                st.one_of(link_targets, link_targets.map(lambda t: "/" + t))),
+                      max_size=4),
+       requests=st.lists(st.lists(st.sampled_from(["a", "b", "b2", "l1", "l2", "l3", "l4",
+                                                   "f", "outside", "new"]),
+                                  min_size=1, max_size=5).map("/".join), min_size=1, max_size=6))
+def test_planted_symlinks_never_reach_outside(tmp_path_factory, links, requests):
+    base = tmp_path_factory.mktemp("links")
+    root, outside = base / "root", base / "outside"
+    for d in (root / "a" / "b2", root / "b", outside):
+        d.mkdir(parents=True, exist_ok=True)
+    for f in (root / "f", root / "a" / "f", root / "a" / "b2" / "f", root / "b" / "f"):
+        f.write_bytes(b"inside")
+    (outside / "f").write_bytes(b"OUTSIDE")
+    os.symlink("../outside", root / "outside")  # a planted escape hatch at the top
+    for where, target in links:
+        try:
+            os.symlink(target, root / where)
+        except FileExistsError:
+            pass
+    fs = SafeRoot(root)
+    for req in requests:
+        try:
+            assert fs.read_file(req) in (b"inside", b"written")
+        except (UnsafePath, NotFound, InvalidRequest):
+            pass
+        try:
+            fs.write_file(req, b"written")
+        except (UnsafePath, NotFound, InvalidRequest, IsADirectoryError, FileExistsError):
+            pass
+    assert sorted(p.name for p in outside.iterdir()) == ["f"]
+    assert (outside / "f").read_bytes() == b"OUTSIDE"
+    assert sorted(p.name for p in base.iterdir()) == ["outside", "root"]
