@@ -62,7 +62,7 @@ def stop(root: RootOpt = None, as_json: JsonOpt = False) -> None:
     """Stop the node agent gracefully (destroys its environments)."""
     from rollstack.node import agent
 
-    doc = agent.stop(_config(root))
+    doc = agent.stop(agent.running_config(_config(root)))
     emit(doc, as_json, lambda d: stdout.print("stopped" if d["stopped"] else "not running"))
 
 
@@ -71,7 +71,8 @@ def status(root: RootOpt = None, listen: ListenOpt = None, as_json: JsonOpt = Fa
     """Whether the agent runs, and its health document."""
     from rollstack.node import agent
 
-    doc = agent.status(_config(root, listen))
+    config = _config(root, listen)
+    doc = agent.status(config if listen else agent.running_config(config))
     emit(doc, as_json, _print_status)
     if not doc["running"]:
         raise typer.Exit(1)

@@ -58,6 +58,7 @@ def serve(config: NodeConfig) -> None:
     service.start()
     try:
         config.pid_path.write_text(f"{os.getpid()}\n")
+        _write_info(config)
         host, port = config.host_port()
         server = uvicorn.Server(
             uvicorn.Config(
@@ -69,10 +70,35 @@ def serve(config: NodeConfig) -> None:
                 timeout_graceful_shutdown=30,
             )
         )
+        # uvicorn re-raises the signal that stopped it once it has shut down; with the default
+        # handlers that would kill us before `finally` destroys the environments we own.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _note_signal)
         server.run()
     finally:
         service.stop()
         _unlink_if_ours(config.pid_path)
+
+
+def _write_info(config: NodeConfig) -> None:
+    """`<root>/agent.json`: where this agent listens, so status/stop find it from the root alone."""
+    doc = {"pid": os.getpid(), "url": config.url(), "listen": config.listen, "token_file": str(config.token_path)}
+    tmp = config.root / "agent.json.tmp"
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, config.root / "agent.json")
+
+
+def running_config(config: NodeConfig) -> NodeConfig:
+    """`config` with the listen address the agent under its root announced (if any)."""
+    try:
+        doc = json.loads((config.root / "agent.json").read_text())
+        return config.model_copy(update={"listen": doc["listen"]})
+    except (OSError, ValueError, KeyError):
+        return config
+
+
+def _note_signal(signum: int, _frame: Any) -> None:
+    log.info("signal %d: stopping", signum)
 
 
 def _unlink_if_ours(pid_path: Path) -> None:
