@@ -79,15 +79,18 @@ def _signal(refs: Sequence[ProcRef], sig: int) -> None:
             pass
 
 
-def kill_tree(root_pid: int, rounds: int = 50) -> list[ProcRef]:
-    """SIGKILL `root_pid` and every descendant without letting the tree fork away.
+def kill_tree(root: ProcRef, rounds: int = 50) -> list[ProcRef]:
+    """SIGKILL `root` and every descendant without letting the tree fork away.
 
     Stop first (a stopped process cannot fork), re-list until no new member appears, then kill
     all. With a subreaper root, orphans created meanwhile still show up under it. Returns what
-    was killed (for `reap`).
+    was killed (for `reap`). Nothing happens if `root`'s pid now names another process.
     """
+    root_pid = root.pid
     stopped: dict[int, ProcRef] = {}
     for _ in range(rounds):
+        if ref(root_pid) != root:
+            break  # gone (or reused): its former tree is no longer ours to find
         new = [r for p in [root_pid, *descendants(root_pid)]
                if p not in stopped and (r := ref(p)) is not None]
         if not new:
@@ -96,8 +99,10 @@ def kill_tree(root_pid: int, rounds: int = 50) -> list[ProcRef]:
         stopped.update((r.pid, r) for r in new)
     refs = list(stopped.values())
     _signal(refs, signal.SIGKILL)
-    late = [r for p in descendants(root_pid) if (r := ref(p)) is not None]
-    _signal(late, signal.SIGKILL)
+    late: list[ProcRef] = []
+    if ref(root_pid) == root:  # (a zombie root keeps its identity until reaped)
+        late = [r for p in descendants(root_pid) if (r := ref(p)) is not None]
+        _signal(late, signal.SIGKILL)
     return refs + late
 
 

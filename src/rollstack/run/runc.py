@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.run.ocispec import EXEC_WRAPPER_PATH, SHELL_PATH, cpu_quota
-from rollstack.run.procs import ProcRef, kill_tree, reap
+from rollstack.run.procs import ProcRef, kill_tree, reap, ref
 
 DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
 TIMEOUT_EXIT_CODE = 124
@@ -355,7 +355,7 @@ class _Exec:
         try:
             while code is None or any(k.fd in names for k in sel.get_map().values()):
                 now = time.monotonic()
-                if deadline is not None and now >= deadline:
+                if deadline is not None and now >= deadline and code is None:
                     timed_out, deadline = True, None
                     self._kill_tree()
                 if exited_at is not None and now - exited_at >= self.drain_grace:
@@ -401,7 +401,8 @@ class _Exec:
 
     def _kill_tree(self) -> list[ProcRef]:
         pid = self._exec_pid(2.0)
-        return kill_tree(pid) if pid is not None else []
+        root = ref(pid) if pid is not None else None
+        return kill_tree(root) if root is not None else []
 
 
 def _wait_pid_exit(pid: int, timeout: float) -> bool:
