@@ -328,8 +328,11 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     c_common = sum(c["tasks"][t]["time"] for t in both)
     under_cap = {t["id"] for t in doc["tasks"] if t["peak_memory"] < CAP_MEMORY}
     elastic_kills_under_cap = sum(c["tasks"][t]["status"] != "ok" for t in under_cap)
+    # The RL framework resamples an OOM-killed task; charge (a) a rerun under the tail-sized quota.
+    a_retry = sum(r["time"] + (b["tasks"][t]["time"] if r["status"] != "ok" else 0) for t, r in a["tasks"].items())
     s = {
         "speedup_vs_fixed_median_common_tasks": round(a_common / c_common, 2) if c_common else None,
+        "speedup_vs_fixed_median_with_rerun_of_killed": round(a_retry / c["total_time"], 2),
         "common_tasks": len(both),
         "speedup_vs_fixed_median_total": round(a["total_time"] / c["total_time"], 2),
         "speedup_vs_fixed_tail_total": round(b["total_time"] / c["total_time"], 2),
@@ -387,7 +390,8 @@ def _human(doc: dict[str, Any]) -> None:
         print(f"quota write latency: p50 {w.get('p50_us', 0):.0f} us, p99 {w.get('p99_us', 0):.0f} us ({w['count']} writes)")
     s = doc["summary"]
     print(f"elastic vs fixed-median: {s['speedup_vs_fixed_median_common_tasks']}x on the {s['common_tasks']} tasks both "
-          f"completed ({s['speedup_vs_fixed_median_total']}x on all task times); admits "
+          f"completed ({s['speedup_vs_fixed_median_total']}x on all task times, "
+          f"{s['speedup_vs_fixed_median_with_rerun_of_killed']}x if killed tasks are rerun tail-sized); admits "
           f"{s['admission_ratio_elastic_vs_tail']}x the fixed-tail count")
     print(f"plot: {doc['plot']}")
     print("targets: " + ", ".join(f"{k}={'PASS' if v else 'MISS'}" for k, v in s["targets"].items()))

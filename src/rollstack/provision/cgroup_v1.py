@@ -210,26 +210,17 @@ class CgroupV1(CgroupBackend):
                 if oom[2] != b"under_oom":
                     raise RuntimeFailure(f"unexpected memory.oom_control layout in {path}", path=path)
                 tr.oom = (oom[3] != b"0", int(oom[5]) if len(oom) > 5 else 0)
-            psi = [parse_psi_some_total(pread(fd, 4096, 0)) for fd in fds[5:]]
+            psi = [parse_psi_some_total(pread(fd, 4096, 0)) for fd in fds[5:]] if len(fds) > 5 else None
         except OSError:
             self.forget(path)  # gone (ENODEV/ENOENT): drop descriptors, let the caller decide
             raise
         tr.last_t, tr.last_cpu_ns = t, cpu_ns
         stat = tr.stat
+        oom = tr.oom
+        # Positional: keyword construction of a 15-field dataclass costs ~2x (this runs 1280x/s).
         return CgroupSample(
-            t=t,
-            cpu_usage_ns=cpu_ns,
-            nr_periods=stat[0],
-            nr_throttled=stat[1],
-            throttled_ns=stat[2],
-            memory_usage=usage,
-            memory_limit=limit,
-            failcnt=tr.failcnt,
-            oom_kill_count=tr.oom[1],
-            under_oom=tr.oom[0],
-            pressure_total_us=psi[0] if psi else None,
-            cpu_pressure_total_us=psi[1] if psi else None,
-            cpu_limit=quota,
+            t, cpu_ns, stat[0], stat[1], stat[2], usage, limit, tr.failcnt, 0, 0, oom[1], oom[0],
+            psi[0] if psi else None, psi[1] if psi else None, quota,
         )
 
     def oom_kills(self, path: str) -> int:

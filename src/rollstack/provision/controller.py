@@ -258,7 +258,8 @@ class Provisioner:
                 if reclaimed:
                     node = self._node()
                 self._apply(env, decision)
-                node = node.with_delta(env.state.cpu - before[0], env.state.memory - before[1])
+                if (env.state.cpu, env.state.memory) != before:
+                    node = node.with_delta(env.state.cpu - before[0], env.state.memory - before[1])
                 self._record_history(env, sample.t + self._wall_offset, decision.state.cpu_usage, sample.memory_usage)
                 if decision.terminate is not None:
                     env.status = "terminated"
