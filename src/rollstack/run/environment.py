@@ -33,7 +33,7 @@ from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
-from rollstack.run.ocispec import InitBinaries, SpecParams, build_spec
+from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -131,7 +131,10 @@ class EnvironmentRuntime:
             env.pid = self.runc.run_detached(env_id, env.bundle)
             env.timings["start"] = time.monotonic() - t2
         except BaseException:
-            env.destroy()
+            try:
+                env.destroy()
+            except Exception:  # noqa: BLE001 - the create's own error is the one to report
+                pass
             raise
         return env
 
@@ -146,10 +149,11 @@ class EnvironmentRuntime:
         """Everything under this root a previous run left: env dirs, containers, mounts, cgroups."""
         left = Leftovers()
         envs_dir = self.root / "envs"
-        left.envs = sorted(p.name for p in envs_dir.iterdir() if p.is_dir()) \
+        left.envs = sorted(p.name for p in envs_dir.iterdir()
+                           if p.is_dir() and ENV_ID_RE.fullmatch(p.name)) \
             if envs_dir.is_dir() else []
         try:
-            left.containers = sorted(c.id for c in self.runc.list())
+            left.containers = sorted(c.id for c in self.runc.list() if ENV_ID_RE.fullmatch(c.id))
         except RuntimeFailure:
             left.containers = []
         prefix = str(envs_dir) + "/"
@@ -179,6 +183,9 @@ class Environment:
     """One environment's handle; cheap to construct, all state is on disk and in runc."""
 
     def __init__(self, runtime: EnvironmentRuntime, env_id: str) -> None:
+        if not isinstance(env_id, str) or not ENV_ID_RE.fullmatch(env_id):
+            # ids become paths (state dir, cgroups): never let one climb out of the root
+            raise InvalidRequest(f"invalid environment id {env_id!r}")
         self.runtime, self.id = runtime, env_id
         self.dir = runtime.env_dir(env_id)
         self.upper, self.work = self.dir / "upper", self.dir / "work"

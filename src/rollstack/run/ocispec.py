@@ -50,10 +50,11 @@ READONLY_PATHS: tuple[str, ...] = (
     "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 )
 
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_ENV_KEY_RE = re.compile(r"^[^=\x00]+$")
-_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-_CAP_RE = re.compile(r"^CAP_[A-Z_]+$")
+ENV_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # use .fullmatch
+_ID_RE = ENV_ID_RE
+_ENV_KEY_RE = re.compile(r"[^=\x00]+")
+_HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_CAP_RE = re.compile(r"CAP_[A-Z_]+")
 MIN_MEMORY = 8 * 1024 * 1024  # below this runc/the kernel refuse or the init cannot start
 MIN_CPU_QUOTA_US = 1000       # the kernel's minimum CFS quota
 
@@ -109,16 +110,16 @@ def cpu_quota(cores: float, period_us: int = 100_000) -> int:
 
 
 def _validate(rootfs: str, p: SpecParams) -> None:
-    if not _ID_RE.match(p.env_id):
+    if not _ID_RE.fullmatch(p.env_id):
         raise InvalidRequest(f"invalid environment id {p.env_id!r}")
     if not rootfs.startswith("/") or "\x00" in rootfs:
         raise InvalidRequest(f"rootfs must be an absolute path: {rootfs!r}")
-    if not _HOSTNAME_RE.match(p.hostname):
+    if not _HOSTNAME_RE.fullmatch(p.hostname):
         raise InvalidRequest(f"invalid hostname {p.hostname!r}")
     if not p.cwd.startswith("/") or "\x00" in p.cwd:
         raise InvalidRequest(f"cwd must be an absolute path: {p.cwd!r}")
     for k, v in p.env.items():
-        if not isinstance(k, str) or not isinstance(v, str) or not _ENV_KEY_RE.match(k) \
+        if not isinstance(k, str) or not isinstance(v, str) or not _ENV_KEY_RE.fullmatch(k) \
                 or "\x00" in v:
             raise InvalidRequest(f"invalid environment variable {k!r}")
     if p.cpu is not None and not (p.cpu > 0 and p.cpu < 1e6):
@@ -132,11 +133,11 @@ def _validate(rootfs: str, p: SpecParams) -> None:
     if p.nofile < 64:
         raise InvalidRequest(f"nofile must be at least 64, not {p.nofile}")
     parent = p.cgroup_parent.strip("/")
-    if not re.match(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", parent) \
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*", parent) \
             or any(c in (".", "..") for c in parent.split("/")):
         raise InvalidRequest(f"invalid cgroup parent {p.cgroup_parent!r}")
     for cap in p.capabilities:
-        if not _CAP_RE.match(cap):
+        if not _CAP_RE.fullmatch(cap):
             raise InvalidRequest(f"invalid capability {cap!r}")
 
 

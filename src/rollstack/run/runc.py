@@ -106,7 +106,8 @@ class Runc:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def run_detached(self, container_id: str, bundle: Path, log: Path | None = None) -> int:
+    def run_detached(self, container_id: str, bundle: Path, log: Path | None = None,
+                     timeout: float = 60.0) -> int:
         """`runc run -d`: start the container's init; returns its host pid.
 
         The container's stdio is /dev/null (it must not hold a pipe of ours); runc's own
@@ -117,8 +118,11 @@ class Runc:
         pid_file.unlink(missing_ok=True)
         cmd = [self.binary, "--root", str(self.root), "--log", str(log), "run", "-d",
                "--pid-file", str(pid_file), "--bundle", str(bundle), container_id]
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+        try:
+            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeFailure(f"runc run {container_id} timed out after {timeout}s") from e
         if proc.returncode != 0:
             try:
                 tail = log.read_text(errors="replace")[-4000:]

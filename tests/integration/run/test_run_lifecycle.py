@@ -225,3 +225,15 @@ def test_destroy_after_a_runc_exec_was_killed(make_env, runtime):
     assert not th.is_alive() and results and results[0].exit_code == 137
     env.destroy()
     assert _traces(runtime, env.id) == {"mounts": [], "cgroups": [], "runc": False, "dir": False}
+
+
+@pytest.mark.parametrize("bad", ["..", "../../etc", "a/b", "x\n", ""])
+def test_ids_that_would_be_paths_are_refused(runtime, bad):
+    victim = runtime.root / "keep"
+    victim.mkdir()
+    with pytest.raises(InvalidRequest):
+        runtime.open(bad)
+    from rollstack.run.environment import Environment
+    with pytest.raises(InvalidRequest):
+        Environment(runtime, bad).destroy()
+    assert victim.is_dir()

@@ -66,7 +66,7 @@ def test_resources_and_overrides():
 
 @pytest.mark.parametrize("kw", [
     {"cpu": 0}, {"cpu": -1}, {"cpu": float("nan")}, {"memory": 1024}, {"pids_limit": 0},
-    {"hostname": "bad host"}, {"hostname": "-x"}, {"cwd": "relative"}, {"env": {"A=B": "x"}},
+    {"hostname": "bad host"}, {"hostname": "-x"}, {"hostname": "host\n"}, {"cwd": "relative"}, {"env": {"A=B": "x"}},
     {"env": {"": "x"}}, {"env": {"A": "x\x00y"}}, {"cgroup_parent": "../escape"},
     {"capabilities": ("sys_admin",)}, {"nofile": 1}, {"cpu_period_us": 10},
 ])
@@ -75,7 +75,7 @@ def test_bad_params_rejected(kw):
         spec(**kw)
 
 
-@pytest.mark.parametrize("env_id", ["", "a b", "../x", "a/b", "-x", "x" * 200])
+@pytest.mark.parametrize("env_id", ["", "a b", "../x", "a/b", "-x", "x" * 200, "abc\n", ".."])
 def test_bad_ids_rejected(env_id):
     with pytest.raises(InvalidRequest):
         build_spec("/r", SpecParams(env_id))
