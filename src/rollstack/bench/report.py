@@ -155,8 +155,8 @@ def plot_cdf(samples: Mapping[str, Sequence[float]], path: Path, title: str = "e
         xs = sorted(v for v in values if v is not None and math.isfinite(v))
         if not xs:
             continue
-        ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        ax.step(xs, ys, where="post", label=f"{name} (n={len(xs)}, p50={percentile(xs, 50):.2f}s)")
+        ys = [0.0] + [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step([xs[0]] + xs, ys, where="post", label=f"{name} (n={len(xs)}, p50={percentile(xs, 50):.2f}s)")
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of environments")
