@@ -1,0 +1,29 @@
+"""The demo (`rollstack demo`, `make demo`): rollstack's main job, end to end, on one machine.
+
+corpus (built once, cached) -> publish its groups to the store (cached) -> an in-process node ->
+N tasks x M rollouts (create with the task's bug, a scripted agent runs the failing test, applies
+the reference fix, reruns, the rollout is scored in a clean evaluator environment, destroyed) ->
+a table of per-phase init timings, bytes fetched vs stack size, exec times and rewards.
+
+Modules: `config` (the value object), `corpus` (build/load the small corpus), `publish` (groups,
+with a publish cache), `plans` (pure: task -> plan), `agent` (one scripted rollout), `report`
+(pure: records -> summary/table/JSON), `runner` (strings it together, cleans up on every exit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DemoConfig", "run_demo"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DemoConfig":
+        from rollstack.demo.config import DemoConfig
+
+        return DemoConfig
+    if name == "run_demo":
+        from rollstack.demo.runner import run_demo
+
+        return run_demo
+    raise AttributeError(f"module 'rollstack.demo' has no attribute {name!r}")

@@ -1,0 +1,82 @@
+"""One rollout with a scripted agent, through the SDK (`Node`/`Client`: the same interface).
+
+create (the task's bug applied at init) -> run the failing tests (they must fail) -> apply the
+reference fix with `git apply` inside the environment -> run them again (they must pass) ->
+`evaluate()` (a clean evaluator environment scores the rollout's diff) -> destroy. Every step is
+timed; a failure is recorded as `code: message` and the environment is destroyed anyway.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+from rollstack.demo.plans import FIX_ARGV, failing_tests_command, rollout_plan, StackGroups
+from rollstack.demo.report import RolloutRecord, StepResult
+from rollstack.errors import RollstackError
+
+_DIFF_FILE = re.compile(r"^diff --git ", re.MULTILINE)
+
+
+class Cancelled(Exception):
+    """The run is being stopped (Ctrl-C): no new step starts."""
+
+
+def _check(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
+
+
+def _step(env: Any, command: str | list[str], timeout: float, stdin: str | None = None) -> tuple[StepResult, Any]:
+    r = env.exec(command, timeout=timeout, stdin=stdin)
+    return StepResult(exit_code=r.exit_code, seconds=round(r.duration, 4), timed_out=r.timed_out), r
+
+
+def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: int, *,
+                exec_timeout: float = 300.0, cancel: threading.Event | None = None) -> RolloutRecord:
+    """Run one rollout of `task` on `node`; never raises for a rollout's own failure."""
+    rec = RolloutRecord(task=task["instance_id"], rollout=rollout)
+    t_start = time.perf_counter()
+    env = None
+    try:
+        _check(cancel)
+        env = node.create(rollout_plan(task, groups, rollout))
+        rec.env_id = env.id
+        created = env.created
+        rec.timings = {k: float(v) for k, v in created.timings.model_dump().items()
+                       if isinstance(v, (int, float))}
+        rec.fetch = {k: int(v) for k, v in created.fetch.model_dump().items() if isinstance(v, (int, float))}
+
+        _check(cancel)
+        rec.test_before, _ = _step(env, failing_tests_command(task), exec_timeout)
+        _check(cancel)
+        rec.fix, fix_out = _step(env, FIX_ARGV, 60.0, stdin=task["fix"])
+        if rec.fix.exit_code != 0:
+            rec.error = f"fix_failed: git apply exited {rec.fix.exit_code}: {(fix_out.stderr or '').strip()[-200:]}"
+        _check(cancel)
+        rec.test_after, _ = _step(env, failing_tests_command(task), exec_timeout)
+        _check(cancel)
+        rec.diff_files = len(_DIFF_FILE.findall(env.diff()))
+        _check(cancel)
+        ev = env.evaluate()
+        rec.reward = float(ev.reward)
+        rec.eval_seconds = round(float(ev.timings.get("total", 0.0)), 4)
+        rec.eval_run_seconds = round(float(ev.timings.get("run", 0.0)), 4)
+    except Cancelled:
+        rec.error = rec.error or "cancelled: the demo was interrupted"
+    except RollstackError as exc:
+        rec.error = rec.error or f"{exc.code}: {exc.message or exc.code}"
+    except Exception as exc:  # noqa: BLE001 - a bug below the SDK: recorded, and the run exits non-zero
+        rec.error = rec.error or f"internal_error: {type(exc).__name__}: {exc}"
+    finally:
+        if env is not None:
+            t = time.perf_counter()
+            try:
+                env.destroy()
+                rec.destroy_seconds = round(time.perf_counter() - t, 4)
+            except Exception as exc:  # noqa: BLE001 - recorded; the leftover check will say what stayed
+                rec.error = rec.error or f"destroy_failed: {exc}"
+        rec.wall_seconds = round(time.perf_counter() - t_start, 4)
+    return rec

@@ -1,0 +1,222 @@
+"""`run_demo(config) -> dict`: corpus -> publish -> in-process node -> rollouts -> report document.
+
+The node (`rollstack.Node`: NodeService, lazy store daemon, provisioner) lives only inside
+`run_demo`: it is stopped in a `finally`, which destroys every environment it still owns, and a
+leftover check then looks for anything that escaped (mounts or state under the node root,
+runc containers, cgroups of the environments, child processes). Ctrl-C (or SIGTERM) stops new
+steps, lets the steps in flight finish, destroys everything, then re-raises KeyboardInterrupt;
+a second Ctrl-C stops waiting for the steps in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from rollstack.demo.agent import run_rollout
+from rollstack.demo.config import DemoConfig
+from rollstack.demo.corpus import ensure_corpus
+from rollstack.demo.plans import stack_groups
+from rollstack.demo.publish import publish_corpus_groups
+from rollstack.demo.report import RolloutRecord, summarize
+from rollstack.errors import InvalidRequest
+
+
+def run_demo(config: DemoConfig) -> dict[str, Any]:
+    """Run the demo; returns its JSON document (see docs/demo.md). Raises RollstackError on setup failure."""
+    if os.geteuid() != 0:
+        raise InvalidRequest("the demo needs root (debootstrap, FUSE, overlayfs, runc, cgroups)")
+    log = config.log
+    t_all = time.monotonic()
+    stages: dict[str, float] = {}
+
+    corpus = ensure_corpus(config.corpus_dir, config.build_corpus, log)
+    stages["corpus"] = corpus.seconds
+    tasks = corpus.tasks[: config.tasks]
+    if len(tasks) < config.tasks:
+        log(f"the corpus has {len(tasks)} tasks; running those")
+    groups = stack_groups(corpus.manifest["components"])
+
+    from rollstack.store import default_store_spec, open_store
+
+    store_spec = config.store or default_store_spec()
+    t = time.monotonic()
+    store = open_store(store_spec)
+    try:
+        published = publish_corpus_groups(corpus, store, store_spec, config.publish_cache, config.scratch, log)
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+    stages["publish"] = time.monotonic() - t
+
+    records, node_doc, leftovers = _run_rollouts(config, store_spec, tasks, groups, stages)
+    stages["total"] = time.monotonic() - t_all
+    stages = {k: round(v, 3) for k, v in stages.items()}
+    records.sort(key=lambda r: (r.task, r.rollout))
+    summary = summarize(records, stages.get("rollouts", 0.0))
+    return {
+        "store": store_spec,
+        "root": str(config.root),
+        "corpus": {
+            "path": str(corpus.root), "flavor": corpus.manifest.get("flavor"),
+            "tasks": len(corpus.tasks), "build_seconds_recorded": corpus.manifest.get("build_seconds"),
+        },
+        "groups": [p.to_dict() for p in published],
+        "config": {"tasks": len(tasks), "rollouts": config.rollouts, "concurrency": config.concurrency},
+        "node": node_doc,
+        "rollouts": [r.to_dict() for r in records],
+        "summary": summary,
+        "stages": stages,
+        "leftovers": leftovers,
+        "ok": summary["errors"] == 0 and not any(leftovers.values()),
+    }
+
+
+def _run_rollouts(config: DemoConfig, store_spec: str, tasks: list[dict[str, Any]], groups: Any,
+                  stages: dict[str, float]) -> tuple[list[RolloutRecord], dict[str, Any], dict[str, list[str]]]:
+    from rollstack.node.local import Node
+
+    log = config.log
+    node_root = config.node_root.absolute()
+    node_root.mkdir(parents=True, exist_ok=True)
+    records: list[RolloutRecord] = []
+    seen_ids: set[str] = set()
+    node_doc: dict[str, Any] = {"root": str(node_root)}
+    cancel = threading.Event()
+    t = time.monotonic()
+    with _sigterm_as_interrupt():
+        node = Node(store=store_spec, root=node_root)
+        try:
+            stages["node_start"] = time.monotonic() - t
+            log(f"node up at {node_root} ({stages['node_start']:.1f} s); "
+                f"{len(tasks)} tasks x {config.rollouts} rollouts, {config.concurrency} at a time")
+            jobs = [(task, r) for r in range(config.rollouts) for task in tasks]
+            t = time.monotonic()
+            with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="rollout") as pool:
+                futures = [pool.submit(run_rollout, node, task, groups, r, exec_timeout=config.exec_timeout,
+                                       cancel=cancel) for task, r in jobs]
+                _collect(futures, records, cancel, log)
+            stages["rollouts"] = time.monotonic() - t
+            seen_ids.update(r.env_id for r in records if r.env_id)
+            seen_ids.update(_destroyed_ids(node))
+            node_doc["metrics"] = _node_metrics(node)
+        finally:
+            t = time.monotonic()
+            node.close()
+            stages["node_stop"] = time.monotonic() - t
+    leftovers = find_leftovers(node_root, seen_ids)
+    if any(leftovers.values()):
+        log(f"LEFTOVERS after stop: {leftovers}")
+    if cancel.is_set():
+        raise KeyboardInterrupt
+    return records, node_doc, leftovers
+
+
+def _collect(futures: list[Future], records: list[RolloutRecord], cancel: threading.Event, log: Any) -> None:
+    pending = set(futures)
+    interrupted = 0
+    while pending:
+        try:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+        except KeyboardInterrupt:
+            interrupted += 1
+            cancel.set()
+            for f in pending:
+                f.cancel()
+            if interrupted > 1:
+                log("interrupted again: stopping the node now")
+                return
+            log("interrupted: finishing the steps in flight, then destroying everything (Ctrl-C again to hurry)")
+            continue
+        for f in done:
+            if f.cancelled():
+                continue
+            rec = f.result()  # run_rollout records its own failures; anything else is a bug: raise
+            records.append(rec)
+            status = rec.error or f"reward {rec.reward}"
+            log(f"[{len(records)}/{len(futures)}] {rec.task} #{rec.rollout}: init "
+                f"{rec.timings.get('total', 0):.2f} s, {status}")
+
+
+def _destroyed_ids(node: Any) -> set[str]:
+    # The evaluator environments' ids are internal to the service; its tombstones name them.
+    gone = getattr(node.service, "_gone", None)
+    return set(gone) if isinstance(gone, dict) else set()
+
+
+def _node_metrics(node: Any) -> dict[str, Any]:
+    try:
+        m = node.service.metrics()
+    except Exception:  # noqa: BLE001 - metrics are informative only
+        return {}
+    keep = ("created_total", "destroyed_total", "create_failures_total", "execs_total", "evaluations_total",
+            "agent_rss_bytes")
+    return {k: m[k] for k in keep if k in m}
+
+
+def find_leftovers(node_root: Path, env_ids: set[str]) -> dict[str, list[str]]:
+    """What a stopped node left: mounts under its root, env dirs, runc state, env cgroups, children."""
+    prefix = str(node_root).rstrip("/") + "/"
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split(" ")[4].replace("\\040", " ")
+            if mp.startswith(prefix):
+                mounts.append(mp)
+    envs_dir = node_root / "envs"
+    envs = sorted(p.name for p in envs_dir.iterdir()) if envs_dir.is_dir() else []
+    runc_dir = node_root / "runc"
+    runc = sorted(p.name for p in runc_dir.iterdir() if p.is_dir()) if runc_dir.is_dir() else []
+    cgroups = []
+    cg_root = Path("/sys/fs/cgroup")
+    hierarchies = [cg_root] + ([p for p in cg_root.iterdir() if p.is_dir()] if cg_root.is_dir() else [])
+    for hier in hierarchies:
+        parent = hier / "rollstack"
+        if parent.is_dir():
+            cgroups += sorted(str(parent / i) for i in env_ids if (parent / i).is_dir())
+    return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "processes": _children()}
+
+
+def _children() -> list[str]:
+    """Live (non-zombie) child processes of this process."""
+    me = os.getpid()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # comm may hold spaces and parentheses: the fields after the last ')' are fixed.
+        comm = stat[stat.find("(") + 1: stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and fields[1] == str(me) and fields[0] != "Z":
+            out.append(f"{entry} {comm}")
+    return out
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM takes the Ctrl-C path (destroy everything), when we can install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
