@@ -208,7 +208,7 @@ def summary_lines(summary: dict[str, Any], stages: dict[str, float]) -> list[str
         f"bug reproduced {s['bug_reproduced']}/{s['rollouts']}, fixed {s['fixed']}/{s['rollouts']}",
         f"init p50 {secs(s['init_p50'], 3)} s (p95 {secs(s['init_p95'], 3)} s); phases p50: {phases}",
         f"read before ready: from the store {human_bytes(s['fetched_bytes_total'])} in all "
-        f"(at most {human_bytes(s["fetched_bytes_max"])} for one), from the node cache "
+        f"(at most {human_bytes(s['fetched_bytes_max'])} for one), from the node cache "
         f"{human_bytes(s['from_cache_bytes_total'])}; stack {human_bytes(s['stack_bytes'])} of layers"
         + ("" if frac is None else f", p50 fetched {100 * frac:.2f}% of it per environment"),
         f"exec p50: tests with the bug {secs(s['test_before_p50'])} s, fix {secs(s['fix_p50'])} s, "
