@@ -203,7 +203,10 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
                 exec_true = [_timed(lambda: env.exec(["true"])) for _ in range(execs)]
             rss_idle = _rss(pid)
             _log(f"{concurrent} concurrent environments")
-            conc = _concurrent(client, plan, concurrent, ids, pid, config.root)
+            # Small start quotas so that 64 fit the node's admission on 2 cores (CPU quotas may
+            # overcommit cores x4; each environment still grows on demand).
+            small = busybox_plan(resources={"cpu": 0.1, "memory": "64Mi", "max_cpu": 1, "max_memory": "256Mi"})
+            conc = _concurrent(client, small, concurrent, ids, pid, config.root)
             _log(f"{cycles} create/exec/destroy cycles")
             t = time.perf_counter()
             for i in range(cycles):

@@ -220,3 +220,15 @@ def test_restart_cleans_up_a_crashed_run(corpus: str, tmp_path: Path) -> None:
         assert second.stages is not None and doc.id in second.stages.recovered.envs
     finally:
         second.stop()
+
+
+def test_memory_hog_is_oom_terminated_and_neighbours_live(client: Client) -> None:
+    small = {"cpu": 0.5, "memory": "32Mi", "max_cpu": 1, "max_memory": "64Mi"}
+    with _create(client, resources=small) as hog, _create(client) as neighbour:
+        with pytest.raises(errors.OomTerminated):
+            hog.exec("a=$(head -c 300000000 /dev/zero | tr '\\0' x); echo survived", timeout=120)
+        assert hog.info().state == "oom_terminated"
+        assert any(e.get("type") == "oom_terminated" for e in hog.stats().events)
+        with pytest.raises(errors.OomTerminated):
+            hog.exec("true")
+        assert neighbour.exec("echo alive").stdout == "alive\n"
