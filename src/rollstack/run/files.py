@@ -12,6 +12,8 @@ here component by component from a directory fd of the root, each step `openat(O
 - Absolute symlinks are refused (UnsafePath): we do not reinterpret them against the root,
   because the same link would mean a host path to any tool that is not this one.
 - At most 40 symlinks per resolution (like the kernel's ELOOP limit), then UnsafePath.
+- Only regular files are read or written; devices and fifos are never even opened (O_PATH +
+  fstat + reopen through /proc/self/fd), since opening a device runs host driver code.
 
 Directory fds are held while walking, so a concurrent rename inside the environment can at
 worst make us act on a different path that is still inside the root.
@@ -150,10 +152,8 @@ class SafeRoot:
         try:
             if last is None:
                 raise InvalidRequest(f"is a directory: {path}")
-            fd = self._open_last(stack[-1], last, os.O_RDONLY, path)
+            fd = self._open_regular(stack[-1], last, False, path)
             try:
-                if not statmod.S_ISREG(os.fstat(fd).st_mode):
-                    raise InvalidRequest(f"not a regular file: {path}")
                 with os.fdopen(fd, "rb", closefd=False) as f:
                     return f.read() if limit is None else f.read(limit)
             finally:
@@ -168,11 +168,8 @@ class SafeRoot:
         try:
             if last is None:
                 raise InvalidRequest(f"is a directory: {path}")
-            fd = self._open_last(stack[-1], last, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, path,
-                                 mode)
+            fd = self._open_regular(stack[-1], last, True, path, mode)
             try:
-                if not statmod.S_ISREG(os.fstat(fd).st_mode):
-                    raise InvalidRequest(f"not a regular file: {path}")
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
@@ -183,18 +180,39 @@ class SafeRoot:
             for d in stack:
                 os.close(d)
 
-    def _open_last(self, dir_fd: int, name: str, flags: int, path: str, mode: int = 0o644) -> int:
-        try:
-            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode,
-                           dir_fd=dir_fd)
-        except FileNotFoundError:
-            raise NotFound(f"no such file: {path}") from None
-        except IsADirectoryError:
-            raise InvalidRequest(f"is a directory: {path}") from None
-        except OSError as e:
-            if e.errno == errno.ELOOP:  # a symlink appeared after we resolved: refuse
-                raise UnsafePath(f"path changed to a symlink while opening: {path}") from None
-            raise
+    @staticmethod
+    def _open_regular(dir_fd: int, name: str, write: bool, path: str, mode: int = 0o644) -> int:
+        """Open `name` only if it is a regular file, without ever open()ing anything else.
+
+        A command can plant device nodes or fifos (and swap names while we look), and a plain
+        open() of a device runs its driver's open on the host. So: an O_PATH handle first
+        (never reaches a driver), fstat it, then reopen that very inode via /proc/self/fd.
+        A missing file is created with O_EXCL, which cannot land on anything else.
+        """
+        for _ in range(10):
+            try:
+                pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            except FileNotFoundError:
+                if not write:
+                    raise NotFound(f"no such file: {path}") from None
+                try:
+                    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                   | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+                except FileExistsError:
+                    continue  # appeared meanwhile: look again
+            try:
+                st = os.fstat(pfd)
+                if statmod.S_ISLNK(st.st_mode):
+                    raise UnsafePath(f"path changed to a symlink while opening: {path}")
+                if statmod.S_ISDIR(st.st_mode):
+                    raise InvalidRequest(f"is a directory: {path}")
+                if not statmod.S_ISREG(st.st_mode):
+                    raise InvalidRequest(f"not a regular file: {path}")
+                flags = (os.O_WRONLY | os.O_TRUNC) if write else os.O_RDONLY
+                return os.open(f"/proc/self/fd/{pfd}", flags | os.O_CLOEXEC)
+            finally:
+                os.close(pfd)
+        raise UnsafePath(f"path keeps changing while opening: {path}")
 
     def stat(self, path: str) -> FileInfo:
         """Facts about one entry (a final symlink is resolved like in read_file)."""

@@ -170,3 +170,15 @@ def test_planted_symlinks_never_reach_outside(tmp_path_factory, links, requests)
     assert sorted(p.name for p in outside.iterdir()) == ["f"]
     assert (outside / "f").read_bytes() == b"OUTSIDE"
     assert sorted(p.name for p in base.iterdir()) == ["outside", "root"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_device_nodes_are_never_opened(root: Path):
+    import stat as st_
+    # /dev/full: opening works, writing fails with ENOSPC; a plain open(O_WRONLY) would reach
+    # the driver. SafeRoot must refuse before opening.
+    os.mknod(root / "work" / "dev", st_.S_IFCHR | 0o666, os.makedev(1, 7))
+    with pytest.raises(InvalidRequest, match="regular"):
+        SafeRoot(root).write_file("/work/dev", b"x")
+    with pytest.raises(InvalidRequest, match="regular"):
+        SafeRoot(root).read_file("/work/dev")
