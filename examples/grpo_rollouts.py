@@ -70,7 +70,7 @@ def print_report(report: dict, out=sys.stdout) -> None:
         w(f"{g['instance_id'][:44]:<44} {g['ok']:>3} {mean:>6} {std:>6}  [{rewards}] / [{adv}]{note}\n")
     r = report["rollouts"]
     w(f"\nrollouts: {r['ok']}/{r['total']} ok, {r['failed']} failed, {r['gave_up']} gave up, "
-      f"{r['resampled']} resampled, retries {r['retries'] or '{}'}, mean reward {r['mean_reward']}\n")
+      f"{r['resampled']} resampled, {r['requeued']} requeued, retries {r['retries'] or '{}'}, mean reward {r['mean_reward']}\n")
     w("environment time (successful rollouts):\n")
     for phase, p in report["env_time"].items():
         w(f"  {phase:<5} total {p['total']:8.2f}s  mean {p['mean']:7.3f}s  p50 {p['p50']:7.3f}s  "

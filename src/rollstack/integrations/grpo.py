@@ -3,7 +3,11 @@ loop needs, then per-group rewards, advantages and the environment-time breakdow
 
 Error handling, by error code (`rollstack.errors`):
 - transient (`registry_unavailable`, `insufficient_capacity`, `node_unavailable`): the failed
-  call (create or evaluate) is retried with exponential backoff and jitter, up to `max_retries`;
+  call is retried with exponential backoff and jitter, up to `max_retries` in a row; a failed
+  create waits outside its concurrency slot; `insufficient_capacity` also lowers the number of
+  rollouts in flight (`AdaptiveLimit`, raised again by successes), and a rollout that cannot get
+  an evaluator admitted after `max_retries` gives its environment back and starts over
+  (`requeues`), so a node smaller than the concurrency never deadlocks on scoring;
 - environment lost (`oom_terminated`, `environment_gone`): the rollout is resampled from scratch in
   a fresh environment, up to `max_resamples` times (the sample is never scored half-done);
 - the task itself is broken (`plan_invalid`, `group_not_found`, `mutation_failed`,
@@ -64,6 +68,8 @@ class RolloutResult:
     message: str = ""
     retries: dict[str, int] = field(default_factory=dict)
     resamples: int = 0
+    requeues: int = 0
+    """Times the rollout gave its environment back because no evaluator could be admitted."""
     steps: int = 0
     init_seconds: float = 0.0
     """Wall time of environment creation (successful attempt), as the driver sees it."""
@@ -72,10 +78,6 @@ class RolloutResult:
     exec_seconds: float = 0.0
     eval_seconds: float = 0.0
     total_seconds: float = 0.0
-
-
-class GiveUp(Exception):
-    """The task is broken: stop its whole group."""
 
 
 class _TimedEnv:
@@ -98,6 +100,51 @@ class _TimedEnv:
         return getattr(self._env, name)
 
 
+class AdaptiveLimit:
+    """How many rollouts hold an environment at once: at most `maximum`, lowered on capacity
+    pressure and raised again by successes (additive both ways).
+
+    Why not a plain semaphore: a rollout needs a second environment while it is scored (the
+    evaluator's), so with more rollouts in flight than the node can hold, every live rollout can
+    end up waiting to be scored while holding the slots the evaluators need. Lowering the limit
+    below what is in use when `insufficient_capacity` shows up stops new rollouts from taking
+    the slots that finishing rollouts free, so scoring drains the backlog.
+    """
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = max(1, maximum)
+        self.limit = self.maximum
+        self.in_use = 0
+        self._cond = asyncio.Condition()
+
+    async def __aenter__(self) -> "AdaptiveLimit":
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.in_use < self.limit)
+            self.in_use += 1
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        async with self._cond:
+            self.in_use -= 1
+            self._cond.notify_all()
+
+    def shrink(self) -> None:
+        self.limit = max(1, min(self.limit, self.in_use) - 1)
+
+    async def grow(self) -> None:
+        async with self._cond:
+            if self.limit < self.maximum:
+                self.limit += 1
+                self._cond.notify_all()
+
+
+class _Retry(Exception):
+    """Leave the slot, wait `delay`, try the rollout again (the environment, if any, is gone)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+
 class Driver:
     def __init__(
         self,
@@ -118,27 +165,53 @@ class Driver:
         self.seed = seed
         self.sleep = sleep
         self.log = log or (lambda _msg: None)
-        self.sem = asyncio.Semaphore(max(1, concurrency))
+        self.limit = AdaptiveLimit(concurrency)
         self.given_up: dict[str, str] = {}
         self._rng = random.Random(seed)
 
-    async def _call(self, what: str, fn: Callable[[], Awaitable[Any]], result: RolloutResult) -> Any:
+    def _note(self, exc: RollstackError, result: RolloutResult) -> None:
+        result.retries[exc.code] = result.retries.get(exc.code, 0) + 1
+        if exc.code == "insufficient_capacity":
+            self.limit.shrink()
+
+    async def _evaluate(self, env: Any, result: RolloutResult) -> Any:
+        """Scoring, retried in place (the rollout's environment is still needed). When capacity
+        never frees up, the rollout is requeued: its environment goes back and it starts over."""
         attempt = 0
         while True:
             try:
-                return await fn()
+                return await env.evaluate()
             except RollstackError as exc:
-                if exc.code not in TRANSIENT or attempt >= self.retry.max_retries:
+                if exc.code not in TRANSIENT:
                     raise
-                result.retries[exc.code] = result.retries.get(exc.code, 0) + 1
+                self._note(exc, result)
+                # Over the (lowered) limit, this rollout is one too many for the node: after a
+                # second refusal give the environment back rather than wait on the others.
+                excess = attempt >= 1 and self.limit.in_use > self.limit.limit
+                if attempt >= self.retry.max_retries or excess:
+                    if exc.code == "insufficient_capacity" and result.requeues < self.retry.max_retries:
+                        result.requeues += 1
+                        self.log(f"{result.instance_id}#{result.index}: no capacity to score, requeued")
+                        raise _Retry(self.retry.delay(0, self._rng)) from exc
+                    raise
                 delay = self.retry.delay(attempt, self._rng)
-                self.log(f"{result.instance_id}#{result.index}: {what}: {exc.code}, retry in {delay:.1f}s")
+                self.log(f"{result.instance_id}#{result.index}: evaluate: {exc.code}, retry in {delay:.1f}s")
                 await self.sleep(delay)
                 attempt += 1
 
-    async def _attempt(self, task: SweTask, plan: dict[str, Any], result: RolloutResult) -> None:
+    async def _attempt(self, task: SweTask, plan: dict[str, Any], result: RolloutResult, creates: list[int]) -> None:
         t0 = time.monotonic()
-        env = await self._call("create", lambda: self.client.create(plan), result)
+        try:
+            env = await self.client.create(plan)
+        except RollstackError as exc:
+            if exc.code not in TRANSIENT or creates[0] >= self.retry.max_retries:
+                raise
+            self._note(exc, result)
+            delay = self.retry.delay(creates[0], self._rng)
+            creates[0] += 1
+            self.log(f"{result.instance_id}#{result.index}: create: {exc.code}, retry in {delay:.1f}s")
+            raise _Retry(delay) from exc
+        creates[0] = 0
         result.init_seconds = time.monotonic() - t0
         created = getattr(env, "created", None)
         result.node_init_seconds = created.timings.total if created is not None else 0.0
@@ -149,7 +222,7 @@ class Driver:
             result.steps = len(steps)
             result.exec_seconds = timed.exec_seconds
             t1 = time.monotonic()
-            evaluation = await self._call("evaluate", env.evaluate, result)
+            evaluation = await self._evaluate(env, result)
             result.eval_seconds = time.monotonic() - t1
             result.reward = float(evaluation.reward)
         finally:
@@ -161,18 +234,28 @@ class Driver:
     async def rollout(self, task: SweTask, plan: dict[str, Any], index: int) -> RolloutResult:
         result = RolloutResult(task.instance_id, index, status="failed")
         t0 = time.monotonic()
+        creates = [0]  # transient create failures in a row
         try:
             while True:
                 if task.instance_id in self.given_up:
                     result.status, result.error = "gave_up", self.given_up[task.instance_id]
                     return result
+                delay = None
                 try:
-                    async with self.sem:
+                    async with self.limit:
                         if task.instance_id in self.given_up:
                             continue
-                        await self._attempt(task, plan, result)
-                    result.status = "ok"
-                    return result
+                        try:
+                            await self._attempt(task, plan, result, creates)
+                        except _Retry as retry:
+                            delay = retry.delay
+                        else:
+                            result.status, result.error, result.message = "ok", None, ""
+                    if delay is None:
+                        await self.limit.grow()
+                        return result
+                    await self.sleep(delay)  # outside the slot: others may use it meanwhile
+                    continue
                 except RollstackError as exc:
                     result.error, result.message = exc.code, str(exc)
                     if exc.code in ABORT:
@@ -197,19 +280,15 @@ class Driver:
     async def run(self, tasks: Sequence[SweTask], k: int) -> list[list[RolloutResult]]:
         """K rollouts of every task, all scheduled at once under the concurrency limit."""
         plans: dict[str, dict[str, Any]] = {}
-        groups: list[list[RolloutResult]] = []
         jobs = []
         for task in tasks:
             try:
                 plans[task.instance_id] = task_plan(task, self.template)
             except RollstackError as exc:
                 self.given_up[task.instance_id] = exc.code
-            jobs.append([self._scheduled(task, plans.get(task.instance_id), i) for i in range(k)])
-        flat = await asyncio.gather(*(j for group in jobs for j in group))
-        it = iter(flat)
-        for _ in tasks:
-            groups.append([next(it) for _ in range(k)])
-        return groups
+            jobs.extend(self._scheduled(task, plans.get(task.instance_id), i) for i in range(k))
+        flat = await asyncio.gather(*jobs)
+        return [list(flat[i * k:(i + 1) * k]) for i in range(len(tasks))]
 
     async def _scheduled(self, task: SweTask, plan: dict[str, Any] | None, index: int) -> RolloutResult:
         if plan is None:
@@ -277,6 +356,7 @@ def summarize(groups: list[list[RolloutResult]]) -> dict[str, Any]:
             "failed": sum(r.status == "failed" for r in everything),
             "gave_up": sum(r.status == "gave_up" for r in everything),
             "resampled": sum(r.resamples for r in everything),
+            "requeued": sum(r.requeues for r in everything),
             "retries": retries,
             "mean_reward": round(statistics.fmean([r.reward for r in all_ok]), 4) if all_ok else None,  # type: ignore[misc]
         },

@@ -3,8 +3,10 @@ async, plus a client that can be told to fail `create`/`evaluate` with typed err
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable
 
+from rollstack.errors import InsufficientCapacity
 from rollstack.node.models import CreateResponse, Evaluation, ExecResult, Timings
 
 Handler = Callable[[Any, dict[str, Any]], ExecResult]
@@ -60,10 +62,13 @@ class FakeClient:
         self.reward_of: Callable[[FakeEnv], float] = lambda env: 1.0
         self.evaluations = 0
         self.closed = False
+        self.capacity: int | None = None
 
     def create(self, plan: Any) -> FakeEnv:
         if self.create_errors:
             raise self.create_errors.pop(0)
+        if self.capacity is not None and len(self.live) >= self.capacity:
+            raise InsufficientCapacity("node full")
         env = FakeEnv(self, f"env-{len(self.envs) + 1}", plan)
         self.envs.append(env)
         self.live.add(env.id)
@@ -80,12 +85,17 @@ class AsyncFakeEnv:
         self.created = env.created
 
     async def exec(self, command: Any, **kwargs: Any) -> ExecResult:
+        await asyncio.sleep(0)  # let other rollouts interleave, as over a network
         return self._env.exec(command, **kwargs)
 
     async def write_file(self, path: str, data: bytes) -> None:
         self._env.write_file(path, data)
 
     async def evaluate(self) -> Evaluation:
+        await asyncio.sleep(0)
+        client = self._env.client
+        if client.capacity is not None and len(client.live) >= client.capacity:
+            raise InsufficientCapacity("no room for the evaluator")  # it needs an environment of its own
         return self._env.evaluate()
 
     async def destroy(self) -> None:

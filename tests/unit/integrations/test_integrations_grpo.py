@@ -21,7 +21,7 @@ from rollstack.errors import (
     RegistryUnavailable,
     Unauthorized,
 )
-from rollstack.integrations.grpo import RetryPolicy, grpo_advantages, run_batch, summarize
+from rollstack.integrations.grpo import AdaptiveLimit, RetryPolicy, grpo_advantages, run_batch, summarize
 from rollstack.integrations.policies import FIX_PATH, RandomPolicy, ScriptedPolicy, make_policy
 from rollstack.integrations.tasks import SweTask
 
@@ -41,6 +41,7 @@ class Sleeps:
 
     async def __call__(self, d: float) -> None:
         self.delays.append(d)
+        await asyncio.sleep(0)
 
 
 def fixed_reward(env) -> float:
@@ -209,3 +210,43 @@ def test_example_cli_reports_bad_input_without_traceback(tmp_path: Path) -> None
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and doc["rollouts"]["failed"] == 1
     assert doc["groups"][0]["errors"] == ["node_unavailable"]
+
+
+def test_more_rollouts_than_node_capacity_never_deadlock_on_scoring() -> None:
+    """Every live rollout waiting for an evaluator slot would deadlock a plain semaphore."""
+    client = AsyncFakeClient()
+    client.inner.capacity = 4
+    report, groups, sleeps = run(client, n=2, k=8, concurrency=8, policy=RandomPolicy(0.5), seed=2)
+    assert report["rollouts"]["ok"] == 16 and report["rollouts"]["failed"] == 0
+    assert report["rollouts"]["retries"]["insufficient_capacity"] > 0 and report["rollouts"]["requeued"] > 0
+    assert client.max_live <= 4 and not client.inner.live
+    # the outcome does not depend on requeues: same rewards as on a roomy node
+    roomy, _, _ = run(AsyncFakeClient(), n=2, k=8, concurrency=8, policy=RandomPolicy(0.5), seed=2)
+    assert [g["rewards"] for g in report["groups"]] == [g["rewards"] for g in roomy["groups"]]
+
+
+def test_adaptive_limit() -> None:
+    async def go() -> None:
+        lim = AdaptiveLimit(4)
+        async with lim:
+            async with lim:
+                assert lim.in_use == 2
+                lim.shrink()
+                assert lim.limit == 1
+                entered = asyncio.Event()
+
+                async def third() -> None:
+                    async with lim:
+                        entered.set()
+
+                task = asyncio.create_task(third())
+                await asyncio.sleep(0.01)
+                assert not entered.is_set()  # over the lowered limit: waits
+        await asyncio.wait_for(task, 1)  # both left: in_use 0 < limit 1
+        for _ in range(10):
+            await lim.grow()
+        assert lim.limit == 4  # never above the maximum
+        lim.shrink()
+        assert lim.limit == 1  # nothing in use: floor of 1
+
+    asyncio.run(go())
