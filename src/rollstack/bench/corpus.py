@@ -129,6 +129,7 @@ def build_corpus(flavor: str = "small", out: Path | None = None, *, force: bool 
     if len(all_tasks) < min_tasks:
         raise RuntimeFailure(f"only {len(all_tasks)} checked tasks (want >= {min_tasks}): {n_per}")
     (root / "tasks.jsonl").write_text(dump_tasks(all_tasks))
+    _install_task_files(root / "evaluator", all_tasks)
     manifest = CorpusManifest(
         flavor=spec.flavor, components=_components(root, spec), tasks=len(all_tasks),
         tasks_per_repo=n_per, build_seconds=round(time.monotonic() - t0, 1),
@@ -139,6 +140,37 @@ def build_corpus(flavor: str = "small", out: Path | None = None, *, force: bool 
     remove_tree(scratch)
     log(f"done: {len(all_tasks)} tasks, {root}")
     return manifest
+
+
+def _install_task_files(eval_tree: Path, tasks: list[Task]) -> None:
+    """One JSON per task in the evaluator tree, so `score /opt/rollstack-eval/tasks/<id>.json` works."""
+    d = eval_tree / corpus_spec.EVAL_DIR.lstrip("/") / "tasks"
+    remove_tree(d)
+    d.mkdir(parents=True)
+    for t in tasks:
+        (d / f"{t.instance_id}.json").write_text(t.model_dump_json())
+
+
+def plan_for_task(manifest: CorpusManifest, task: Task, harness: str = "mini-swe-agent",
+                  mutation: str | None = None) -> dict[str, Any]:
+    """A plan (interface.md shape) for one rollout of `task` with `harness`, plus its evaluator.
+
+    `mutation` is the path of a file holding `task.patch` (relative to the plan file)."""
+    repo = manifest.component(f"repo-{task.repo}")
+    plan: dict[str, Any] = {
+        "name": task.instance_id,
+        "groups": [manifest.component("os").group, repo.group, manifest.component(f"harness-{harness}").group],
+        "workdir": task.workdir,
+        "env": {"PYTHONDONTWRITEBYTECODE": "1"},
+        "evaluator": {
+            "groups": [manifest.component("os").group, repo.group, manifest.component("evaluator").group],
+            "command": [f"{corpus_spec.EVAL_DIR}/score", f"{corpus_spec.EVAL_DIR}/tasks/{task.instance_id}.json"],
+            "reward": "exit_code",
+        },
+    }
+    if mutation is not None:
+        plan["mutation"] = mutation
+    return plan
 
 
 def _runner_hash() -> str:

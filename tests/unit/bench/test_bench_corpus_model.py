@@ -99,3 +99,21 @@ def test_select_tasks_from_discovery_results() -> None:
     assert tasks[1].FAIL_TO_PASS == ["u.py::d"] and tasks[1].PASS_TO_PASS == []
     assert len({t.instance_id for t in tasks}) == 2
     assert select_tasks(repo, base, runs, cands, want=1, max_f2p=2)[0].mutation["function"] == "f"
+
+
+def test_plan_for_task_stacks_groups_and_scores_with_the_evaluator() -> None:
+    from rollstack.bench.corpus import plan_for_task
+
+    m = CorpusManifest(flavor="small", tasks=1, components=[
+        Component(name="os", kind="os", group="os/debian-python:bookworm"),
+        Component(name="repo-r", kind="repo", group="repo/r:1", base="os"),
+        Component(name="harness-mini-swe-agent", kind="harness", group="harness/mini-swe-agent:2.4.6", base="os"),
+        Component(name="evaluator", kind="evaluator", group="evaluator/pytest:8.3.4", base="os"),
+    ])
+    plan = plan_for_task(m, task(), mutation="r.diff")
+    assert plan["groups"] == ["os/debian-python:bookworm", "repo/r:1", "harness/mini-swe-agent:2.4.6"]
+    assert plan["evaluator"]["groups"][-1] == "evaluator/pytest:8.3.4"
+    assert plan["evaluator"]["command"][-1].endswith("/tasks/r.1.op_swap__0.json")
+    assert plan["workdir"] == "/work/r" and plan["mutation"] == "r.diff"
+    with pytest.raises(InvalidRequest):
+        plan_for_task(m, task(), harness="claude-code")
