@@ -15,10 +15,13 @@ What an environment gets (see docs/runtime.md for the reasons):
   cgroupfs driver that is `<mount>/rollstack/<env-id>` under every v1 controller, or
   `/sys/fs/cgroup/rollstack/<env-id>` on v2. Resources: CPU quota from cores, memory limit with
   swap left to the host (none here; see _resources), pids limit (default 4096: stops fork bombs).
+- seccomp: allow by default, deny a short list of kernel-surface syscalls and the creation of
+  user namespaces (`seccomp_profile`).
 """
 
 from __future__ import annotations
 
+import platform
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -97,6 +100,51 @@ class SpecParams:
     shm_bytes: int = 64 * 1024 * 1024
     oom_score_adj: int = 500
     """Makes the host's OOM killer pick environments before the agent (cgroup OOMs are local)."""
+    seccomp: bool = True
+    """Apply `seccomp_profile()`: a deny list of kernel-attack-surface syscalls."""
+    arch: str = field(default_factory=platform.machine)
+    """Host architecture (`uname -m`), for the seccomp profile's architectures."""
+
+
+# Denied with EPERM: kernel surfaces an agent's workload never needs (keys, bpf, perf, module and
+# kexec loading, mounts, handles, clock/swap/reboot, accounting). Most also need capabilities
+# we do not grant; the list is defence in depth, like Docker's default profile but shorter.
+SECCOMP_DENIED: tuple[str, ...] = (
+    "add_key", "keyctl", "request_key", "bpf", "perf_event_open", "userfaultfd",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "open_by_handle_at", "name_to_handle_at", "mount", "umount2", "pivot_root", "setns",
+    "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+    "acct", "swapon", "swapoff", "reboot", "settimeofday", "clock_settime", "clock_adjtime",
+    "adjtimex", "syslog", "quotactl", "lookup_dcookie", "iopl", "ioperm", "vhangup",
+)
+CLONE_NEWUSER = 0x10000000
+_SECCOMP_ARCHES = {
+    "x86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+    "aarch64": ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"],
+}
+
+
+def seccomp_profile(arch: str) -> dict[str, Any]:
+    """Allow by default; deny SECCOMP_DENIED, and new user namespaces (the one namespace an
+    unprivileged process may create, and a large kernel surface): clone/unshare with
+    CLONE_NEWUSER get EPERM; clone3 gets ENOSYS so libc falls back to clone (its flags live in
+    memory seccomp cannot read)."""
+    newuser = [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER,
+                "op": "SCMP_CMP_MASKED_EQ"}]
+    profile: dict[str, Any] = {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "syscalls": [
+            {"names": list(SECCOMP_DENIED), "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
+            {"names": ["unshare"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1, "args": newuser},
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+        ],
+    }
+    # clone's flags are argument 0 on x86_64 and arm64 alike (s390 differs: not supported here)
+    profile["syscalls"].append({"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
+                                "args": newuser})
+    if arch in _SECCOMP_ARCHES:
+        profile["architectures"] = _SECCOMP_ARCHES[arch]
+    return profile
 
 
 def cgroup_path(env_id: str, parent: str = "rollstack") -> str:
@@ -212,5 +260,6 @@ def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
                            ("pid", "network", "ipc", "uts", "mount", "cgroup")],
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
+            **({"seccomp": seccomp_profile(params.arch)} if params.seccomp else {}),
         },
     }

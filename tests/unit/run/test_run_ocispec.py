@@ -45,6 +45,16 @@ def test_defaults_are_isolated():
         assert dests[path]["source"] == src and "ro" in dests[path]["options"]
     env = dict(e.split("=", 1) for e in p["env"])
     assert env["PATH"].startswith("/usr/local/sbin") and env["HOME"] == "/root"
+    sc = s["linux"]["seccomp"]
+    assert sc["defaultAction"] == "SCMP_ACT_ALLOW"
+    denied = {n for rule in sc["syscalls"] if "args" not in rule and rule["errnoRet"] == 1
+              for n in rule["names"]}
+    assert {"bpf", "keyctl", "mount", "kexec_load", "init_module"} <= denied
+    userns = [r for r in sc["syscalls"] if r.get("args")]
+    assert {n for r in userns for n in r["names"]} == {"clone", "unshare"}
+    assert all(r["args"][0]["value"] == 0x10000000 for r in userns)
+    assert "seccomp" not in spec(seccomp=False)["linux"]
+    assert spec(arch="x86_64")["linux"]["seccomp"]["architectures"][0] == "SCMP_ARCH_X86_64"
     json.dumps(s)  # serializable
 
 
