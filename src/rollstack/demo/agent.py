@@ -35,8 +35,11 @@ def _step(env: Any, command: str | list[str], timeout: float, stdin: str | None 
 
 
 def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: int, *,
-                exec_timeout: float = 300.0, cancel: threading.Event | None = None) -> RolloutRecord:
-    """Run one rollout of `task` on `node`; never raises for a rollout's own failure."""
+                exec_timeout: float = 300.0, cancel: threading.Event | None = None,
+                apply_fix: bool = True) -> RolloutRecord:
+    """Run one rollout of `task` on `node`; never raises for a rollout's own failure.
+
+    `apply_fix=False` is the control: an agent that changes nothing (its reward must be 0.0)."""
     rec = RolloutRecord(task=task["instance_id"], rollout=rollout)
     t_start = time.perf_counter()
     env = None
@@ -52,9 +55,10 @@ def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: i
         _check(cancel)
         rec.test_before, _ = _step(env, failing_tests_command(task), exec_timeout)
         _check(cancel)
-        rec.fix, fix_out = _step(env, FIX_ARGV, 60.0, stdin=task["fix"])
-        if rec.fix.exit_code != 0:
-            rec.error = f"fix_failed: git apply exited {rec.fix.exit_code}: {(fix_out.stderr or '').strip()[-200:]}"
+        if apply_fix:
+            rec.fix, fix_out = _step(env, FIX_ARGV, 60.0, stdin=task["fix"])
+            if rec.fix.exit_code != 0:
+                rec.error = f"fix_failed: git apply exited {rec.fix.exit_code}: {(fix_out.stderr or '').strip()[-200:]}"
         _check(cancel)
         rec.test_after, _ = _step(env, failing_tests_command(task), exec_timeout)
         _check(cancel)

@@ -33,6 +33,8 @@ class DemoConfig:
     """The small corpus's directory; None: the corpus builder's cache (`<cache>/small`)."""
     build_corpus: bool = True
     """Build the corpus when it is missing or stale (False: it must already be built)."""
+    node_dir: Path | None = None
+    """The node's state directory (lazy store chunk cache included); None: `<root>/node`."""
     exec_timeout: float = 300.0
     """Seconds each agent command may run."""
     log: Callable[[str], None] = field(default=_stderr, compare=False, repr=False)
@@ -55,7 +57,7 @@ class DemoConfig:
 
     @property
     def node_root(self) -> Path:
-        return self.root / "node"
+        return self.node_dir if self.node_dir is not None else self.root / "node"
 
     @property
     def scratch(self) -> Path:
