@@ -1,7 +1,7 @@
 """One environment's OS side: overlayfs root, OCI spec, runc, exec, safe files, upper diff.
 
 Modules (each one concept): `overlay` (mount/unmount), `ocispec` (pure config.json builder),
-`runc` (blocking runc wrapper + exec), `procs` (tree kill/reap), `cgroupfs` (env cgroup dirs),
+`runc` (blocking runc wrapper), `execpump` (one exec's I/O and timeout), `procs` (tree kill/reap), `cgroupfs` (env cgroup dirs),
 `initbin` (static init binaries), `files` (SafeRoot), `lowerview` + `diff` (upper as a unified
 diff), `environment` (EnvironmentRuntime/Environment lifecycle, crash leftovers), `measure`
 (latency script). See docs/runtime.md. Importing this package has no side effects.

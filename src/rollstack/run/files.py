@@ -81,7 +81,10 @@ class SafeRoot:
         directory on top of the stack). Symlinks are followed under the rules above, the last
         component's too. The caller closes the fds.
         """
-        stack = [os.open(self.root, _DIR_FLAGS)]
+        try:
+            stack = [os.open(self.root, _DIR_FLAGS)]
+        except OSError as e:
+            raise NotFound(f"environment root is not a directory: {self.root}") from e
         todo = deque(parts)
         links = 0
         try:
@@ -125,7 +128,10 @@ class SafeRoot:
             os.mkdir(name, 0o755, dir_fd=dir_fd)
         except FileExistsError:
             pass
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as e:  # replaced right after mkdir: refuse rather than guess
+            raise UnsafePath(f"{name} changed during resolution") from e
 
     @staticmethod
     def _link_target(dir_fd: int, name: str) -> str | None:

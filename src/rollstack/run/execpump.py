@@ -1,0 +1,253 @@
+"""One `runc exec` in flight: wiring its fds, pumping stdin/stdout/stderr, the timeout.
+
+`rollstack.run.runc.Runc.exec` builds the command line (see its module docstring for why the
+command's stdio travels as runc's preserved fds 3/4/5); this module runs it: spawn runc with
+posix_spawn (fds placed exactly, thread-safe), select over the pipes and a pidfd of runc,
+cap and stream output, kill the command's whole tree on timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import selectors
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
+from rollstack.run.procs import ProcRef, kill_tree, reap, ref
+
+DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
+TIMEOUT_EXIT_CODE = 124
+OnOutput = Callable[[str, bytes], None]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command."""
+
+    exit_code: int
+    """The command's exit status; 128+N when killed by signal N; 124 when timed out."""
+    stdout: bytes
+    stderr: bytes
+    duration: float
+    """Seconds from spawning `runc exec` to the command's end."""
+    timed_out: bool = False
+    truncated: bool = False
+    """True when stdout or stderr exceeded the output limit and was cut."""
+
+
+
+def runc_message(stderr: str) -> str:
+    """runc's error text without the logrus decoration (time=... level=error msg="...")."""
+    text = stderr.strip()
+    m = re.search(r'msg="((?:[^"\\]|\\.)*)"', text)
+    if m:
+        return m.group(1).replace('\\"', '"')
+    return text
+
+
+class ExecPump:
+    """One `runc exec`: pumps stdin/stdout/stderr, waits for runc, enforces the timeout.
+
+    runc is spawned with /dev/null as stdin/stdout, its stderr on a pipe of its own (runc's
+    messages), and our stdin/stdout/stderr pipes as fds 3/4/5 (`--preserve-fds 3`), which the
+    busybox sh moves to 0/1/2 before exec'ing tini. runc's own stdio copy therefore only ever
+    carries the sh's (empty) stdio: it ends when the command ends, even if a background process
+    keeps our pipes open, and runc (the command's parent) reaps it and exits with its status.
+    """
+
+    def __init__(self, cmd: list[str], pid_file: Path, stdin: bytes | None,
+                 timeout: float | None, limit: int, on_output: OnOutput | None,
+                 drain_grace: float, container_id: str) -> None:
+        self.cmd, self.pid_file, self.stdin = cmd, pid_file, stdin
+        self.timeout, self.limit, self.on_output = timeout, limit, on_output
+        self.drain_grace, self.container_id = drain_grace, container_id
+        self.buf = {"stdout": bytearray(), "stderr": bytearray()}
+        self.runc_err = bytearray()
+        self.truncated = False
+
+    def _feed(self, name: str, chunk: bytes) -> None:
+        if name == "runc":
+            if len(self.runc_err) < 65536:
+                self.runc_err.extend(chunk)
+            return
+        buf = self.buf[name]
+        room = self.limit - len(buf)
+        if room <= 0:
+            self.truncated = True
+            return
+        if len(chunk) > room:
+            chunk, self.truncated = chunk[:room], True
+        buf.extend(chunk)
+        if self.on_output is not None:
+            self.on_output(name, chunk)
+
+    def _spawn(self) -> tuple[int, dict[str, int], int]:
+        """posix_spawn runc with its fds wired; returns (pid, {name: read fd}, stdin write fd)."""
+        pipes = {name: os.pipe() for name in ("stdout", "stderr", "runc")}
+        stdin_r, stdin_w = os.pipe() if self.stdin is not None else (-1, -1)
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            actions = [
+                (os.POSIX_SPAWN_DUP2, devnull, 0),
+                (os.POSIX_SPAWN_DUP2, devnull, 1),
+                (os.POSIX_SPAWN_DUP2, pipes["runc"][1], 2),
+                (os.POSIX_SPAWN_DUP2, stdin_r if stdin_r >= 0 else devnull, 3),
+                (os.POSIX_SPAWN_DUP2, pipes["stdout"][1], 4),
+                (os.POSIX_SPAWN_DUP2, pipes["stderr"][1], 5),
+            ]
+            try:
+                pid = os.posix_spawnp(self.cmd[0], self.cmd, os.environ, file_actions=actions)
+            except OSError as e:
+                for r, _ in pipes.values():
+                    os.close(r)
+                if stdin_w >= 0:
+                    os.close(stdin_w)
+                raise RuntimeFailure(f"cannot start runc: {e}") from e
+        finally:
+            os.close(devnull)
+            for _, w in pipes.values():
+                os.close(w)
+            if stdin_r >= 0:
+                os.close(stdin_r)
+        return pid, {name: r for name, (r, _) in pipes.items()}, stdin_w
+
+    def run(self) -> ExecResult:
+        start = time.monotonic()
+        runc_pid, readers, stdin_w = self._spawn()
+        code: int | None = None
+        try:
+            timed_out, code = self._pump(runc_pid, readers, stdin_w, start)
+        finally:
+            for fd in readers.values():
+                _close(fd)
+            if code is None:  # interrupted: do not leave runc or the command running
+                killed = self._kill_tree()
+                # runc reaps the killed command itself if left alive a moment; killing runc
+                # first would hand the command's zombie to us (we may be a subreaper) and
+                # the container's init could never finish exiting.
+                if not _wait_pid_exit(runc_pid, 2.0):
+                    os.kill(runc_pid, signal.SIGKILL)
+                os.waitpid(runc_pid, 0)
+                reap(killed)
+        duration = time.monotonic() - start
+        if self._exec_pid(0) is None and code != 0:
+            err = runc_message(self.runc_err.decode(errors="replace"))
+            if "stopped container" in err or "does not exist" in err or "not running" in err:
+                raise EnvironmentGone(f"environment {self.container_id} is not running: {err}")
+            if "chdir to cwd" in err:
+                raise InvalidRequest(f"working directory unusable: {err}")
+            raise RuntimeFailure(f"runc exec failed: {err}", returncode=code, stderr=err)
+        if timed_out:
+            code = TIMEOUT_EXIT_CODE
+        return ExecResult(int(code), bytes(self.buf["stdout"]), bytes(self.buf["stderr"]),
+                          duration, timed_out, self.truncated)
+
+    def _exec_pid(self, wait: float) -> int | None:
+        end = time.monotonic() + wait
+        while True:
+            try:
+                text = self.pid_file.read_text().strip()
+                if text:
+                    return int(text)
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.005)
+
+    def _pump(self, runc_pid: int, readers: dict[str, int], stdin_w: int,
+              start: float) -> tuple[bool, int]:
+        """Move bytes until runc exited and output drained; returns (timed_out, exit code)."""
+        sel = selectors.DefaultSelector()
+        names = {}
+        for name, fd in readers.items():
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+            names[fd] = name
+        pidfd = os.pidfd_open(runc_pid)
+        sel.register(pidfd, selectors.EVENT_READ)
+        pending = memoryview(self.stdin or b"")
+        if stdin_w >= 0:
+            if pending:
+                os.set_blocking(stdin_w, False)
+                sel.register(stdin_w, selectors.EVENT_WRITE)
+            else:
+                os.close(stdin_w)
+                stdin_w = -1
+        deadline = start + self.timeout if self.timeout is not None else None
+        timed_out = False
+        code: int | None = None
+        exited_at: float | None = None
+        try:
+            while code is None or any(k.fd in names for k in sel.get_map().values()):
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and code is None:
+                    timed_out, deadline = True, None
+                    self._kill_tree()
+                if exited_at is not None and now - exited_at >= self.drain_grace:
+                    break  # a background process holds our pipe: stop waiting for EOF
+                wait: float | None = None
+                if exited_at is not None:
+                    wait = max(0.0, exited_at + self.drain_grace - now)
+                if deadline is not None:
+                    wait = max(0.0, deadline - now) if wait is None else min(wait, deadline - now)
+                for key, _ in sel.select(wait):
+                    fd = key.fd
+                    if fd == pidfd:
+                        sel.unregister(pidfd)
+                        _, wstatus = os.waitpid(runc_pid, 0)
+                        code = os.waitstatus_to_exitcode(wstatus)
+                        if code < 0:
+                            code = 128 - code
+                        exited_at = time.monotonic()
+                    elif fd == stdin_w:
+                        try:
+                            n = os.write(fd, pending[:65536])
+                            pending = pending[n:]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(fd)
+                            os.close(fd)
+                            stdin_w = -1
+                    else:
+                        chunk = os.read(fd, 65536)
+                        if not chunk:
+                            sel.unregister(fd)
+                            continue
+                        self._feed(names[fd], chunk)
+        finally:
+            if stdin_w >= 0:
+                _close(stdin_w)
+            os.close(pidfd)
+            sel.close()
+        return timed_out, int(code)
+
+    def _kill_tree(self) -> list[ProcRef]:
+        pid = self._exec_pid(2.0)
+        root = ref(pid) if pid is not None else None
+        return kill_tree(root) if root is not None else []
+
+
+def _wait_pid_exit(pid: int, timeout: float) -> bool:
+    """Whether our child `pid` exited within `timeout` (it is not reaped)."""
+    fd = os.pidfd_open(pid)
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
