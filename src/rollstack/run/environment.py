@@ -171,7 +171,10 @@ class EnvironmentRuntime:
         """
         left = self.find_leftovers()
         for stale in self.runc.scratch.iterdir():
-            shutil.rmtree(stale, ignore_errors=True)
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
         for env_id in sorted(set(left.envs) | set(left.containers)):
             Environment(self, env_id).destroy()
         for mp in reversed(left.mounts):  # mounts whose env dir is already gone

@@ -2,7 +2,8 @@
 
 Measures, over N environments on a busybox lower (or the lower dirs given): overlay mount,
 `runc run -d` (start), create = mount + start, `exec true` (runc exec round trip through the
-full wrapper), `runc update` of cpu+memory, destroy. Prints one JSON document with p50/p95 per
+full wrapper), `runc exec ID /bin/true` alone (runc's own cost, for comparison), `runc update`
+of cpu+memory, destroy. Also reports the load average, since the host may be shared. Prints one JSON document with p50/p95 per
 phase, the machine facts and the command. Needs root. The node's `rollstack bench env` measures
 the same through the HTTP API.
 """
@@ -46,7 +47,8 @@ def _summary(xs: list[float]) -> dict[str, float]:
 def measure(root: Path, lowers: list[Path], envs: int = 10, execs: int = 20) -> dict:
     rt = EnvironmentRuntime(RuntimeConfig(root=root))
     t: dict[str, list[float]] = {k: [] for k in
-                                 ("mount", "start", "create", "exec_true", "update", "destroy")}
+                                 ("mount", "start", "create", "exec_true", "runc_exec_raw", "update",
+                                  "destroy")}
     for i in range(envs):
         env_id = f"m-{uuid.uuid4().hex[:10]}"
         t0 = time.monotonic()
@@ -60,6 +62,11 @@ def measure(root: Path, lowers: list[Path], envs: int = 10, execs: int = 20) -> 
                 r = env.exec(["true"])
                 t["exec_true"].append(time.monotonic() - t1)
                 assert r.exit_code == 0
+            for _ in range(execs):  # the same without our wrapper or pipes: runc's own cost
+                t1 = time.monotonic()
+                subprocess.run(rt.runc._cmd("exec", env_id, "/bin/true"), check=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                t["runc_exec_raw"].append(time.monotonic() - t1)
             for j in range(5):
                 t1 = time.monotonic()
                 env.update(cpu=0.5 + j * 0.25, memory=(256 + 64 * j) << 20)
@@ -85,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                                   text=True).stdout.splitlines()[0]
     doc = {"phases": result,
            "machine": {"kernel": platform.release(), "cpus": os.cpu_count(),
+                       "loadavg": os.getloadavg(),
                        "runc": runc_version, "python": platform.python_version()},
            "command": "python -m rollstack.run.measure " + " ".join(sys.argv[1:] if argv is None
                                                                    else argv)}

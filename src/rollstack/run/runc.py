@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -170,13 +170,15 @@ class Runc:
             if not k or "=" in k or "\x00" in k or "\x00" in v:
                 raise InvalidRequest(f"invalid environment variable {k!r}")
             args += ["--env", f"{k}={v}"]
-        with tempfile.TemporaryDirectory(prefix=f"{container_id}.", dir=self.scratch) as tmp:
-            pid_file = Path(tmp) / "pid"
-            args += ["--pid-file", str(pid_file), container_id,
-                     SHELL_PATH, "sh", "-c", FD_SCRIPT, "rollstack-exec",
-                     EXEC_WRAPPER_PATH, "-s", "-g", "--", *argv]
+        pid_file = self.scratch / f"{container_id}.{uuid.uuid4().hex}.pid"
+        args += ["--pid-file", str(pid_file), container_id,
+                 SHELL_PATH, "sh", "-c", FD_SCRIPT, "rollstack-exec",
+                 EXEC_WRAPPER_PATH, "-s", "-g", "--", *argv]
+        try:
             return ExecPump(self._cmd(*args), pid_file, stdin, timeout, output_limit, on_output,
                             drain_grace, container_id).run()
+        finally:
+            pid_file.unlink(missing_ok=True)
 
 
 def _message(stderr: str) -> str:
