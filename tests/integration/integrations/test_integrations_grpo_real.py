@@ -92,3 +92,44 @@ def test_gym_episode_on_a_real_environment(adapter_node) -> None:
 
     asyncio.run(go())
     assert _live(adapter_node) == []
+
+
+class _OomOnce(ScriptedPolicy):
+    """Blows the memory cap in its first environment, behaves in the resampled one."""
+
+    name = "oom-once"
+
+    def __init__(self) -> None:
+        super().__init__(60)
+        self.blown = 0
+
+    async def rollout(self, env, task, rng):
+        if not self.blown:
+            self.blown += 1
+            await env.exec("dd if=/dev/zero bs=1M count=400 2>/dev/null | sort > /dev/null", timeout=60)
+        return await super().rollout(env, task, rng)
+
+
+def test_driver_resamples_after_a_real_oom(adapter_node) -> None:
+    template = yaml.safe_load(BUSYBOX_TEMPLATE)
+    template["resources"] = {"cpu": 0.5, "memory": "32Mi", "max_cpu": 1, "max_memory": "48Mi"}
+    task = SweTask.model_validate(swe_tasks()[0])
+
+    async def go():
+        async with AsyncClient(adapter_node.url, adapter_node.token) as client:
+            return await run_batch(client, [task], 1, _OomOnce(), template=template)
+
+    report, groups = asyncio.run(go())
+    r = groups[0][0]
+    assert (r.status, r.resamples, r.reward) == ("ok", 1, 1.0)
+    assert report["rollouts"]["resampled"] == 1
+    assert _live(adapter_node) == []
+
+
+def test_gym_episode_truncated_by_a_real_oom(adapter_node) -> None:
+    plan = busybox_plan(resources={"cpu": 0.5, "memory": "32Mi", "max_cpu": 1, "max_memory": "48Mi"})
+    with RolloutEnv(node=adapter_node.url, token=adapter_node.token) as env:
+        env.reset(plan)
+        obs, reward, term, trunc, info = env.step("dd if=/dev/zero bs=1M count=400 2>/dev/null | sort >/dev/null")
+        assert trunc and not term and reward == 0.0 and info["error"] == "oom_terminated"
+    assert _live(adapter_node) == []
