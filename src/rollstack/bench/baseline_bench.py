@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rollstack.bench.baseline import InitTiming, PushedImages, Stack, make_system, prepare_images, stacks_from_corpus
+from rollstack.bench.baseline import SYSTEMS, InitTiming, PushedImages, Stack, make_system, prepare_images, stacks_from_corpus
 from rollstack.bench.baseline_containerd import Ctr, PrivateContainerd
 from rollstack.bench.baseline_registry import NetnsRegistry
 from rollstack.bench.netem import DEFAULT_PROFILE, ShapedLink, cleanup_stale, measure
 from rollstack.bench.report import init_summary
+from rollstack.errors import InvalidRequest
 
 DEFAULT_WORK = Path("/var/cache/rollstack/bench")
 
@@ -72,7 +73,13 @@ def measure_baselines(corpus: Path, *, systems: Sequence[str] = ("docker-equival
     from rollstack.bench.corpus import load_corpus
 
     manifest, _ = load_corpus(corpus)
-    stack = next(s for s in stacks_from_corpus(corpus) if stack_filter(s))
+    candidates = stacks_from_corpus(corpus)
+    stack = next((s for s in candidates if stack_filter(s)), None)
+    if stack is None:
+        raise InvalidRequest(f"no such stack; the corpus has {', '.join(s.name for s in candidates)}")
+    for name in systems:
+        if name not in SYSTEMS:
+            raise InvalidRequest(f"unknown baseline {name!r} (one of {', '.join(SYSTEMS)})")
     stack_bytes = manifest.stack_bytes(stack.components)
     samples: dict[str, list[InitTiming]] = {}
     with BenchRig(work, profile) as rig:

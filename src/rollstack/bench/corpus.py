@@ -322,6 +322,8 @@ def register(app: typer.Typer) -> None:
         cold: int = typer.Option(3, "--cold", help="cold inits per system"),
         warm: int = typer.Option(5, "--warm", help="warm inits per system"),
         results: Optional[Path] = typer.Option(None, "--results", help="write results.json/.md/plots here"),
+        stack: Optional[str] = typer.Option(None, "--stack", help="REPO--HARNESS, e.g. attrs--claude-code (default: first)"),
+        systems: str = typer.Option("docker-equivalent,dynamic-assembly", "--systems", help="comma-separated"),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Cold/warm init of the containerd baselines (docker-equivalent, dynamic-assembly) on the corpus."""
@@ -330,7 +332,9 @@ def register(app: typer.Typer) -> None:
         from rollstack.cli.output import emit
 
         doc = measure_baselines(corpus_dir("small" if small else "full", out), profile=profile,
-                                cold_runs=cold, warm_runs=warm, log=_stderr)
+                                systems=[x.strip() for x in systems.split(",") if x.strip()],
+                                cold_runs=cold, warm_runs=warm, log=_stderr,
+                                stack_filter=lambda st: stack is None or st.name == stack)
         doc["machine"], doc["command"] = machine_facts(), current_command()
         if results is not None:
             samples = {f"{n} cold": [r["first_cmd_s"] for r in rs if r["cold"]] for n, rs in doc["samples"].items()}

@@ -44,7 +44,7 @@ def build_repo(os_tree: Path, dest: Path, repo: RepoSpec, scratch: Path) -> None
     deps = " ".join(shlex.quote(d) for d in repo.test_deps)
     script = f"""
 mkdir -p /tmp/sdist /tmp/src
-pip download --no-deps --no-binary :all: {shlex.quote(f"{repo.name}=={repo.version}")} -d /tmp/sdist
+pip download --no-deps --no-binary {shlex.quote(repo.name)} {shlex.quote(f"{repo.name}=={repo.version}")} -d /tmp/sdist
 tar xzf /tmp/sdist/*.tar.gz -C /tmp/src --no-same-owner
 mkdir -p /work
 mv /tmp/src/* {wd}
