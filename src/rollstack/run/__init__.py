@@ -8,7 +8,9 @@ diff), `environment` (EnvironmentRuntime/Environment lifecycle, crash leftovers)
 """
 
 from rollstack.run.diff import DEFAULT_EXCLUDES, upper_diff
-from rollstack.run.environment import Environment, EnvironmentRuntime, Leftovers, RuntimeConfig
+from rollstack.run.environment import (
+    Environment, EnvironmentRuntime, Leftovers, RuntimeConfig, cleanup_leftovers, find_leftovers,
+)
 from rollstack.run.files import FileInfo, SafeRoot
 from rollstack.run.lowerview import LowerView
 from rollstack.run.ocispec import InitBinaries, SpecParams, build_spec
@@ -18,5 +20,6 @@ from rollstack.run.runc import ExecResult, Runc
 __all__ = [
     "DEFAULT_EXCLUDES", "Environment", "EnvironmentRuntime", "ExecResult", "FileInfo",
     "InitBinaries", "Leftovers", "LowerView", "Runc", "RuntimeConfig", "SafeRoot", "SpecParams",
-    "build_spec", "is_mounted", "mount_overlay", "unmount", "upper_diff",
+    "build_spec", "cleanup_leftovers", "find_leftovers", "is_mounted", "mount_overlay",
+    "unmount", "upper_diff",
 ]

@@ -347,3 +347,13 @@ def _reap(pid: int, wait: float = 2.0) -> None:
         if done or time.monotonic() >= end:
             return
         time.sleep(0.01)
+
+
+def find_leftovers(root: Path) -> Leftovers:
+    """What a previous runtime under `root` left behind (see EnvironmentRuntime.find_leftovers)."""
+    return EnvironmentRuntime(RuntimeConfig(root=root, subreaper=False)).find_leftovers()
+
+
+def cleanup_leftovers(root: Path) -> Leftovers:
+    """Destroy what a previous runtime under `root` left behind; returns what was found."""
+    return EnvironmentRuntime(RuntimeConfig(root=root, subreaper=False)).cleanup_leftovers()

@@ -109,7 +109,9 @@ def test_leftovers_after_simulated_crash(tmp_path, busybox_lower):
         assert len(left.mounts) == 2 and len(left.cgroups) >= 2
         # re-adoption works too
         assert rt2.open(ids[0]).exec("echo adopted").stdout == b"adopted\n"
-        rt2.cleanup_leftovers()
+        from rollstack.run import cleanup_leftovers, find_leftovers
+        assert sorted(find_leftovers(root).envs) == sorted(ids)
+        cleanup_leftovers(root)
         assert rt2.find_leftovers().empty()
         for env_id in ids:
             assert _traces(rt2, env_id)["mounts"] == []
@@ -211,10 +213,20 @@ def test_destroy_after_a_runc_exec_was_killed(make_env, runtime):
     results = []
     th = threading.Thread(target=lambda: results.append(env.exec("sleep 300")))
     th.start()
-    pattern = f"--root {runtime.runc.root} exec"
+    pattern = f"--root\0{runtime.runc.root}\0exec\0".encode()
+
+    def runc_execs() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if pattern in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+            except OSError:
+                pass
+        return found
+
     for _ in range(200):
-        out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True,
-                             text=True).stdout.split()
+        out = runc_execs()
         if out:
             break
         time.sleep(0.02)
