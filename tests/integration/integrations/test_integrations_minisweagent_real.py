@@ -70,3 +70,42 @@ def test_timeout_exit_codes_and_submission_rules(adapter_node) -> None:
         assert info.value.messages[0]["extra"]["submission"] == "patch\n"
     finally:
         env.cleanup()
+
+
+def test_mini_cli_loads_the_environment_by_dotted_path(adapter_node, tmp_path) -> None:
+    """mini-swe-agent's own `mini` command, configured only by YAML, runs to a submission; the
+    environment is destroyed when the process exits."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(busybox_plan()))
+    (tmp_path / "env.yaml").write_text(
+        "environment:\n"
+        "  environment_class: rollstack.integrations.minisweagent.RollstackEnvironment\n"
+        f"  plan: {tmp_path / 'plan.yaml'}\n"
+        "  timeout: 30\n"
+    )
+    outputs = [
+        {"role": "assistant", "content": "fix", "extra": {"actions": [{"command": "sed -i s/bug/hello/ hello.txt"}]}},
+        {"role": "assistant", "content": "done", "extra": {"actions": [{"command": f"echo {M}; cat hello.txt"}]}},
+    ]
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"model": {
+        "model_class": "minisweagent.models.test_models.DeterministicModel", "model_name": "deterministic",
+        "outputs": outputs}}))
+    mini = Path(sys.executable).with_name("mini")
+    env = dict(os.environ, ROLLSTACK_NODE=adapter_node.url, ROLLSTACK_TOKEN=adapter_node.token,
+               MSWEA_CONFIGURED="true", MSWEA_SILENT_STARTUP="1", MSWEA_GLOBAL_CONFIG_DIR=str(tmp_path / "cfg"))
+    proc = subprocess.run(
+        [str(mini), "-c", "mini.yaml", "-c", str(tmp_path / "env.yaml"), "-c", str(tmp_path / "model.yaml"),
+         "-t", "fix hello.txt", "--yolo", "--exit-immediately", "-o", str(tmp_path / "traj.json")],
+        capture_output=True, text=True, timeout=180, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    info = json.loads((tmp_path / "traj.json").read_text())["info"]
+    assert info["exit_status"] == "Submitted" and info["submission"] == "hello\n"
+    env_id = info["rollstack"]["environment_id"]
+    with Client(adapter_node.url, token=adapter_node.token) as client:
+        assert env_id not in [e.id for e in client.list() if e.state in ("creating", "running")]
