@@ -38,6 +38,8 @@ class EnvRecord:
     refs: list[Any] = field(default_factory=list)
     created: CreateResponse | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
+    oom_file: Any = None
+    """The cgroup file counting kernel OOM kills (found on first use)."""
     execs: int = 0
     """Execs in flight (an OOM kill marks them failed)."""
 

@@ -257,37 +257,31 @@ class NodeService:
     def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
         rec = self._running(env_id)
         self.counters["execs"] += 1
+        return to_wire(self._exec(rec, request, None))
+
+    def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
+        rec = self._running(env_id)
+        self.counters["execs"] += 1
+        return stream(lambda on_output: self._exec(rec, request, on_output), to_wire, name=f"exec-{env_id}")
+
+    def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any) -> Any:
+        """Run the command; an OOM ending (provisioner or kernel) becomes OomTerminated."""
+        stages = self._stages()
+        kills = stages.oom_kills(rec)
         rec.execs += 1
         try:
-            result = self._stages().exec(rec, request, None)
+            result = stages.exec(rec, request, on_output)
         except EnvironmentGone:
             self._raise_if_oom(rec)
             raise
         finally:
             rec.execs -= 1
+        if rec.state == st.RUNNING and stages.oom_kills(rec) > kills:
+            # The kernel killed a process at the memory cap (cgroup v2 memory.max, or v1 before
+            # the provisioner disabled the OOM killer): the environment ran out of memory.
+            self._on_terminate(rec.id, {"cause": "kernel_oom_kill"})
         self._raise_if_oom(rec)
-        return to_wire(result)
-
-    def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
-        rec = self._running(env_id)
-        stages = self._stages()
-        self.counters["execs"] += 1
-
-        def run(on_output: Any) -> Any:
-            rec.execs += 1
-            try:
-                return stages.exec(rec, request, on_output)
-            except EnvironmentGone:
-                self._raise_if_oom(rec)
-                raise
-            finally:
-                rec.execs -= 1
-
-        def finish(result: Any) -> ExecResult:
-            self._raise_if_oom(rec)
-            return to_wire(result)
-
-        return stream(run, finish, name=f"exec-{env_id}")
+        return result
 
     def _raise_if_oom(self, rec: EnvRecord) -> None:
         if rec.state == st.OOM_TERMINATED:

@@ -203,6 +203,29 @@ class Stages:
             on_output=on_output,
         )
 
+    def oom_kills(self, rec: EnvRecord) -> int:
+        """Processes the kernel's OOM killer ended in the environment so far (a cheap file read)."""
+        if rec.oom_file is None:
+            from rollstack.run.cgroupfs import env_cgroup_dirs
+
+            for cg in env_cgroup_dirs(rec.id, CGROUP_PARENT):
+                for name in ("memory.oom_control", "memory.events"):
+                    if (cg / name).exists():
+                        rec.oom_file = cg / name
+                        break
+                if rec.oom_file is not None:
+                    break
+            if rec.oom_file is None:
+                return 0
+        try:
+            for line in rec.oom_file.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
     def read_file(self, rec: EnvRecord, path: str) -> bytes:
         return rec.runtime.files.read_file(path)
 

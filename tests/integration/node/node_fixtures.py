@@ -11,9 +11,6 @@ __all__ = ["plan", "publish_corpus", "leftovers", "remember"]
 
 
 def plan(**overrides) -> dict:
-    # The lazy store's background fill is off here: it crashed the daemon (trio CapacityLimiter
-    # misuse in fetch/fetcher.py) when these tests were written.
-    overrides.setdefault("fetch", {"background": False})
     return busybox_plan(**overrides)
 
 
