@@ -26,7 +26,7 @@ from pathlib import Path
 from rollstack.errors import RollstackError
 from rollstack.integrations.grpo import RetryPolicy, results_json, run_batch
 from rollstack.integrations.policies import make_policy
-from rollstack.integrations.tasks import load_tasks, load_template
+from rollstack.integrations.tasks import corpus_planner, load_tasks, load_template, template_planner
 
 
 def default_tasks() -> Path:
@@ -41,7 +41,10 @@ def default_tasks() -> Path:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=Path, default=None, help="task file, SWE-smith schema (default: the demo corpus)")
-    ap.add_argument("--plan-template", type=Path, default=None, help="plan template YAML (default: the demo corpus layout)")
+    ap.add_argument("--plan-template", type=Path, default=None, help="plan template YAML (default: see --corpus)")
+    ap.add_argument("--corpus", type=Path, default=None,
+                    help="built corpus directory whose manifest maps tasks to plans (default: the task file's "
+                         "directory if it holds manifest.json, else the demo corpus template)")
     ap.add_argument("--node", default=None, help="node URL (default $ROLLSTACK_NODE or http://127.0.0.1:7878)")
     ap.add_argument("--token", default=None, help="node token (default $ROLLSTACK_TOKEN or the node's token file)")
     ap.add_argument("--n-tasks", type=int, default=32, help="tasks (groups); fewer if the file has fewer")
@@ -56,6 +59,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print the report as one JSON document")
     ap.add_argument("--results", type=Path, default=None, help="also write every rollout's record here (JSON)")
     return ap.parse_args(argv)
+
+
+def choose_planner(args: argparse.Namespace, tasks_path: Path):
+    """(planner, description): --plan-template, else --corpus / the task file's corpus, else DEMO_TEMPLATE."""
+    if args.plan_template is not None:
+        return template_planner(load_template(args.plan_template)), f"template {args.plan_template}"
+    corpus = args.corpus or (tasks_path.parent if (tasks_path.parent / "manifest.json").is_file() else None)
+    if corpus is not None:
+        return corpus_planner(corpus), f"corpus {corpus}"
+    return template_planner(None), "demo template"
 
 
 def print_report(report: dict, out=sys.stdout) -> None:
@@ -87,14 +100,15 @@ async def main_async(args: argparse.Namespace) -> dict:
         print(f"[grpo] {tasks_path} has {len(tasks)} tasks; running all of them", file=sys.stderr)
     tasks = tasks[: args.n_tasks]
     policy = make_policy(args.policy, p_fix=args.p_fix, step_timeout=args.step_timeout)
+    planner, plans_from = choose_planner(args, tasks_path)
     retry = RetryPolicy(max_retries=args.max_retries, max_resamples=args.max_resamples)
     async with AsyncClient(args.node, args.token) as client:
         report, groups = await run_batch(
             client, tasks, args.k, policy,
-            concurrency=args.concurrency, retry=retry, template=load_template(args.plan_template),
+            concurrency=args.concurrency, retry=retry, planner=planner,
             seed=args.seed, log=lambda m: print(f"[grpo] {m}", file=sys.stderr),
         )
-    report["config"] = {"tasks": str(tasks_path), "n_tasks": len(tasks), "k": args.k, "policy": policy.name,
+    report["config"] = {"tasks": str(tasks_path), "plans": plans_from, "n_tasks": len(tasks), "k": args.k, "policy": policy.name,
                         "concurrency": args.concurrency, "seed": args.seed}
     if args.results:
         args.results.write_text(json.dumps(results_json(groups), indent=1))

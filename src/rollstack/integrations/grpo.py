@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from rollstack.errors import RollstackError
 from rollstack.integrations.policies import Policy
-from rollstack.integrations.tasks import SweTask, task_plan
+from rollstack.integrations.tasks import Planner, SweTask, template_planner
 
 TRANSIENT = frozenset({"registry_unavailable", "insufficient_capacity", "node_unavailable"})
 RESAMPLE = frozenset({"oom_terminated", "environment_gone"})
@@ -154,6 +154,7 @@ class Driver:
         concurrency: int = 8,
         retry: RetryPolicy | None = None,
         template: dict[str, Any] | None = None,
+        planner: Planner | None = None,
         seed: int = 0,
         sleep: Sleep = asyncio.sleep,
         log: Callable[[str], None] | None = None,
@@ -161,7 +162,7 @@ class Driver:
         self.client = client
         self.policy = policy
         self.retry = retry or RetryPolicy()
-        self.template = template
+        self.planner = planner or template_planner(template)
         self.seed = seed
         self.sleep = sleep
         self.log = log or (lambda _msg: None)
@@ -283,7 +284,7 @@ class Driver:
         jobs = []
         for task in tasks:
             try:
-                plans[task.instance_id] = task_plan(task, self.template)
+                plans[task.instance_id] = self.planner(task)
             except RollstackError as exc:
                 self.given_up[task.instance_id] = exc.code
             jobs.extend(self._scheduled(task, plans.get(task.instance_id), i) for i in range(k))

@@ -12,9 +12,9 @@ task's, and hands the evaluator the task: `RS_TASK` (the JSON the demo corpus's 
 `/opt/rollstack-eval/score` reads) and `RS_TEST_COMMAND` in the evaluator's environment.
 
 `DEMO_TEMPLATE` is the demo corpus's layout (`rollstack bench corpus build --small`): groups
-os/..., repo/..., harness/..., and the evaluator group with its pytest scorer. Its evaluator
-runs at workdir `/` because the rollout diff the node applies there names paths from the
-environment root (the scorer changes to the task's workdir itself).
+os/..., repo/..., harness/..., and the evaluator group with its pytest scorer. With the built
+corpus at hand, `corpus_planner(root)` takes the mapping from the corpus module itself
+(`rollstack.bench.corpus.plan_for_task`: group names from its manifest) instead.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -44,12 +44,13 @@ DEMO_TEMPLATE: dict[str, Any] = {
     "timeout": 1800,
     "evaluator": {
         "groups": ["os/debian-python:bookworm", "repo/{repo}:{version}", "evaluator/pytest:8.3.4"],
-        "workdir": "/",
         "command": SCORE_COMMAND,
         "reward": "exit_code",
         "timeout": 900,
     },
 }
+
+Planner = Callable[["SweTask"], dict[str, Any]]
 
 _FIELDS = ("repo", "version", "instance_id", "workdir", "test_command")
 _ID_CHARS = set(string.ascii_letters + string.digits + "._-")
@@ -182,4 +183,45 @@ def task_plan(task: SweTask, template: dict[str, Any] | None = None) -> dict[str
         env.setdefault("RS_TASK", json.dumps(task.score_document(), separators=(",", ":")))
         env.setdefault("RS_TEST_COMMAND", fields["test_command"])
         evaluator["env"] = env
+    return plan
+
+
+def template_planner(template: dict[str, Any] | None = None) -> Planner:
+    """task -> plan through a plan template (None: DEMO_TEMPLATE)."""
+    return lambda task: task_plan(task, template)
+
+
+def corpus_planner(root: str | Path, harness: str = "mini-swe-agent") -> Planner:
+    """task -> plan from a built corpus directory (manifest.json), via the corpus module's own
+    `plan_for_task`, with the task's bug inline and the task handed to the scorer.
+
+    Corpora built before the evaluator tree carried one JSON per task get the scorer command of
+    `DEMO_TEMPLATE` (the task travels in `RS_TASK`) instead of `score tasks/<id>.json`."""
+    from rollstack.bench.corpus import plan_for_task
+    from rollstack.bench.corpus_model import CorpusManifest, Task
+    from rollstack.bench.corpus_spec import EVAL_DIR
+
+    root = Path(root)
+    try:
+        manifest = CorpusManifest.model_validate_json((root / "manifest.json").read_text())
+    except (OSError, ValidationError) as exc:
+        raise InvalidRequest(f"no usable corpus manifest at {root}: {exc}") from exc
+
+    def plan(task: SweTask) -> dict[str, Any]:
+        try:
+            corpus_task = Task.model_validate({k: v for k, v in task.model_dump().items() if v is not None})
+            doc = plan_for_task(manifest, corpus_task, harness=harness)
+        except (ValidationError, InvalidRequest) as exc:
+            raise PlanInvalid(f"{task.instance_id}: not a task of the corpus at {root}: {exc}") from exc
+        doc["mutation_text"] = task.patch
+        doc.setdefault("resources", dict(DEMO_TEMPLATE["resources"]))
+        doc.setdefault("timeout", DEMO_TEMPLATE["timeout"])
+        ev = doc["evaluator"]
+        task_file = root / "evaluator" / EVAL_DIR.lstrip("/") / "tasks" / f"{task.instance_id}.json"
+        if not task_file.is_file():
+            ev["command"] = SCORE_COMMAND
+        ev["env"] = {**ev.get("env", {}), "RS_TASK": json.dumps(task.score_document(), separators=(",", ":")),
+                     "RS_TEST_COMMAND": task.test_command or ""}
+        return doc
+
     return plan

@@ -49,8 +49,7 @@ def busybox_plan(**overrides: Any) -> dict[str, Any]:
         "resources": {"cpu": 0.5, "memory": "128Mi", "max_cpu": 1, "max_memory": "256Mi"},
         "timeout": 300,
         "fetch": {"background": False},
-        "evaluator": {"groups": ["os/busybox:1", "repo/app:1"], "workdir": "/",
-                      "command": ["/bin/sh", "-c", "cd /work/app && grep -qx hello hello.txt"]},
+        "evaluator": {"groups": ["os/busybox:1", "repo/app:1"], "command": ["/bin/sh", "-c", "grep -qx hello hello.txt"]},
     }
     doc.update(overrides)
     return doc
@@ -77,6 +76,5 @@ fetch: {background: false}
 timeout: 300
 evaluator:
   groups: [os/busybox:1, "repo/{repo}:{version}"]
-  workdir: /            # the rollout diff names paths from /: see docs/integrations.md
-  command: 'cd "{workdir}" && eval "$RS_TEST_COMMAND"'
+  command: 'eval "$RS_TEST_COMMAND"'   # runs in the plan's workdir
 """

@@ -24,7 +24,7 @@ def test_demo_plan_is_a_valid_plan() -> None:
     assert plan["groups"] == ["os/debian-python:bookworm", "repo/more-itertools:10.5.0", "harness/mini-swe-agent:2.4.6"]
     assert plan["workdir"] == "/work/more-itertools" and plan["mutation_text"] == PATCH
     ev = plan["evaluator"]
-    assert ev["groups"][-1] == "evaluator/pytest:8.3.4" and ev["workdir"] == "/"
+    assert ev["groups"][-1] == "evaluator/pytest:8.3.4"
     doc = json.loads(ev["env"]["RS_TASK"])
     assert doc["FAIL_TO_PASS"] == ["tests/t.py::a"] and doc["workdir"] == "/work/more-itertools"
     assert ev["env"]["RS_TEST_COMMAND"] == TASK["test_command"]
@@ -69,3 +69,39 @@ def test_prompt_and_workdir_defaults() -> None:
     assert t.resolved_workdir() == "/work/name"
     assert "t0" in t.prompt() and "(and 5 more)" in t.prompt()
     assert SweTask.model_validate(TASK | {"problem_statement": "It breaks."}).prompt() == "It breaks."
+
+
+def _corpus(root: Path) -> Path:
+    from rollstack.bench.corpus_model import Component, CorpusManifest
+
+    comps = [Component(name="os", kind="os", group="os/deb:1"),
+             Component(name="repo-more-itertools", kind="repo", group="repo/more-itertools:10.5.0", base="os"),
+             Component(name="harness-mini-swe-agent", kind="harness", group="harness/mini-swe-agent:2.4.6", base="os"),
+             Component(name="evaluator", kind="evaluator", group="evaluator/pytest:9", base="os")]
+    (root / "manifest.json").write_text(CorpusManifest(flavor="small", components=comps, tasks=1).model_dump_json())
+    return root
+
+
+def test_corpus_planner_uses_the_corpus_mapping(tmp_path: Path) -> None:
+    from rollstack.integrations.tasks import SCORE_COMMAND, corpus_planner
+
+    planner = corpus_planner(_corpus(tmp_path))
+    task = SweTask.model_validate(TASK)
+    plan = planner(task)
+    assert plan["groups"] == ["os/deb:1", "repo/more-itertools:10.5.0", "harness/mini-swe-agent:2.4.6"]
+    assert plan["evaluator"]["groups"][-1] == "evaluator/pytest:9"  # from the manifest, not hard-coded
+    assert plan["mutation_text"] == PATCH and plan["evaluator"]["command"] == SCORE_COMMAND
+    assert json.loads(plan["evaluator"]["env"]["RS_TASK"])["instance_id"] == TASK["instance_id"]
+    load_plan(plan)
+    # a corpus whose evaluator tree carries the task file: its own scorer command is kept
+    f = tmp_path / "evaluator" / "opt" / "rollstack-eval" / "tasks" / f"{TASK['instance_id']}.json"
+    f.parent.mkdir(parents=True)
+    f.write_text("{}")
+    assert planner(task)["evaluator"]["command"][0].endswith("/score")
+    # a task of another repository, or without the corpus fields: plan_invalid (the group is given up)
+    with pytest.raises(PlanInvalid):
+        planner(SweTask.model_validate(TASK | {"repo": "toolz"}))
+    with pytest.raises(PlanInvalid):
+        planner(SweTask.model_validate({"instance_id": "x", "repo": "more-itertools"}))
+    with pytest.raises(InvalidRequest):
+        corpus_planner(tmp_path / "nowhere")
