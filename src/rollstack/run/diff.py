@@ -198,11 +198,22 @@ def format_file_diff(path: str, old: Entry | None, new: Entry | None,
 class _Collector:
     """Walks an upper dir and records (path -> old entry, new entry) for every changed file."""
 
-    def __init__(self, upper: Path, lower: LowerReader) -> None:
+    def __init__(self, upper: Path, lower: LowerReader, prefix: str = "",
+                 excludes: Sequence[str] = ()) -> None:
         self.upper, self.lower = upper, lower
+        self.prefix, self.excludes = prefix, excludes
         self.changes: dict[str, tuple[Entry | None, Entry | None]] = {}
 
+    def wanted(self, rel: str) -> bool:
+        """Whether `rel` is (or leads to) a reported path: prune the walk early, so excluded
+        trees (caches, site-packages under /tmp, ...) cost nothing."""
+        if is_excluded("/" + rel, self.excludes):
+            return False
+        return not self.prefix or rel.startswith(self.prefix) or self.prefix.startswith(rel + "/")
+
     def _deleted_subtree(self, rel: str) -> None:
+        if not self.wanted(rel):
+            return
         old = self.lower.entry(rel)
         if old is None:
             return
@@ -222,6 +233,8 @@ class _Collector:
                     self._deleted_subtree(f"{rel}/{name}" if rel else name)
         for name in names:
             child = f"{rel}/{name}" if rel else name
+            if not self.wanted(child):
+                continue
             path = host / name
             st = os.lstat(path)
             if is_whiteout(st):
@@ -252,9 +265,9 @@ def upper_diff(upper: Path, lower: LowerReader, *, base: str = "/",
     if not base.startswith("/") or ".." in base.split("/"):
         raise InvalidRequest(f"diff base must be an absolute path without '..': {base!r}")
     base = "/" + base.strip("/") if base.strip("/") else "/"
-    collector = _Collector(Path(upper), lower)
-    collector.visit("", False)
     prefix = "" if base == "/" else base.lstrip("/") + "/"
+    collector = _Collector(Path(upper), lower, prefix, excludes)
+    collector.visit("", False)
     out = []
     for rel in sorted(collector.changes):
         if prefix and not rel.startswith(prefix):
