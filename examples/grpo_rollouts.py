@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     except RollstackError as exc:
         print(f"error: {exc.code}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # asyncio.run cancelled the rollouts; their environments were destroyed
+        print("interrupted", file=sys.stderr)
+        return 130
     except (OSError, ValueError, ImportError, AttributeError) as exc:  # bad file, policy name...
         print(f"error: invalid_request: {exc}", file=sys.stderr)
         return 2

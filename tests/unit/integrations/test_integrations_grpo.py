@@ -13,6 +13,7 @@ import pytest
 
 from integrations_fakes import AsyncFakeClient, FakeClient
 from rollstack.errors import (
+    InvalidRequest,
     GroupNotFound,
     InsufficientCapacity,
     InternalError,
@@ -250,3 +251,20 @@ def test_adaptive_limit() -> None:
         assert lim.limit == 1  # nothing in use: floor of 1
 
     asyncio.run(go())
+
+
+def test_example_chooses_template_corpus_or_demo_plans(tmp_path: Path) -> None:
+    import runpy
+
+    example = runpy.run_path(str(Path(__file__).resolve().parents[3] / "examples" / "grpo_rollouts.py"))
+    choose, parse = example["choose_planner"], example["parse_args"]
+    tfile = tmp_path / "tasks.jsonl"
+    tfile.write_text(json.dumps(tasks(1)[0].model_dump()) + "\n")
+    (tmp_path / "t.yaml").write_text("groups: ['repo/{repo}:x']\n")
+    planner, how = choose(parse(["--plan-template", str(tmp_path / "t.yaml")]), tfile)
+    assert how.startswith("template") and planner(tasks(1)[0])["groups"] == ["repo/app:x"]
+    planner, how = choose(parse([]), tfile)
+    assert how == "demo template" and planner(tasks(1)[0])["groups"][0] == "os/debian-python:bookworm"
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(InvalidRequest):  # inside a corpus directory: its (here broken) manifest is used
+        choose(parse([]), tfile)
