@@ -1,7 +1,7 @@
 """`rollstack bench elastic`: fixed quotas (median-sized, tail-sized) vs elastic, on real cgroups.
 
 A mix of bursty tasks drawn from the paper's distributions (peak CPU median 1 core / p99 68 cores,
-peak memory median 0.15 GiB / p99 7 GiB), scaled to this machine (CPU x1/2, memory x1/2, clamped
+peak memory median 0.15 GiB / p99 7 GiB), scaled to this machine (CPU x1/4, memory x1/2, clamped
 to a bench node of 2 cores / 4 GiB and a per-environment cap of 2 cores / 1 GiB), runs as real
 processes in real cgroups (`rollstack.provision.workload`) under:
 
@@ -45,8 +45,11 @@ def _lognormal_quantile(q: float, median: float, p99: float) -> float:
     return median * math.exp(sigma * NormalDist().inv_cdf(q))
 
 
-# The paper's distributions scaled to this machine (x1/2), clamped to the per-environment cap.
-CPU_MEDIAN, CPU_P99 = 0.5, 34.0
+# The paper's distributions scaled to this machine, clamped to the per-environment cap. CPU x1/4:
+# the paper's median (1 core) is a small slice of a big node (the default cap alone is 64 cores);
+# here the median is 1/8 of the 2-core node, already far more generous to a median-sized quota.
+# Memory x1/2 (median 75 MiB on a 4 GiB bench node).
+CPU_MEDIAN, CPU_P99 = 0.25, 17.0
 MEM_MEDIAN, MEM_P99 = int(0.075 * GiB), int(3.5 * GiB)
 
 
@@ -71,7 +74,7 @@ def _steps(task_id: str, peak_cpu: float, peak_mem: int, rng: random.Random, qui
     procs = max(1, math.ceil(peak_cpu - 1e-9))
     duty = peak_cpu / procs
     steps: list[dict[str, Any]] = []
-    scale = 0.5 if quick else 1.0
+    scale = 0.4 if quick else 1.0
     for r in range(3):
         steps.append({"sleep": round(rng.uniform(0.3, 0.8) * scale, 3)})  # waiting for the model
         if r == 1:
@@ -231,6 +234,8 @@ def sampling_cost(backend: Any, parent: str, n: int, seconds: float, config: Pol
 
 
 def _sample_loop(backend: Any, paths: list[str], seconds: float, period: float) -> dict[str, Any]:
+    for p in paths:  # warm-up: the first sample opens and caches each cgroup's descriptors
+        backend.sample(p)
     cpu, ticks = 0.0, 0
     start = time.monotonic()
     while time.monotonic() - start < seconds:
@@ -309,7 +314,7 @@ def run(quick: bool, n_tasks: int | None, seed: int, concurrency: int, out: Path
             doc["scenarios"][name] = sc
             _log(f"  total {sc['total_time']} s, makespan {sc['makespan']} s, oom kills {sc['oom_kills']}")
         _log("sampling cost: 256 cgroups at 200 ms")
-        doc["sampling"] = sampling_cost(backend, parent, 256, 3.0 if quick else 10.0, config)
+        doc["sampling"] = sampling_cost(backend, parent, 256, 2.0 if quick else 10.0, config)
     finally:
         backend.remove(parent)
     doc["summary"] = summarize(doc)
@@ -387,7 +392,10 @@ def _human(doc: dict[str, Any]) -> None:
           f"{sp['provisioner_loop']['percent_of_core']}% ({sp['provisioner_loop']['us_per_env_tick']} us/env/tick)")
     if "write_latency_us" in doc["scenarios"]["elastic"]:
         w = doc["scenarios"]["elastic"]["write_latency_us"]
-        print(f"quota write latency: p50 {w.get('p50_us', 0):.0f} us, p99 {w.get('p99_us', 0):.0f} us ({w['count']} writes)")
+        kinds = ", ".join(f"{k} p50 {v['p50_us']:.0f}/p99 {v['p99_us']:.0f} us ({v['count']})"
+                          for k, v in w.get("by_kind", {}).items())
+        print(f"quota write latency: p50 {w.get('p50_us', 0):.0f} us, p99 {w.get('p99_us', 0):.0f} us "
+              f"({w['count']} writes; {kinds})")
     s = doc["summary"]
     print(f"elastic vs fixed-median: {s['speedup_vs_fixed_median_common_tasks']}x on the {s['common_tasks']} tasks both "
           f"completed ({s['speedup_vs_fixed_median_total']}x on all task times, "

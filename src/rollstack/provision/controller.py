@@ -66,7 +66,7 @@ class Provisioner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wall_offset = time.time() - time.monotonic()
-        self._write_us: deque[float] = deque(maxlen=4096)
+        self._write_us: deque[tuple[str, float]] = deque(maxlen=4096)
         self._cost = {"ticks": 0, "samples": 0, "cpu_s": 0.0, "wall_s": 0.0}
         self.registry = registry
         if registry is not None:
@@ -177,14 +177,15 @@ class Provisioner:
         with self._lock:
             return list(self._envs)
 
-    def write_latency(self) -> dict[str, float]:
-        """Latency of cgroup quota writes so far, microseconds."""
+    def write_latency(self) -> dict[str, Any]:
+        """Latency of the last 4096 cgroup quota writes, microseconds, overall and by kind
+        (`cpu`, `memory_up`, `memory_down`: lowering a v1 memory limit reclaims inside the write)."""
         with self._lock:
-            xs = sorted(self._write_us)
-        if not xs:
-            return {"count": 0}
-        pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
-        return {"count": len(xs), "p50_us": pick(0.5), "p99_us": pick(0.99), "max_us": xs[-1]}
+            rows = list(self._write_us)
+        out = _percentiles([us for _, us in rows])
+        kinds = sorted({k for k, _ in rows})
+        out["by_kind"] = {k: _percentiles([us for kk, us in rows if kk == k]) for k in kinds}
+        return out
 
     def loop_cost(self) -> dict[str, float]:
         """CPU the loop has used: per tick, per sample, and as % of one core over its wall time."""
@@ -303,12 +304,17 @@ class Provisioner:
         for ev in d.events:
             self._log(env, ev)
 
-    def _write(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _write(self, fn: Callable[..., Any], path: str, value: Any, *rest: Any) -> Any:
+        if fn == self.backend.set_cpu:
+            kind = "cpu"
+        else:
+            env = next((e for e in self._envs.values() if e.path == path), None) if rest else None
+            kind = "memory_down" if env is not None and value < env.state.memory else "memory_up"
         t0 = time.perf_counter()
         try:
-            return fn(*args)
+            return fn(path, value, *rest)
         finally:
-            self._write_us.append((time.perf_counter() - t0) * 1e6)
+            self._write_us.append((kind, (time.perf_counter() - t0) * 1e6))
 
     def _log(self, env: _Env, ev: dict[str, Any]) -> None:
         ev = dict(ev, t=ev["t"] + self._wall_offset)
@@ -352,6 +358,14 @@ class Provisioner:
         if env is None:
             raise EnvironmentNotFound(f"environment {env_id} is not provisioned", env=env_id)
         return env
+
+
+def _percentiles(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {"count": 0}
+    xs = sorted(xs)
+    pick = lambda q: round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)  # noqa: E731
+    return {"count": len(xs), "p50_us": pick(0.5), "p99_us": pick(0.99), "max_us": round(xs[-1], 1)}
 
 
 def _host_capacity() -> NodeCapacity:

@@ -125,7 +125,7 @@ class NodeView:
         return replace(self, committed_cpu=self.committed_cpu + cpu, committed_memory=self.committed_memory + memory)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: built 1280x/s; treat as immutable
 class Decision:
     """The outcome of one sample for one environment."""
 
@@ -148,6 +148,18 @@ class Pressure:
     """What triggered it (e.g. `cpu_throttled`, `mem_under_oom`), or `low`/`ok`."""
 
 
+_P: dict[tuple[int, str], Pressure] = {}
+
+
+def _p(level: int, signal: str) -> Pressure:
+    """Interned Pressure values (they are immutable; building one per sample costs ~1 us)."""
+    key = (level, signal)
+    p = _P.get(key)
+    if p is None:
+        p = _P[key] = Pressure(level, signal)
+    return p
+
+
 def cpu_pressure(config: PolicyConfig, prev: CgroupSample, cur: CgroupSample, quota: float) -> tuple[Pressure, float]:
     """CPU pressure level and usage (cores) between two samples."""
     dt = cur.t - prev.t
@@ -155,38 +167,38 @@ def cpu_pressure(config: PolicyConfig, prev: CgroupSample, cur: CgroupSample, qu
     periods = max(0, cur.nr_periods - prev.nr_periods)
     throttled = max(0, cur.nr_throttled - prev.nr_throttled)
     if periods and throttled / periods >= config.cpu_severe_throttled_fraction:
-        return Pressure(2, "cpu_throttled"), usage
+        return _p(2, "cpu_throttled"), usage
     if throttled:
-        return Pressure(1, "cpu_throttled"), usage
+        return _p(1, "cpu_throttled"), usage
     if usage >= config.cpu_ordinary_usage * quota:
-        return Pressure(1, "cpu_usage_high"), usage
+        return _p(1, "cpu_usage_high"), usage
     if usage < config.shrink_below * quota:
-        return Pressure(0, "low"), usage
-    return Pressure(0, "ok"), usage
+        return _p(0, "low"), usage
+    return _p(0, "ok"), usage
 
 
 def memory_pressure(config: PolicyConfig, prev: CgroupSample, cur: CgroupSample, quota: int) -> Pressure:
     """Memory pressure level between two samples (usage measured against the quota in force)."""
     usage = cur.memory_usage
     if cur.under_oom:
-        return Pressure(2, "mem_under_oom")
+        return _p(2, "mem_under_oom")
     if usage >= config.mem_severe_usage * quota:
-        return Pressure(2, "mem_usage_severe")
+        return _p(2, "mem_usage_severe")
     if usage >= config.mem_ordinary_usage * quota:
-        return Pressure(1, "mem_usage_high")
+        return _p(1, "mem_usage_high")
     if cur.failcnt > prev.failcnt:
-        return Pressure(1, "mem_failcnt")
+        return _p(1, "mem_failcnt")
     if cur.events_high > prev.events_high or cur.events_max > prev.events_max:
-        return Pressure(1, "mem_events")
+        return _p(1, "mem_events")
     if (
         cur.pressure_total_us is not None
         and prev.pressure_total_us is not None
         and cur.pressure_total_us - prev.pressure_total_us > config.mem_pressure_us
     ):
-        return Pressure(1, "mem_psi")
+        return _p(1, "mem_psi")
     if usage < config.shrink_below * quota:
-        return Pressure(0, "low")
-    return Pressure(0, "ok")
+        return _p(0, "low")
+    return _p(0, "ok")
 
 
 def memory_floor(config: PolicyConfig, usage: int) -> int:
