@@ -10,7 +10,6 @@ from integrations_fakes import AsyncFakeClient, FakeClient
 from rollstack.errors import EnvironmentGone, InvalidRequest, NodeUnavailable
 from rollstack.integrations.gym import AsyncRolloutEnv, RolloutEnv, clip
 from rollstack.integrations.tasks import SweTask
-from rollstack.node.models import ExecResult
 
 M = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 PLAN = {"name": "p", "groups": ["os/busybox:1"], "workdir": "/w"}
