@@ -23,6 +23,10 @@ def test_exec_basics(make_env):
     assert env.exec("pwd", cwd="/bin").stdout == b"/bin\n"
     r = env.exec("echo $FROM_SPEC $EXTRA", env={"EXTRA": "x y"})
     assert r.stdout == b"spec x y\n"
+    # exec env overrides the spec's (runc dedups, last wins), once
+    r = env.exec("echo $FROM_SPEC; cat /proc/self/environ | tr '\\0' '\\n' | grep -c ^FROM_SPEC=",
+                 env={"FROM_SPEC": "override"})
+    assert r.stdout == b"override\n1\n"
     r = env.exec(["/no/such/binary"])
     assert r.exit_code == 127 and b"No such file" in r.stderr
     assert env.exec("kill -9 $$").exit_code == 137
