@@ -8,6 +8,7 @@ cap and stream output, kill the command's whole tree on timeout.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import select
@@ -108,6 +109,8 @@ class ExecPump:
                     os.close(r)
                 if stdin_w >= 0:
                     os.close(stdin_w)
+                if e.errno == errno.E2BIG:
+                    raise InvalidRequest("command line or environment too long") from e
                 raise RuntimeFailure(f"cannot start runc: {e}") from e
         finally:
             os.close(devnull)

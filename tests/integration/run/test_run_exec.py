@@ -122,3 +122,9 @@ def test_no_zombies_accumulate(make_env):
     time.sleep(0.3)
     ps = env.exec(["ps", "-o", "stat,args"]).stdout.decode().splitlines()[1:]
     assert not [line for line in ps if line.startswith("Z")], ps
+
+
+def test_oversized_command_is_invalid(make_env):
+    env = make_env()
+    with pytest.raises(InvalidRequest):
+        env.exec(["echo", "x" * (4 * 1024 * 1024)])
