@@ -409,7 +409,7 @@ def register(app: typer.Typer) -> None:
     @app.command("elastic")
     def elastic_bench(
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
-        out: Path = typer.Option(Path("bench-results/elastic"), "--out", help="where the PNG and JSON go"),
+        out: Path = typer.Option(Path("results/elastic"), "--out", help="where the PNG and JSON go"),
         quick: bool = typer.Option(False, "--quick", help="fewer, shorter tasks (< 1 minute)"),
         tasks: Optional[int] = typer.Option(None, "--tasks", help="number of tasks (default 12, quick 6)"),
         seed: int = typer.Option(7, "--seed"),
