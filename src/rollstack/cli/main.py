@@ -15,6 +15,11 @@ import typer
 from rollstack.errors import RollstackError
 from rollstack.cli import bench, demo, env, group, layer, node, plan, registry
 
+try:  # typer >= 0.2x vendors click: its usage errors are not `click.ClickException`s
+    from typer._click.exceptions import ClickException as _TyperClickException
+except ImportError:  # pragma: no cover - older typer raises click's own
+    _TyperClickException = click.ClickException
+
 app = typer.Typer(
     name="rollstack",
     help="Environment manager for agentic RL: layer groups, lazy layers, elastic quotas.",
@@ -41,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         return _exit(1)
     except click.exceptions.Exit as exc:
         return _exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, typer.Abort):
         print("error: aborted", file=sys.stderr)
         return _exit(130)
-    except click.ClickException as exc:
+    except (click.ClickException, _TyperClickException) as exc:
         exc.show()
         return _exit(exc.exit_code)
     except KeyboardInterrupt:
