@@ -63,6 +63,10 @@ def _human(doc: dict[str, Any]) -> None:
             stdout.print(f"  {r.task} #{r.rollout}: {r.error}")
     for line in summary_lines(doc["summary"], doc["stages"]):
         stdout.print(line)
+    rs, m = doc["rollout_stack"], doc["machine"]
+    stdout.print(f"rollout stack {' + '.join(rs['groups'])}: {human_bytes(rs['files_bytes'])} of files in "
+                 f"{human_bytes(rs['layer_bytes'])} of layers; machine: {m['cpus']} cpus, load average "
+                 f"{m['loadavg_start'][0]:.1f} at start, {m['loadavg_end'][0]:.1f} at end")
     left = {k: v for k, v in doc["leftovers"].items() if v}
     stdout.print("leftovers after stop: " + ("none (mounts, env dirs, runc state, cgroups, processes)"
                                              if not left else str(left)))

@@ -35,6 +35,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     log = config.log
     t_all = time.monotonic()
     stages: dict[str, float] = {}
+    load_start = os.getloadavg()
 
     corpus = ensure_corpus(config.corpus_dir, config.build_corpus, log)
     stages["corpus"] = corpus.seconds
@@ -69,14 +70,29 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             "tasks": len(corpus.tasks), "build_seconds_recorded": corpus.manifest.get("build_seconds"),
         },
         "groups": [p.to_dict() for p in published],
+        "rollout_stack": _rollout_stack(published),
         "config": {"tasks": len(tasks), "rollouts": config.rollouts, "concurrency": config.concurrency},
         "node": node_doc,
         "rollouts": [r.to_dict() for r in records],
         "summary": summary,
         "stages": stages,
         "leftovers": leftovers,
+        "machine": {"cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in load_start],
+                    "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
         "ok": summary["errors"] == 0 and not any(leftovers.values()),
     }
+
+
+def _rollout_stack(published: list[Any]) -> dict[str, Any]:
+    """What one rollout environment stacks (os + first repository + harness): files vs layer bytes."""
+    picked: dict[str, Any] = {}
+    for p in published:
+        kind = p.group.split("/", 1)[0]
+        if kind in ("os", "repo", "harness") and kind not in picked:
+            picked[kind] = p
+    return {"groups": [p.group for p in picked.values()],
+            "files_bytes": sum(p.tree_bytes for p in picked.values()),
+            "layer_bytes": sum(p.size for p in picked.values())}
 
 
 def _run_rollouts(config: DemoConfig, store_spec: str, tasks: list[dict[str, Any]], groups: Any,
