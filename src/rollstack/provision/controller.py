@@ -22,7 +22,7 @@ from typing import Any, Callable
 from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest, RuntimeFailure
 from rollstack.provision.backend import CgroupBackend
 from rollstack.provision.config import NodeCapacity, PolicyConfig
-from rollstack.provision.policy import Decision, EnvState, QuotaPolicy
+from rollstack.provision.policy import Decision, EnvState, QuotaPolicy, memory_floor
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,10 @@ class Provisioner:
                 self.backend.create(cgroup_path)
                 self._write(self.backend.set_cpu, cgroup_path, state.cpu)
                 applied = self._write(self.backend.set_memory_quota, cgroup_path, state.memory, state.max_memory)
+                if applied > state.memory:  # usage already above the start value (v1 EBUSY)
+                    usage = self.backend.sample(cgroup_path).memory_usage
+                    target = min(state.max_memory, memory_floor(self.config, usage))
+                    applied = self._write(self.backend.set_memory_quota, cgroup_path, target, state.max_memory)
             except OSError as exc:
                 raise RuntimeFailure(f"cannot apply quotas to cgroup {cgroup_path}: {exc}", path=cgroup_path) from exc
             state.memory = int(applied)

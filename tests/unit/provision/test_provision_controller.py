@@ -124,6 +124,17 @@ def test_register_turns_cgroup_os_errors_into_runtime_failure():
     assert prov.committed()["environments"] == 0
 
 
+def test_register_over_usage_settles_on_usage_plus_headroom_not_unlimited():
+    b = FakeBackend()
+    b.create("rollstack/a")
+    b.cg["rollstack/a"]["usage"] = 200 * MiB  # already running, no limit yet
+    b.refuse_shrink_below["rollstack/a"] = 200 * MiB  # v1: EBUSY under usage
+    prov = Provisioner(b, PolicyConfig(), NodeCapacity(cpu=2, memory=4 * GiB))
+    q = prov.register("a", "rollstack/a", 0.5, 64 * MiB)
+    assert q["memory"] == 264 * MiB == b.cg["rollstack/a"]["mem"]  # 200 MiB + 64 MiB headroom
+    assert prov.committed()["memory"] == 264 * MiB
+
+
 def test_tick_grows_on_pressure_writes_cgroup_and_records_history():
     b = FakeBackend()
     prov = Provisioner(b, PolicyConfig(), NodeCapacity(cpu=2, memory=4 * GiB))
