@@ -89,6 +89,33 @@ def test_backend_limits_and_sample_roundtrip(cg):
     assert s2.nr_throttled > 0  # two busy processes at 0.1 cores cannot avoid throttling
 
 
+def test_lazy_v1_sampling_sees_what_eager_sampling_sees(cg):
+    b = cg.backend
+    if b.version != 1:
+        pytest.skip("lazy reads are a v1 backend feature")
+    from rollstack.provision import CgroupV1
+
+    eager = CgroupV1(b.root, lazy=False)
+    p = cg.path("lazy")
+    b.set_cpu(p, 0.1)
+    b.set_memory(p, 256 * MiB)
+    lazy_s, eager_s = b.sample(p), eager.sample(p)
+    w = cg.run(p, [{"alloc": 150}, {"burn": 0.1, "procs": 2}])
+    busy_pairs = []
+    while w.poll() is None:
+        time.sleep(0.1)
+        lazy_s, eager_s = b.sample(p), eager.sample(p)
+        busy_pairs.append((lazy_s, eager_s))
+    eager.forget(p)
+    assert len(busy_pairs) >= 5
+    for ls, es in busy_pairs:
+        # the two reads are not atomic: eager (read second) may be one period ahead
+        assert ls.nr_throttled <= es.nr_throttled <= ls.nr_throttled + 2
+        assert ls.memory_limit == es.memory_limit == 256 * MiB and ls.cpu_limit == es.cpu_limit == 0.1
+        assert ls.failcnt <= es.failcnt and ls.under_oom == es.under_oom
+    assert busy_pairs[-1][0].nr_throttled > 0  # throttling was seen through the lazy path
+
+
 def test_lowering_memory_below_usage_keeps_old_limit(cg):
     b = cg.backend
     p = cg.path("ebusy")
