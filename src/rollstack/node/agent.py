@@ -62,7 +62,7 @@ def serve(config: NodeConfig) -> None:
         host, port = config.host_port()
         server = uvicorn.Server(
             uvicorn.Config(
-                create_app(service, token),
+                create_app(service, token, max_body=config.max_file_bytes),
                 host=host,
                 port=port,
                 log_level="warning",

@@ -53,6 +53,7 @@ def create_app(
     service: EnvironmentService,
     token: str | None,
     threads: int = DEFAULT_THREADS,
+    max_body: int = 1 << 30,
 ) -> FastAPI:
     """The API over `service`. `token=None` disables auth (in-process tests only)."""
     state: dict[str, Any] = {}
@@ -145,6 +146,9 @@ def create_app(
 
     @app.put("/v1/environments/{env_id}/files", dependencies=auth, status_code=204)
     async def write_file(env_id: str, request: Request, path: str = Query(..., min_length=1)) -> Response:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body:
+            raise InvalidRequest(f"{declared} bytes exceed the files API limit of {max_body}")
         data = await request.body()
         await call("write_file", service.write_file, env_id, path, data)
         return Response(status_code=204)

@@ -44,6 +44,8 @@ class NodeConfig(BaseModel):
     """Peer nodes' chunk endpoints (the lazy store asks them before the registry)."""
     exec_output_limit: int = 16 << 20
     """Bytes of stdout (and of stderr) an exec keeps; past it the output is truncated and flagged."""
+    max_file_bytes: int = Field(default=1 << 30, gt=0)
+    """Largest file the files API reads or writes in one request."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
 

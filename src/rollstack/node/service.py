@@ -28,6 +28,7 @@ from rollstack.errors import (
     OomTerminated,
     PlanInvalid,
     RollstackError,
+    RuntimeFailure,
 )
 from rollstack.node import record as st
 from rollstack.node.config import NodeConfig
@@ -271,17 +272,22 @@ class NodeService:
         rec.execs += 1
         try:
             result = stages.exec(rec, request, on_output)
-        except EnvironmentGone:
+        except (EnvironmentGone, RuntimeFailure):
+            # runc cannot start a process in an environment being ended for lack of memory
+            self._check_kernel_oom(rec, stages, kills)
             self._raise_if_oom(rec)
             raise
         finally:
             rec.execs -= 1
-        if rec.state == st.RUNNING and stages.oom_kills(rec) > kills:
+        self._check_kernel_oom(rec, stages, kills)
+        self._raise_if_oom(rec)
+        return result
+
+    def _check_kernel_oom(self, rec: EnvRecord, stages: Stages, kills_before: int) -> None:
+        if rec.state == st.RUNNING and stages.oom_kills(rec) > kills_before:
             # The kernel killed a process at the memory cap (cgroup v2 memory.max, or v1 before
             # the provisioner disabled the OOM killer): the environment ran out of memory.
             self._on_terminate(rec.id, {"cause": "kernel_oom_kill"})
-        self._raise_if_oom(rec)
-        return result
 
     def _raise_if_oom(self, rec: EnvRecord) -> None:
         if rec.state == st.OOM_TERMINATED:

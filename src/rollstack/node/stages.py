@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rollstack.errors import InsufficientCapacity
+from rollstack.errors import InsufficientCapacity, InvalidRequest
 from rollstack.node.config import NodeConfig
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
@@ -227,9 +227,15 @@ class Stages:
         return 0
 
     def read_file(self, rec: EnvRecord, path: str) -> bytes:
-        return rec.runtime.files.read_file(path)
+        limit = self.config.max_file_bytes
+        data = rec.runtime.files.read_file(path, limit=limit + 1)
+        if len(data) > limit:
+            raise InvalidRequest(f"{path} is larger than the files API limit of {limit} bytes")
+        return data
 
     def write_file(self, rec: EnvRecord, path: str, data: bytes) -> None:
+        if len(data) > self.config.max_file_bytes:
+            raise InvalidRequest(f"{len(data)} bytes exceed the files API limit of {self.config.max_file_bytes}")
         rec.runtime.files.write_file(path, data)
 
     def diff(self, rec: EnvRecord) -> str:

@@ -290,3 +290,24 @@ def test_in_process_node(corpus: str, tmp_path: Path) -> None:
         kept = local.create(plan())  # left alive: close() must destroy it
         remember(root, kept.id)
     assert not any(leftovers(root).values()), leftovers(root)
+
+
+def test_fork_bomb_is_contained(node, client: Client) -> None:
+    import time
+
+    _service, server = node
+    capped = {"cpu": 0.25, "memory": "128Mi", "max_cpu": 0.25, "max_memory": "128Mi"}
+    with _create(client, resources=capped) as bomb, _create(client) as neighbour:
+        try:
+            bomb.exec("f() { f | f & }; f", timeout=10)  # returns; the bomb keeps going inside
+            time.sleep(2)
+            tasks = bomb.exec("ls /proc | grep -c '^[0-9]'", timeout=30)
+            if tasks.exit_code == 0:
+                assert int(tasks.stdout.strip()) <= 4096  # the pids limit holds
+        except errors.OomTerminated:
+            assert bomb.info().state == "oom_terminated"  # contained by its memory cap instead
+        except errors.RuntimeFailure as exc:
+            assert "init-p" in str(exc) or "fork" in str(exc)  # so full runc cannot start a process
+        assert neighbour.exec("echo alive", timeout=30).stdout == "alive\n"
+        assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
+    # leaving the with-block destroyed both, bomb included (the module's leak check verifies)

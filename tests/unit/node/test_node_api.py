@@ -152,3 +152,11 @@ def test_openapi_document_lists_the_routes(http: TestClient) -> None:
                   "/v1/environments/{env_id}/stats", "/healthz", "/metrics"):
         assert route in paths
     assert "ExecRequest" in doc["components"]["schemas"]
+
+
+def test_oversized_upload_is_refused_before_reading(service: FakeService) -> None:
+    with TestClient(create_app(service, TOKEN, max_body=10)) as http:
+        env_id = create(http)
+        r = http.put(f"/v1/environments/{env_id}/files", params={"path": "/x"}, content=b"x" * 11, headers=AUTH)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+        assert http.put(f"/v1/environments/{env_id}/files", params={"path": "/x"}, content=b"x" * 10, headers=AUTH).status_code == 204
