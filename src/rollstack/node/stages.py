@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -327,7 +328,7 @@ def _flatten(doc: Any, prefix: str) -> list[tuple[str, float]]:
         for k, v in doc.items():
             out += _flatten(v, f"{prefix}_{k}")
     elif isinstance(doc, (int, float)) and not isinstance(doc, bool):
-        out.append((prefix.replace(".", "_").replace("-", "_"), float(doc)))
+        out.append((re.sub(r"[^A-Za-z0-9_]", "_", prefix), float(doc)))
     return out
 
 

@@ -123,6 +123,10 @@ def test_requests_without_the_token_get_401(node) -> None:
         r = httpx.get(server.url + "/v1/environments", headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
     assert httpx.get(server.url + "/healthz").status_code == 200
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert metrics.status_code == 200
+    for name in ("rollstack_environments ", "rollstack_created_total", "rollstack_agent_rss_bytes", 'rollstack_api_seconds_count{op="health"}'):
+        assert name in metrics.text
 
 
 def test_hostile_paths_are_refused(client: Client) -> None:
