@@ -36,6 +36,7 @@ from rollstack.bench.corpus_tree import remove_tree, tree_stats
 from rollstack.errors import InvalidRequest, RuntimeFailure
 
 Log = Callable[[str], None]
+EVALUATOR_LAYOUT = 2  # bump when the evaluator tree's layout changes (v2: pytest as a fallback)
 
 
 def default_cache_dir() -> Path:
@@ -113,7 +114,7 @@ def build_corpus(flavor: str = "small", out: Path | None = None, *, force: bool 
     with ThreadPoolExecutor(max_workers=2) as pool:
         # Harness installs are network-bound; overlap them with the repository/task pipeline.
         futures = [pool.submit(harness_job, h) for h in spec.harnesses]
-        step("evaluator", f"{osfp}:{spec.evaluator_pytest}",
+        step("evaluator", f"{osfp}:{spec.evaluator_pytest}:{EVALUATOR_LAYOUT}",
              lambda: build_evaluator(os_tree, root / "evaluator", spec.evaluator_pytest, scratch))
         all_tasks: list[Task] = []
         for repo in spec.repos:

@@ -112,14 +112,21 @@ def build_evaluator(os_tree: Path, dest: Path, pytest_version: str, scratch: Pat
     """A pinned pytest (pip --target) and the scoring runner under EVAL_DIR."""
     remove_tree(dest)
     ev = shlex.quote(EVAL_DIR)
+    # The pinned pytest is a FALLBACK (appended to sys.path by sitecustomize), never a shadow:
+    # pytest's own dependencies (packaging, iniconfig...) must not hide the repository's code.
     script = f"""
-mkdir -p {ev}
+mkdir -p {ev}/boot
 pip install --break-system-packages --target {ev}/lib pytest=={shlex.quote(pytest_version)}
 cp /tmp/rs-io/corpus_runner.py {ev}/corpus_runner.py
+cat > {ev}/boot/sitecustomize.py <<'EOF'
+import sys
+sys.path.append("{EVAL_DIR}/lib")
+EOF
 cat > {ev}/score <<'EOF'
 #!/bin/sh
-# score TASK.json: run the task's tests with the evaluator's pytest; prints one JSON verdict.
-exec env PYTHONPATH={EVAL_DIR}/lib python3 {EVAL_DIR}/corpus_runner.py score "$@"
+# score TASK.json: run the task's tests (pytest: the repository's, else the evaluator's);
+# prints one JSON verdict, exits 0 iff reward 1.0.
+exec env PYTHONPATH={EVAL_DIR}/boot python3 {EVAL_DIR}/corpus_runner.py score "$@"
 EOF
 chmod 755 {ev}/score
 """

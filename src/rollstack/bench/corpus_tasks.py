@@ -107,7 +107,7 @@ def check_tasks(os_tree: Path, repo_tree: Path, eval_tree: Path, tasks: list[Tas
     if not tasks:
         return []
     return _run_runner(os_tree, [eval_tree, repo_tree], scratch, f"check-{tasks[0].repo}",
-                       f"env PYTHONPATH={EVAL_DIR}/lib python3 {EVAL_DIR}/corpus_runner.py", "check",
+                       f"env PYTHONPATH={EVAL_DIR}/boot python3 {EVAL_DIR}/corpus_runner.py", "check",
                        {"tasks.jsonl": dump_tasks(tasks)}, runner_in_tree=True, step=step)
 
 

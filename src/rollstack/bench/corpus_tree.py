@@ -148,6 +148,14 @@ def _run(cmd: list[str], timeout: float) -> StepResult:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         raise RuntimeFailure(f"build step timed out after {timeout:.0f}s", output=out.decode(errors="replace")[-4000:])
+    except BaseException:
+        # Interrupted (Ctrl-C, a failing sibling thread): the step has its own session, end it too.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise
     return StepResult(proc.returncode, out.decode(errors="replace"))
 
 
