@@ -75,7 +75,11 @@ class CgroupV1(CgroupBackend):
         return out
 
     def _dirs(self, path: str) -> list[Path]:
-        return [d for d in self._controller_dirs(path) if d.exists()]
+        dirs = [d for d in self._controller_dirs(path) if d.exists()]
+        uni = self.root / "unified" / _rel(path)
+        if uni not in dirs and uni.is_dir():  # made by runc on hybrid hosts, or a PSI-reading backend
+            dirs.append(uni)
+        return dirs
 
     # -- lifecycle -----------------------------------------------------------------------------
     def create(self, path: str) -> None:

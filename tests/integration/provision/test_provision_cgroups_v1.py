@@ -116,6 +116,28 @@ def test_lazy_v1_sampling_sees_what_eager_sampling_sees(cg):
     assert busy_pairs[-1][0].nr_throttled > 0  # throttling was seen through the lazy path
 
 
+def test_hybrid_host_psi_through_the_unified_tree(cg):
+    from rollstack.provision import CgroupV1
+
+    if cg.backend.version != 1 or not (cg.backend.root / "unified" / "cgroup.procs").exists():
+        pytest.skip("no hybrid v2 mount next to the v1 controllers")
+    b = CgroupV1(cg.backend.root, use_unified_psi=True)
+    p = cg.path("psi")  # created by the fixture's backend; the PSI backend adds the unified dir
+    b.create(p)
+    b.set_cpu(p, 0.05)
+    s0 = b.sample(p)
+    assert s0.pressure_total_us is not None and s0.cpu_pressure_total_us is not None
+    w = WorkloadProcess(b, p, [{"burn": 0.03, "procs": 2}])
+    try:
+        assert w.wait(30) == 0
+    finally:
+        w.kill()
+    s1 = b.sample(p)
+    assert s1.cpu_pressure_total_us > s0.cpu_pressure_total_us  # throttled tasks stall on CPU
+    b.remove(p)
+    assert not (b.root / "unified" / p).exists()
+
+
 def test_lowering_memory_below_usage_keeps_old_limit(cg):
     b = cg.backend
     p = cg.path("ebusy")
