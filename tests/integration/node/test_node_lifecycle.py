@@ -209,21 +209,32 @@ def test_lifecycle_leaves_nothing_behind(corpus: str, tmp_path: Path) -> None:
 
 
 def test_restart_cleans_up_a_crashed_run(corpus: str, tmp_path: Path) -> None:
+    from rollstack.node.stages import _daemon_pids
+
     root = tmp_path / "crash"
     first = NodeService(NodeConfig(root=root, store=corpus))
     first.start()
-    doc = first.create(plan())
-    remember(root, doc.id)
-    first._envs.clear()  # "crash": the service forgets what it owns, its pieces stay
-    first.stop()
-    assert leftovers(root)["envs"] == [doc.id]
-    second = NodeService(NodeConfig(root=root, store=corpus))
-    second.start()
     try:
-        assert not any(leftovers(root).values()), leftovers(root)
-        assert second.stages is not None and doc.id in second.stages.recovered.envs
+        doc = first.create(plan())
+        remember(root, doc.id)
+        first._stopping.set()  # "crash": the reaper ends, nothing is torn down,
+        orphans = _daemon_pids(root / "lazy" / "mnt")  # the lazy store daemon keeps serving
+        assert len(orphans) == 1 and leftovers(root)["envs"] == [doc.id]
+        second = NodeService(NodeConfig(root=root, store=corpus))
+        second.start()
+        try:
+            assert not any(leftovers(root).values()), leftovers(root)
+            assert second.stages is not None and doc.id in second.stages.recovered.envs
+            assert _daemon_pids(root / "lazy" / "mnt") != orphans  # the orphan is gone, a new one serves
+            r = second.exec(second.create(plan()).id, ExecRequest(command="cat hello.txt"))
+            assert r.stdout == "bug\n"
+        finally:
+            second.stop()
+        assert _daemon_pids(root / "lazy" / "mnt") == []
     finally:
-        second.stop()
+        if first.stages is not None and first.stages.provisioner is not None:
+            first.stages.provisioner.stop()
+
 
 
 def test_memory_hog_is_oom_terminated_and_neighbours_live(client: Client) -> None:
