@@ -169,7 +169,7 @@ def rm(env_ids: Annotated[list[str], typer.Argument(metavar="ID...")], node: Nod
     """Destroy environments, reclaiming everything."""
     with _client(node, token) as client:
         for env_id in env_ids:
-            client._service.destroy(env_id)
+            client.destroy(env_id)
 
 
 @app.command("stats")

@@ -100,6 +100,10 @@ class EnvironmentFacade:
     def list(self) -> list[EnvironmentInfo]:
         return self._service.list()
 
+    def destroy(self, env_id: str) -> None:
+        """Destroy an environment by id (idempotent for ids this node destroyed)."""
+        self._service.destroy(env_id)
+
     def health(self) -> Any:
         return self._service.health()
 
