@@ -11,10 +11,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DEFAULT_EXEC_TIMEOUT = 600.0
-"""Seconds an exec may run when the request names no timeout."""
-
-
 class _Wire(BaseModel):
     # Unknown fields from a newer peer are kept, not rejected: the contract may only grow.
     model_config = ConfigDict(extra="allow")
@@ -69,7 +65,8 @@ class ExecRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables, on top of the plan's."""
     timeout: float | None = Field(default=None, gt=0)
-    """Seconds; on expiry the whole process tree is killed and `timed_out` is reported."""
+    """Seconds; on expiry the whole process tree is killed and `timed_out` is reported. None: no
+    limit of its own (the environment's lifetime still ends it)."""
     stdin: str | None = None
 
     @model_validator(mode="after")

@@ -326,3 +326,22 @@ def test_fork_bomb_is_contained(node, client: Client) -> None:
         assert neighbour.exec("echo alive", timeout=30).stdout == "alive\n"
         assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
     # leaving the with-block destroyed both, bomb included (the module's leak check verifies)
+
+
+def test_a_long_exec_blocks_nothing_else(client: Client) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _create(client) as slow:
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (slow.exec("sleep 120"), done.set()), daemon=True)
+        worker.start()
+        with ThreadPoolExecutor(max_workers=4) as pool:  # parallel creates, execs, destroys meanwhile
+            envs = list(pool.map(lambda _: _create(client), range(4)))
+            outs = list(pool.map(lambda e: e.exec("echo $TASK").stdout, envs))
+            list(pool.map(lambda e: e.destroy(), envs))
+        assert outs == ["app\n"] * 4
+        assert slow.exec("echo meanwhile").stdout == "meanwhile\n"  # same env, concurrent exec
+        assert not done.is_set()  # all of the above happened while the long exec still ran
+    worker.join(timeout=30)  # the context manager's destroy ended the sleep
+    assert not worker.is_alive()
