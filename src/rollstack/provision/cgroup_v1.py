@@ -174,6 +174,7 @@ class CgroupV1(CgroupBackend):
             self.dir("cpu", path) / "cpu.stat",
             mem / "memory.failcnt",
             mem / "memory.oom_control",
+            mem / "memory.stat",
         ]
         uni = self.root / "unified" / _rel(path)
         if self.use_unified_psi and (uni / "memory.pressure").exists():
@@ -207,14 +208,18 @@ class CgroupV1(CgroupBackend):
                 stat = (int(st[1]), int(st[3]), int(st[5]))
                 tr.force_stat = tr.stat is not None and stat[1] > tr.stat[1]  # keep reading while throttled
                 tr.stat = stat
+            ws = None
             if not lazy or tr.failcnt is None or usage >= LAZY_MEM_FRACTION * limit:
                 tr.failcnt = int(pread(fds[3], 64, 0))
+                # Page cache counts in usage and fills any limit; inactive file pages are what
+                # reclaim drops first, so they are not pressure. (~10 us: only near the limit.)
+                ws = max(0, usage - _stat_value(pread(fds[5], 8192, 0), b"\ntotal_inactive_file "))
             if not lazy or tr.oom is None or tr.oom[0] or usage >= OOM_CHECK_FRACTION * limit:
                 oom = pread(fds[4], 4096, 0).split()
                 if oom[2] != b"under_oom":
                     raise RuntimeFailure(f"unexpected memory.oom_control layout in {path}", path=path)
                 tr.oom = (oom[3] != b"0", int(oom[5]) if len(oom) > 5 else 0)
-            psi = [parse_psi_some_total(pread(fd, 4096, 0)) for fd in fds[5:]] if len(fds) > 5 else None
+            psi = [parse_psi_some_total(pread(fd, 4096, 0)) for fd in fds[6:]] if len(fds) > 6 else None
         except OSError:
             self.forget(path)  # gone (ENODEV/ENOENT): drop descriptors, let the caller decide
             raise
@@ -224,13 +229,22 @@ class CgroupV1(CgroupBackend):
         # Positional: keyword construction of a 15-field dataclass costs ~2x (this runs 1280x/s).
         return CgroupSample(
             t, cpu_ns, stat[0], stat[1], stat[2], usage, limit, tr.failcnt, 0, 0, oom[1], oom[0],
-            psi[0] if psi else None, psi[1] if psi else None, quota,
+            psi[0] if psi else None, psi[1] if psi else None, quota, ws,
         )
 
     def oom_kills(self, path: str) -> int:
         """The cgroup's OOM-kill count, read now (sample() refreshes it only near the limit)."""
         oom = read_text(self.dir("memory", path) / "memory.oom_control").split()
         return int(oom[5]) if len(oom) > 5 else 0
+
+
+def _stat_value(data: bytes, key: bytes) -> int:
+    """One `key value` line of memory.stat (key given with its leading newline); 0 if absent."""
+    i = data.find(key)
+    if i < 0:
+        return 0
+    j = i + len(key)
+    return int(data[j : data.index(b"\n", j)])
 
 
 class _Track:
@@ -242,7 +256,8 @@ class _Track:
       quota, or the last read showed new throttling, or the quota just changed. A throttled 100 ms
       period uses the full quota for that period, so any 200 ms window containing one is at
       >= 25% of quota (>= 50% if it contains the whole period).
-    - memory.failcnt only grows while usage sits at the limit: read when usage >= 50% of it.
+    - memory.failcnt only grows while usage sits at the limit: read when usage >= 50% of it,
+      together with memory.stat (for the working set: usage minus inactive file cache).
     - memory.oom_control (under_oom, oom_kill) only changes at the limit: read when usage >= 90%
       of it, while it last said under_oom, and after a limit change.
     Values rollstack wrote (cfs quota, memory limit) are remembered, not re-read.

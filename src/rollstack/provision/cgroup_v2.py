@@ -16,6 +16,7 @@ cgroupfs tree with the kernel's file formats (tests/unit/provision/test_provisio
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -136,11 +137,13 @@ class CgroupV2(CgroupBackend):
         cache = self._cache.get(path)
         if cache is None:
             d = self.dir(path)
-            names = ("cpu.stat", "cpu.max", "memory.current", "memory.max", "memory.high", "memory.events")
+            names = ("cpu.stat", "cpu.max", "memory.current", "memory.max", "memory.high", "memory.events",
+                     "memory.stat")
             cache = self._cache[path] = FdCache(tuple(d / n for n in names))
         d = cache.paths[0].parent
         try:
-            raw = cache.read_all()
+            fds = cache.fds or cache.open()
+            raw = [os.pread(fd, 4096, 0) for fd in fds[:6]]
             cpu = parse_flat_keyed(raw[0])
             cpu_max = raw[1].split()
             current = int(raw[2])
@@ -154,6 +157,16 @@ class CgroupV2(CgroupBackend):
             raise
         limit = high if high is not None else mmax
         limit_bytes = limit if limit is not None else 1 << 63
+        ws = None
+        if current >= limit_bytes // 2:  # cache only matters near the limit (see CgroupV1)
+            try:
+                stat = b"\n" + os.pread(fds[6], 16384, 0)
+            except OSError:
+                self.forget(path)
+                raise
+            i = stat.find(b"\ninactive_file ")
+            if i >= 0:
+                ws = max(0, current - int(stat[i + 15 : stat.index(b"\n", i + 15)]))
         quota = cpu_max[0]
         return CgroupSample(
             t=time.monotonic() if now is None else now,
@@ -170,6 +183,7 @@ class CgroupV2(CgroupBackend):
             pressure_total_us=mem_psi,
             cpu_pressure_total_us=cpu_psi,
             cpu_limit=None if quota == b"max" else int(quota) / int(cpu_max[1]),
+            memory_working_set=ws,
         )
 
 

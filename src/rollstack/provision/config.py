@@ -25,10 +25,15 @@ class PolicyConfig(BaseModel):
     runnable in at most two"; a busy task over its quota scores 1.0."""
 
     mem_ordinary_usage: float = Field(0.8, gt=0, le=1)
-    """Memory ordinary pressure: usage >= this fraction of the limit, or failcnt (v1) / memory.events
-    high or max (v2) grew, or PSI memory `some` grew by more than `mem_pressure_us`."""
+    """Memory ordinary pressure: working set (usage minus inactive file cache, when read) >= this
+    fraction of the limit, or failcnt (v1) / memory.events high or max (v2) grew (see
+    `mem_events_min_working_set`), or PSI memory `some` grew by more than `mem_pressure_us`."""
     mem_severe_usage: float = Field(0.95, gt=0, le=1)
     """Memory severe pressure: usage >= this fraction of the limit, or tasks paused under OOM."""
+    mem_events_min_working_set: float = Field(0.5, ge=0, le=1)
+    """failcnt / memory.events growth counts as pressure only while the working set (usage minus
+    inactive file cache) is at least this fraction of the limit: hitting the limit with page
+    cache just makes the kernel drop cache."""
     mem_pressure_us: int = Field(10_000, ge=0)
     """PSI memory `some total` growth per sample (us) that counts as ordinary pressure (10 ms in a
     200 ms sample = 5% of the time stalled). PSI totals are used because avg10 refreshes only every 2 s."""

@@ -136,25 +136,32 @@ def cpu_pressure(config: PolicyConfig, prev: CgroupSample, cur: CgroupSample, qu
 
 
 def memory_pressure(config: PolicyConfig, prev: CgroupSample, cur: CgroupSample, quota: int) -> Pressure:
-    """Memory pressure level between two samples (usage measured against the quota in force)."""
-    usage = cur.memory_usage
+    """Memory pressure level between two samples, measured against the quota in force.
+
+    Usage thresholds apply to the working set (usage minus inactive file cache) when the backend
+    read it: page cache fills any limit and is dropped first, so it is not pressure. For the same
+    reason failcnt / memory.events growth counts only while the working set is a real share of
+    the limit. Tasks paused under OOM are always severe.
+    """
+    ws = cur.memory_working_set if cur.memory_working_set is not None else cur.memory_usage
     if cur.under_oom:
         return _p(2, "mem_under_oom")
-    if usage >= config.mem_severe_usage * quota:
+    if ws >= config.mem_severe_usage * quota:
         return _p(2, "mem_usage_severe")
-    if usage >= config.mem_ordinary_usage * quota:
+    if ws >= config.mem_ordinary_usage * quota:
         return _p(1, "mem_usage_high")
-    if cur.failcnt > prev.failcnt:
-        return _p(1, "mem_failcnt")
-    if cur.events_high > prev.events_high or cur.events_max > prev.events_max:
-        return _p(1, "mem_events")
+    if ws >= config.mem_events_min_working_set * quota:
+        if cur.failcnt > prev.failcnt:
+            return _p(1, "mem_failcnt")
+        if cur.events_high > prev.events_high or cur.events_max > prev.events_max:
+            return _p(1, "mem_events")
     if (
         cur.pressure_total_us is not None
         and prev.pressure_total_us is not None
         and cur.pressure_total_us - prev.pressure_total_us > config.mem_pressure_us
     ):
         return _p(1, "mem_psi")
-    if usage < config.shrink_below * quota:
+    if ws < config.shrink_below * quota:
         return _p(0, "low")
     return _p(0, "ok")
 

@@ -46,3 +46,6 @@ class CgroupSample:
     """PSI `some total=` of cpu.pressure in microseconds; None if absent."""
     cpu_limit: float | None = None
     """The CPU quota in force in cores (None = unlimited)."""
+    memory_working_set: int | None = None
+    """Usage minus inactive file cache (what reclaim cannot simply drop), read only when usage is
+    at least half the limit; None means "not read: take memory_usage"."""

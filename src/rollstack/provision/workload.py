@@ -4,7 +4,7 @@ A workload is a list of steps executed by a tiny standalone Python script (no ro
 `python -S`, ~7 MiB): `{"sleep": s}`, `{"burn": cpu_s, "procs": k, "duty": d}` (k forked busy
 processes, each burning cpu_s CPU-seconds, busy a fraction d of each 10 ms slice),
 `{"alloc": mib, "rate": mib_per_s}` (mmap and touch every page, kept until `free` or exit),
-`{"free": true}`. The process waits for a line on stdin before starting, so the parent can move
+`{"free": true}`, `{"read": path}` (read a file through the page cache). The process waits for a line on stdin before starting, so the parent can move
 it into its cgroup first; its children inherit the cgroup.
 """
 
@@ -65,6 +65,10 @@ for st in steps:
                 ahead = done / (rate * 1048576) - (time.perf_counter() - t0)
                 if ahead > 0:
                     time.sleep(ahead)
+    elif "read" in st:
+        with open(st["read"], "rb", buffering=0) as f:
+            while f.read(1 << 20):
+                pass
     elif st.get("free"):
         for m in held:
             m.close()

@@ -212,6 +212,27 @@ def test_memory_ramp_grows_limit_and_completes_without_oom_kill(cg):
     assert mem_events and all(e["new"] > e["old"] for e in mem_events)
 
 
+def test_page_cache_filling_the_limit_does_not_grow_memory(cg, tmp_path):
+    b = cg.backend
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        for _ in range(160):
+            f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # so the reader's cgroup pays
+    p = cg.path("cache")
+    prov = Provisioner(b, PolicyConfig(), NodeCapacity(cpu=2, memory=4 * GiB))
+    prov.register("cache", p, start_cpu=1.0, start_memory=64 * MiB)
+    w = cg.run(p, [{"read": str(big)}, {"sleep": 0.5}])
+    with prov:
+        assert w.wait(30) == 0
+    s = b.sample(p)
+    assert s.failcnt > 0  # the cache did hit the limit (the kernel dropped cache to make room)
+    mem_grows = [e for e in prov.events("cache") if e["resource"] == "memory" and e["new"] > e["old"]]
+    assert mem_grows == [] and prov.quotas("cache")["memory"] == 64 * MiB
+
+
 def test_hog_above_its_cap_is_terminated_with_peak_and_history(cg):
     b = cg.backend
     p = cg.path("hog")

@@ -27,6 +27,8 @@ LEAF_FILES = {
     "memory.pressure": "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
     "cpu.pressure": "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
     "pids.max": "max\n",
+    "memory.stat": "anon 0\nfile 0\nkernel 0\nshmem 0\nactive_anon 0\ninactive_anon 0\nactive_file 0\n"
+    "inactive_file 0\nunevictable 0\n",
 }
 
 
@@ -116,6 +118,10 @@ def test_sample_parses_counters_and_follows_rewrites(fake_root: Path):
         "throttled_usec 150000\nnr_bursts 0\nburst_usec 0\n"
     )
     (d / "memory.current").write_text(f"{64 * MiB - 4096}\n")
+    (d / "memory.stat").write_text(
+        f"anon {40 * MiB}\nfile {24 * MiB}\nactive_anon {40 * MiB}\ninactive_anon 0\nactive_file {16 * MiB}\n"
+        f"inactive_file {8 * MiB}\nunevictable 0\n"
+    )
     (d / "memory.events").write_text("low 0\nhigh 7\nmax 0\noom 0\noom_kill 1\noom_group_kill 0\n")
     (d / "memory.pressure").write_text(
         "some avg10=1.00 avg60=0.10 avg300=0.00 total=30000\nfull avg10=0.50 avg60=0.00 avg300=0.00 total=12000\n"
@@ -124,6 +130,8 @@ def test_sample_parses_counters_and_follows_rewrites(fake_root: Path):
     assert (s1.cpu_usage_ns, s1.nr_periods, s1.nr_throttled, s1.throttled_ns) == (50_000_000, 2, 2, 150_000_000)
     assert (s1.events_high, s1.events_max, s1.oom_kill_count) == (7, 0, 1)
     assert s1.under_oom and s1.pressure_total_us == 30000 and s1.memory_usage == 64 * MiB - 4096
+    assert s1.memory_working_set == 56 * MiB - 4096  # minus inactive_file
+    assert s0.memory_working_set is None  # far below the limit: memory.stat not read
     assert b.oom_kills("rollstack/e") == 1
     # the same policy runs on v2 samples: severe CPU and memory pressure -> x4 each
     p = QuotaPolicy(PolicyConfig(), NodeCapacity(cpu=2, memory=8 * GiB))

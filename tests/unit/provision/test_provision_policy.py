@@ -54,8 +54,25 @@ def test_memory_grows_x2_ordinary_x4_severe_and_independently_of_cpu():
     assert d.new_memory == 128 * MiB and d.new_cpu == s.cpu
     d = p.decide(s, mk(0.2, usage=64 * MiB, under_oom=True), node_for(p, s))
     assert d.new_memory == 256 * MiB
-    d = p.decide(s, mk(0.2, usage=10 * MiB, failcnt=3), node_for(p, s))
+    d = p.decide(s, mk(0.2, usage=40 * MiB, failcnt=3), node_for(p, s))
     assert d.new_memory == 128 * MiB and d.events[0]["signal"] == "mem_failcnt"
+    d = p.decide(s, mk(0.2, usage=10 * MiB, failcnt=3), node_for(p, s))  # limit hit, then freed
+    assert d.new_memory == 64 * MiB
+
+
+def test_page_cache_is_not_pressure_but_a_working_set_is():
+    p = QuotaPolicy(CFG, CAP)
+    s = fresh(p)
+    # usage at 98% of the limit, but 90% of it inactive file cache; failcnt grows as cache is dropped
+    d = p.decide(s, mk(0.2, usage=int(0.98 * 64 * MiB), failcnt=50, memory_working_set=4 * MiB), node_for(p, s))
+    assert d.new_memory == 64 * MiB and d.events == []
+    d = p.decide(s, mk(0.2, usage=int(0.98 * 64 * MiB), failcnt=50, memory_working_set=40 * MiB), node_for(p, s))
+    assert d.new_memory == 128 * MiB and d.events[0]["signal"] == "mem_failcnt"
+    d = p.decide(s, mk(0.2, usage=int(0.98 * 64 * MiB), memory_working_set=62 * MiB), node_for(p, s))
+    assert d.new_memory == 256 * MiB and d.events[0]["signal"] == "mem_usage_severe"
+    # a task paused under OOM is severe whatever the working set says
+    d = p.decide(s, mk(0.2, usage=64 * MiB, under_oom=True, memory_working_set=1 * MiB), node_for(p, s))
+    assert d.new_memory == 256 * MiB
 
 
 def test_v2_signals_events_and_psi_count_as_pressure():
@@ -64,7 +81,7 @@ def test_v2_signals_events_and_psi_count_as_pressure():
     s = p.decide(s, mk(0.1, usage=MiB, pressure_total_us=1000), node_for(p, s)).state
     d = p.decide(s, mk(0.3, usage=MiB, pressure_total_us=1000 + 50_000), node_for(p, s))
     assert d.new_memory == 128 * MiB and d.events[0]["signal"] == "mem_psi"
-    d = p.decide(s, mk(0.3, usage=MiB, events_high=2), node_for(p, s))
+    d = p.decide(s, mk(0.3, usage=40 * MiB, events_high=2), node_for(p, s))
     assert d.new_memory == 128 * MiB and d.events[0]["signal"] == "mem_events"
 
 
