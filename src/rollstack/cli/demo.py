@@ -26,6 +26,8 @@ def register_top_level(root: typer.Typer) -> None:
         concurrency: int = typer.Option(4, "--concurrency", min=1, max=64, help="rollouts in flight at once"),
         corpus: Optional[Path] = typer.Option(None, "--corpus", help="small corpus directory [default: the corpus cache]"),
         no_build: bool = typer.Option(False, "--no-build", help="do not build the corpus; fail if it is not built"),
+        background_fill: bool = typer.Option(False, "--background-fill",
+                                             help="plans fill the rest of the stack in the background after ready"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
         """Build a small real corpus (cached), publish it, run rollouts on an in-process node, print a table."""
@@ -33,7 +35,8 @@ def register_top_level(root: typer.Typer) -> None:
         from rollstack.demo.runner import run_demo
 
         doc = run_demo(DemoConfig(store=store, root=root_dir, tasks=tasks, rollouts=rollouts,
-                                  concurrency=concurrency, corpus_dir=corpus, build_corpus=not no_build))
+                                  concurrency=concurrency, corpus_dir=corpus, build_corpus=not no_build,
+                                  background_fill=background_fill))
         emit(doc, as_json, _human)
         if not doc["ok"]:
             raise typer.Exit(1)

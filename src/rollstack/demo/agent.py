@@ -36,7 +36,7 @@ def _step(env: Any, command: str | list[str], timeout: float, stdin: str | None 
 
 def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: int, *,
                 exec_timeout: float = 300.0, cancel: threading.Event | None = None,
-                apply_fix: bool = True) -> RolloutRecord:
+                apply_fix: bool = True, background_fill: bool = False) -> RolloutRecord:
     """Run one rollout of `task` on `node`; never raises for a rollout's own failure.
 
     `apply_fix=False` is the control: an agent that changes nothing (its reward must be 0.0)."""
@@ -45,7 +45,7 @@ def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: i
     env = None
     try:
         _check(cancel)
-        env = node.create(rollout_plan(task, groups, rollout))
+        env = node.create(rollout_plan(task, groups, rollout, background_fill=background_fill))
         rec.env_id = env.id
         created = env.created
         rec.timings = {k: float(v) for k, v in created.timings.model_dump().items()

@@ -35,6 +35,8 @@ class DemoConfig:
     """Build the corpus when it is missing or stale (False: it must already be built)."""
     node_dir: Path | None = None
     """The node's state directory (lazy store chunk cache included); None: `<root>/node`."""
+    background_fill: bool = False
+    """The plans' `fetch.background` (fill the rest of the stack after ready); see plans.rollout_plan."""
     exec_timeout: float = 300.0
     """Seconds each agent command may run."""
     log: Callable[[str], None] = field(default=_stderr, compare=False, repr=False)

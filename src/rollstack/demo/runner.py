@@ -71,7 +71,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         },
         "groups": [p.to_dict() for p in published],
         "rollout_stack": _rollout_stack(published),
-        "config": {"tasks": len(tasks), "rollouts": config.rollouts, "concurrency": config.concurrency},
+        "config": {"tasks": len(tasks), "rollouts": config.rollouts, "concurrency": config.concurrency,
+                   "background_fill": config.background_fill},
         "node": node_doc,
         "rollouts": [r.to_dict() for r in records],
         "summary": summary,
@@ -117,7 +118,7 @@ def _run_rollouts(config: DemoConfig, store_spec: str, tasks: list[dict[str, Any
             t = time.monotonic()
             with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="rollout") as pool:
                 futures = [pool.submit(run_rollout, node, task, groups, r, exec_timeout=config.exec_timeout,
-                                       cancel=cancel) for task, r in jobs]
+                                       cancel=cancel, background_fill=config.background_fill) for task, r in jobs]
                 _collect(futures, records, cancel, log)
             stages["rollouts"] = time.monotonic() - t
             seen_ids.update(r.env_id for r in records if r.env_id)

@@ -63,6 +63,8 @@ def test_rollout_plan_is_a_valid_plan_with_the_bug_and_a_clean_evaluator() -> No
     assert plan.evaluator is not None and plan.evaluator.reward == "exit_code"
     assert plan.evaluator.groups == ["os/debian-python:bookworm", "repo/pkg:1.0", "evaluator/pytest:8.3.4"]
     assert plan.resources.cpu <= plan.resources.max_cpu
+    assert plan.fetch.background is False  # no background fill competing with the tests for 2 cores
+    assert load_plan(rollout_plan(TASK, stack_groups(COMPONENTS), 0, background_fill=True)).fetch.background
 
 
 def test_evaluator_command_writes_the_task_and_runs_the_scorer(tmp_path: Path) -> None:
