@@ -66,7 +66,14 @@ def _human(doc: dict[str, Any]) -> None:
             stdout.print(f"  {r.task} #{r.rollout}: {r.error}")
     for line in summary_lines(doc["summary"], doc["stages"]):
         stdout.print(line)
-    rs, m = doc["rollout_stack"], doc["machine"]
+    rs, m, nm = doc["rollout_stack"], doc["machine"], doc.get("node", {}).get("metrics", {})
+    if "lazy_fetch_transferred_bytes_registry" in nm:
+        pulled = nm["lazy_fetch_transferred_bytes_registry"]
+        share = f" ({100 * pulled / rs['layer_bytes']:.1f}% of the rollout stack's layers)" if rs["layer_bytes"] else ""
+        stdout.print(f"the node pulled {human_bytes(pulled)} from the store over the whole run{share} in "
+                     f"{nm.get('lazy_fetch_requests_registry', 0):.0f} requests; its chunk cache holds "
+                     f"{human_bytes(nm.get('lazy_disk_cache_bytes'))}; {nm.get('created_total', 0):.0f} environments "
+                     f"created (evaluators included), {nm.get('execs_total', 0):.0f} execs")
     stdout.print(f"rollout stack {' + '.join(rs['groups'])}: {human_bytes(rs['files_bytes'])} of files in "
                  f"{human_bytes(rs['layer_bytes'])} of layers; machine: {m['cpus']} cpus, load average "
                  f"{m['loadavg_start'][0]:.1f} at start, {m['loadavg_end'][0]:.1f} at end")

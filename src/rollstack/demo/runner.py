@@ -174,7 +174,8 @@ def _node_metrics(node: Any) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - metrics are informative only
         return {}
     keep = ("created_total", "destroyed_total", "create_failures_total", "execs_total", "evaluations_total",
-            "agent_rss_bytes")
+            "agent_rss_bytes", "lazy_fetch_transferred_bytes_registry", "lazy_fetch_requests_registry",
+            "lazy_disk_cache_bytes", "lazy_fetch_stall_seconds")
     return {k: m[k] for k in keep if k in m}
 
 

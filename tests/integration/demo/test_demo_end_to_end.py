@@ -69,8 +69,11 @@ def test_demo_runs_rollouts_that_really_fail_then_pass(published: tuple[object, 
         assert r["timings"]["total"] > 0 and r["timings"]["mutation"] > 0
         assert 0 < r["fetch"]["stack_bytes"]
     stack = doc["summary"]["stack_bytes"]
-    # A cold node pulls something before the first environment is ready, but far from the whole stack.
-    assert 0 < doc["summary"]["fetched_bytes_max"] < stack / 2
+    # A cold node pulls what the rollouts read (python, pytest, the repository), far from the whole stack.
+    pulled = doc["node"]["metrics"]["lazy_fetch_transferred_bytes_registry"]
+    assert 0 < pulled < stack / 2
+    assert doc["summary"]["fetched_bytes_max"] < stack / 2
+    assert doc["node"]["metrics"]["created_total"] == 4  # 2 rollouts + their 2 evaluator environments
     assert doc["summary"]["mean_reward"] == 1.0
     assert doc["leftovers"] == {"mounts": [], "envs": [], "runc": [], "cgroups": [], "processes": []}
     assert doc["ok"] is True

@@ -28,6 +28,8 @@ def _doc(error: str | None = None) -> dict:
         "summary": summarize(recs, 10.0),
         "stages": {"corpus": 0.1, "rollouts": 10.0},
         "leftovers": {"mounts": [], "envs": [], "runc": [], "cgroups": [], "processes": []},
+        "node": {"root": "/r/node", "metrics": {"lazy_fetch_transferred_bytes_registry": 50.0,
+                                                "lazy_fetch_requests_registry": 3.0, "created_total": 4.0}},
         "machine": {"cpus": 2, "loadavg_start": [1.0, 1.0, 1.0], "loadavg_end": [2.0, 2.0, 2.0]},
         "ok": error is None,
     }
@@ -40,6 +42,7 @@ def test_human_rendering_shows_table_summary_and_leftovers(capsys: pytest.Captur
     assert "mean reward 1.00 over 2 evaluations" in out
     assert "leftovers after stop: none" in out
     assert "the coldest environment fetched 3.0% of it" in out
+    assert "the node pulled 50 B from the store over the whole run (50.0% of the rollout stack's layers)" in out
 
 
 def test_human_rendering_names_failed_rollouts(capsys: pytest.CaptureFixture[str]) -> None:
