@@ -122,17 +122,10 @@ def _rss(pid: int | None) -> int:
 
 
 def _daemon_pid(root: Path) -> int | None:
-    """The lazy store daemon's pid: the process whose argv names this root's lazy mountpoint."""
-    needle = str(root / "lazy" / "mnt").encode()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"rollstack.mount.daemon" in cmd and needle in cmd:
-                return int(d.name)
-    return None
+    from rollstack.node.recovery import daemon_pids
+
+    pids = daemon_pids(root / "lazy" / "mnt")
+    return pids[0] if pids else None
 
 
 def _timed(fn: Any) -> float:

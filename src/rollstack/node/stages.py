@@ -23,6 +23,7 @@ from rollstack.errors import InsufficientCapacity, InvalidRequest
 from rollstack.node.config import NodeConfig
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
+from rollstack.node.recovery import end_orphan_daemon
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class Stages:
         lazy = self.config.lazy_dir
         mountpoint = lazy / "mnt"
         mountpoint.mkdir(parents=True, exist_ok=True)
-        _end_orphan_daemon(mountpoint, lazy / "state")
+        end_orphan_daemon(mountpoint, lazy / "state")
         cfg = self.config
         return LazyStoreClient.start(mountpoint, lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers)
 
@@ -288,43 +289,6 @@ class Stages:
                 out[key] = value
         out["agent_rss_bytes"] = float(_rss())
         return out
-
-
-def _daemon_pids(mountpoint: Path) -> list[int]:
-    """Pids of lazy store daemons serving `mountpoint` (found by their command line)."""
-    needle = os.fsencode(str(Path(mountpoint).absolute()))
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"rollstack.mount.daemon" in argv and needle in argv:
-                pids.append(int(d.name))
-    return pids
-
-
-def _end_orphan_daemon(mountpoint: Path, state_dir: Path, wait: float = 10.0) -> None:
-    """End a lazy store daemon a crashed agent left serving `mountpoint` (its environments are
-    already destroyed), so the new daemon never stacks on it or gets unmounted by its exit."""
-    import signal
-
-    from rollstack.mount.client import LazyStoreClient
-
-    pids = _daemon_pids(mountpoint)
-    if not pids:
-        return
-    log.warning("ending lazy store daemon(s) %s left at %s by a previous run", pids, mountpoint)
-    LazyStoreClient.connect(mountpoint, state_dir).stop()  # asks it to unmount and exit
-    deadline = time.monotonic() + wait
-    while _daemon_pids(mountpoint) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in _daemon_pids(mountpoint):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _mutator(plan: Any) -> Callable[[Path], None] | None:
