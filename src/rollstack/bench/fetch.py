@@ -69,7 +69,13 @@ def ensure_blob(src: Path, out_dir: Path, name: str) -> tuple[str, Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     blob, stamp = out_dir / f"{name}.blob", out_dir / f"{name}.stamp"
-    key = f"{src}:{src.stat().st_mtime_ns}"
+    built = src.parent / ".stamps" / src.name  # the corpus builder's stamp: written once a component is complete
+    if built.exists():
+        key = f"{src}:{built.read_text().strip()}:{built.stat().st_mtime_ns}"
+    elif (src.parent / ".stamps").is_dir():
+        raise RuntimeError(f"{src} is being (re)built by the corpus builder; try again when it is done")
+    else:
+        key = f"{src}:{src.stat().st_mtime_ns}"
     if blob.exists() and stamp.exists() and stamp.read_text().split("\n")[0] == key:
         return stamp.read_text().split("\n")[1], blob
     t0 = time.perf_counter()

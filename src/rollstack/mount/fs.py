@@ -249,6 +249,8 @@ class LazyFS(pyfuse3.Operations):
 
     @_translate
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        key = "getxattr:" + name.decode(errors="replace")
+        self.ops[key] = self.ops.get(key, 0) + 1
         value = self._xattrs(inode).get(name)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
