@@ -129,10 +129,15 @@ def _read_local(path: str) -> bytes:
 
 
 @app.command("diff")
-def diff(env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt = None, token: TokenOpt = None) -> None:
+def diff(
+    env_id: Annotated[str, typer.Argument(metavar="ID")],
+    binary: Annotated[bool, typer.Option("--binary", help="binary files as git binary patches (default: named only)")] = False,
+    node: NodeOpt = None,
+    token: TokenOpt = None,
+) -> None:
     """The environment's changes as a unified diff."""
     with _client(node, token) as client:
-        sys.stdout.write(client.get(env_id).diff())
+        sys.stdout.write(client.get(env_id).diff("patch" if binary else "name"))
         sys.stdout.flush()
 
 

@@ -167,8 +167,8 @@ class AsyncEnvironment:
         body = data.encode() if isinstance(data, str) else data
         await self._client._request("PUT", self._path("/files"), params={"path": path}, content=body)
 
-    async def diff(self) -> str:
-        return (await self._client._request("GET", self._path("/diff"))).text
+    async def diff(self, binary: str = "name") -> str:
+        return (await self._client._request("GET", self._path("/diff"), params={"binary": binary})).text
 
     async def evaluate(self) -> Evaluation:
         r = await self._client._request("POST", self._path("/evaluate"), timeout=request_timeout(None))

@@ -66,8 +66,9 @@ class Environment:
     def write_file(self, path: str, data: bytes | str) -> None:
         self._service.write_file(self.id, path, data.encode() if isinstance(data, str) else data)
 
-    def diff(self) -> str:
-        return self._service.diff(self.id)
+    def diff(self, binary: str = "name") -> str:
+        """Unified diff from the root: binary files named ("name") or as git binary patches ("patch")."""
+        return self._service.diff(self.id, binary)
 
     def evaluate(self) -> Evaluation:
         return self._service.evaluate(self.id)

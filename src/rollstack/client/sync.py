@@ -110,8 +110,8 @@ class HttpService:
     def write_file(self, env_id: str, path: str, data: bytes) -> None:
         self._request("PUT", f"/v1/environments/{env_id}/files", params={"path": path}, content=data)
 
-    def diff(self, env_id: str) -> str:
-        return self._request("GET", f"/v1/environments/{env_id}/diff").text
+    def diff(self, env_id: str, binary: str = "name") -> str:
+        return self._request("GET", f"/v1/environments/{env_id}/diff", params={"binary": binary}).text
 
     def evaluate(self, env_id: str) -> Evaluation:
         r = self._request("POST", f"/v1/environments/{env_id}/evaluate", timeout=request_timeout(None))

@@ -15,7 +15,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterator, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -154,8 +154,8 @@ def create_app(
         return Response(status_code=204)
 
     @app.get("/v1/environments/{env_id}/diff", dependencies=auth, response_class=PlainTextResponse)
-    async def diff(env_id: str) -> PlainTextResponse:
-        return PlainTextResponse(await call("diff", service.diff, env_id))
+    async def diff(env_id: str, binary: Literal["name", "patch"] = "name") -> PlainTextResponse:
+        return PlainTextResponse(await call("diff", service.diff, env_id, binary))
 
     @app.post("/v1/environments/{env_id}/evaluate", dependencies=auth, response_model=Evaluation)
     async def evaluate(env_id: str) -> Evaluation:

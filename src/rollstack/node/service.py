@@ -25,6 +25,7 @@ from rollstack.errors import (
     EnvironmentGone,
     EnvironmentNotFound,
     InsufficientCapacity,
+    InvalidRequest,
     OomTerminated,
     PlanInvalid,
     RollstackError,
@@ -325,11 +326,13 @@ class NodeService:
             self._check_files(rec)
             self._stages().write_file(rec, path, data)
 
-    def diff(self, env_id: str) -> str:
+    def diff(self, env_id: str, binary: str = "name") -> str:
+        if binary not in ("name", "patch"):
+            raise InvalidRequest(f"binary must be 'name' or 'patch', not {binary!r}")
         rec = self._get(env_id)
         with rec.lock:
             self._check_files(rec)
-            return self._stages().diff(rec)
+            return self._stages().diff(rec, binary)
 
     @staticmethod
     def _check_files(rec: EnvRecord) -> None:
@@ -346,7 +349,7 @@ class NodeService:
         if rec.plan.evaluator is None:
             raise PlanInvalid(f"plan {rec.plan.name!r} has no evaluator")
         t0 = time.perf_counter()
-        patch = self.diff(env_id)
+        patch = self.diff(env_id, binary="patch")  # binary changes must reach the evaluator too
         t_diff = time.perf_counter()
         ev = rec.plan.evaluator
         created = self._create(evaluator_plan(rec.plan, patch), internal=True)

@@ -241,8 +241,8 @@ class Stages:
             raise InvalidRequest(f"{len(data)} bytes exceed the files API limit of {self.config.max_file_bytes}")
         rec.runtime.files.write_file(path, data)
 
-    def diff(self, rec: EnvRecord) -> str:
-        return rec.runtime.diff(base=DIFF_BASE)
+    def diff(self, rec: EnvRecord, binary: str = "name") -> str:
+        return rec.runtime.diff(base=DIFF_BASE, binary=binary)
 
     # -- provisioning -------------------------------------------------------------------------
 

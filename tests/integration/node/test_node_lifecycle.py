@@ -345,3 +345,12 @@ def test_a_long_exec_blocks_nothing_else(client: Client) -> None:
         assert not done.is_set()  # all of the above happened while the long exec still ran
     worker.join(timeout=30)  # the context manager's destroy ended the sleep
     assert not worker.is_alive()
+
+
+def test_binary_changes_reach_the_evaluator(client: Client) -> None:
+    with _create(client, evaluator={"groups": ["os/busybox:1", "repo/app:1"],
+                                    "command": "test \"$(head -c 3 /work/app/blob.bin)\" = 'AB' && cat hello.txt | grep -q fixed"}) as env:
+        env.write_file("/work/app/blob.bin", b"AB\x00\x01\x02\xff")
+        env.exec("echo fixed > hello.txt")
+        assert "blob.bin" in env.diff() and "GIT binary patch" in env.diff(binary="patch")
+        assert env.evaluate().reward == 1.0

@@ -84,7 +84,7 @@ class FakeService:
             raise UnsafePath(f"{path} escapes the root")
         self._env(env_id)[path] = data
 
-    def diff(self, env_id: str) -> str:
+    def diff(self, env_id: str, binary: str = "name") -> str:
         return "".join(f"--- a{p}\n+++ b{p}\n" for p in sorted(self._env(env_id)))
 
     def evaluate(self, env_id: str) -> Evaluation:
