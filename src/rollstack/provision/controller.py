@@ -259,10 +259,20 @@ class Provisioner:
                     continue
                 self._cost["samples"] += 1
                 before = (env.state.cpu, env.state.memory)
-                decision, reclaimed = self._decide(env, sample, node)
-                if reclaimed:
-                    node = self._node()
-                self._apply(env, decision)
+                try:
+                    decision, reclaimed = self._decide(env, sample, node)
+                    if reclaimed:
+                        node = self._node()
+                    self._apply(env, decision)
+                except OSError as exc:  # a write failed: vanished mid-tick, or the kernel refused
+                    gone = not self.backend.exists(env.path)
+                    if gone:
+                        env.status = "gone"
+                        node = node.with_delta(-env.state.cpu, -env.state.memory)
+                    self._log(env, {"t": sample.t, "env": env.env_id, "signal": "cgroup_gone" if gone else "write_failed",
+                                    "resource": "-", "old": None, "new": None, "reason": str(exc)})  # fmt: skip
+                    node = self._node() if not gone else node
+                    continue
                 if (env.state.cpu, env.state.memory) != before:
                     node = node.with_delta(env.state.cpu - before[0], env.state.memory - before[1])
                 self._record_history(env, sample.t + self._wall_offset, decision.state.cpu_usage, sample.memory_usage)

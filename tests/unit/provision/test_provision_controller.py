@@ -253,6 +253,25 @@ def test_vanished_cgroup_and_metrics():
     assert prov.committed()["memory"] == 0
 
 
+def test_a_failing_write_is_an_event_and_other_envs_still_get_their_tick():
+    class Flaky(FakeBackend):
+        def set_cpu(self, path, cores):
+            if path == "rollstack/bad" and cores != 0.25:
+                raise RuntimeFailure("cannot write cpu.cfs_quota_us", path=path)
+            super().set_cpu(path, cores)
+
+    b = Flaky()
+    prov = Provisioner(b, PolicyConfig(), NodeCapacity(cpu=2, memory=4 * GiB))
+    prov.register("bad", "rollstack/bad", 0.25, 64 * MiB)
+    prov.register("good", "rollstack/good", 0.25, 64 * MiB)
+    b.advance()
+    b.busy("rollstack/bad", 0.25)
+    b.busy("rollstack/good", 0.25)
+    prov.tick()
+    assert prov.events("bad")[-1]["signal"] == "write_failed" and prov.quotas("bad")["status"] == "active"
+    assert prov.quotas("bad")["cpu"] == 0.25 and prov.quotas("good")["cpu"] == 1.0
+
+
 def test_thread_start_stop_and_loop_cost():
     b = FakeBackend()
     prov = Provisioner(b, PolicyConfig(sample_period_s=0.01), NodeCapacity(cpu=2, memory=4 * GiB))
