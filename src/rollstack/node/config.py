@@ -46,6 +46,9 @@ class NodeConfig(BaseModel):
     """Bytes of stdout (and of stderr) an exec keeps; past it the output is truncated and flagged."""
     max_file_bytes: int = Field(default=1 << 30, gt=0)
     """Largest file the files API reads or writes in one request."""
+    adopt: bool = True
+    """On start, re-adopt a crashed run's running environments when its lazy store daemon still
+    serves them (otherwise, and always for evaluator environments, they are destroyed)."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
 

@@ -50,3 +50,80 @@ def end_orphan_daemon(mountpoint: Path, state_dir: Path, wait: float = 10.0) -> 
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# -- re-adoption ---------------------------------------------------------------------------------
+#
+# The service writes `<root>/node-envs/<id>.json` (plan, timeout, start time) once an environment
+# is running and removes it on destroy. After a crash, an environment can be re-adopted when its
+# record exists, runc still runs it, and the old lazy store daemon still serves its lower dirs
+# (an overlay keeps the superblock it was mounted on: a new daemon cannot replace the old one
+# under a live mount). Everything else is destroyed.
+
+RECORDS_DIR = "node-envs"
+
+
+def _records_dir(root: Path) -> Path:
+    return Path(root) / RECORDS_DIR
+
+
+def save_record(root: Path, env_id: str, doc: dict) -> None:
+    import json
+
+    d = _records_dir(root)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{env_id}.tmp"
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, d / f"{env_id}.json")
+
+
+def drop_record(root: Path, env_id: str) -> None:
+    (_records_dir(root) / f"{env_id}.json").unlink(missing_ok=True)
+
+
+def load_records(root: Path) -> dict[str, dict]:
+    import json
+
+    out: dict[str, dict] = {}
+    d = _records_dir(root)
+    if not d.is_dir():
+        return out
+    for p in d.glob("*.json"):
+        try:
+            out[p.stem] = json.loads(p.read_text())
+        except (OSError, ValueError):
+            p.unlink(missing_ok=True)
+    return out
+
+
+def adopt_or_clean(runtime, records: dict[str, dict], can_adopt: bool) -> tuple[list, object]:
+    """Re-open the running environments that have a record (if `can_adopt`), destroy the rest.
+
+    Returns `([(Environment, record), ...], Leftovers found)`.
+    """
+    from rollstack.run import overlay
+    from rollstack.run.environment import Environment
+
+    left = runtime.find_leftovers()
+    adopted = []
+    if can_adopt:
+        for env_id in left.envs:
+            doc = records.get(env_id)
+            if doc is None:
+                continue
+            env = runtime.open(env_id)
+            if env.status() == "running" and overlay.is_mounted(env.rootfs):
+                adopted.append((env, doc))
+    keep = {env.id for env, _ in adopted}
+    for env_id in sorted((set(left.envs) | set(left.containers)) - keep):
+        try:
+            Environment(runtime, env_id).destroy()
+        except Exception:  # noqa: BLE001 - recovery goes on; the next start tries again
+            log.exception("cleaning up leftover environment %s failed", env_id)
+    kept_dirs = [str(runtime.env_dir(k)) + "/" for k in keep]
+    for mp in reversed(left.mounts):
+        if not any(mp.startswith(d) for d in kept_dirs):
+            overlay.unmount(Path(mp))
+    for env_id in set(records) - keep:
+        drop_record(runtime.root, env_id)
+    return adopted, left

@@ -32,6 +32,7 @@ from rollstack.errors import (
     RuntimeFailure,
 )
 from rollstack.node import record as st
+from rollstack.node import recovery
 from rollstack.node.config import NodeConfig
 from rollstack.node.execution import stream, to_wire
 from rollstack.node.models import (
@@ -73,6 +74,8 @@ class NodeService:
     def start(self) -> None:
         """Clean up a previous run's leftovers, start the lazy store, provisioner and reaper."""
         self.stages = Stages.start(self.config, on_terminate=self._on_terminate)
+        for env, doc in self.stages.adopted:
+            self._adopt(env, doc)
         self._reaper = threading.Thread(target=self._reap_loop, name="rollstack-reaper", daemon=True)
         self._reaper.start()
 
@@ -90,6 +93,18 @@ class NodeService:
             self._reaper.join(timeout=10)
         if self.stages is not None:
             self.stages.stop()
+
+    def _adopt(self, env: Any, doc: dict[str, Any]) -> None:
+        from rollstack.plan.model import load_plan
+
+        age = max(0.0, time.time() - float(doc.get("started_at", time.time())))
+        rec = EnvRecord(id=env.id, plan=load_plan(doc["plan"]), timeout=float(doc["timeout"]),
+                        state=st.RUNNING, runtime=env, started_at=time.time() - age,
+                        started_mono=time.monotonic() - age)
+        rec.event("adopted")
+        with self._lock:
+            self._envs[env.id] = rec
+        log.info("re-adopted environment %s (age %.0fs)", env.id, age)
 
     def _destroy_quietly(self, env_id: str) -> None:
         try:
@@ -138,6 +153,11 @@ class NodeService:
                 if rec.state == st.CREATING:
                     rec.state = st.RUNNING
             rec.event("created", total=timings.total)
+            if not internal:
+                recovery.save_record(self.config.root, rec.id, {
+                    "plan": rec.plan.model_dump(mode="json", exclude_none=True),
+                    "timeout": rec.timeout, "started_at": rec.started_at,
+                })
             self.counters["created"] += 1
             return rec.created
         except BaseException:
@@ -184,6 +204,7 @@ class NodeService:
                 if self.stages is not None:
                     self.stages.teardown(rec)
             finally:
+                recovery.drop_record(self.config.root, rec.id)
                 rec.state = st.OOM_TERMINATED if terminated and final == st.DESTROYED else final
                 rec.event("destroyed")
                 with self._lock:

@@ -23,6 +23,7 @@ from rollstack.errors import InsufficientCapacity, InvalidRequest
 from rollstack.node.config import NodeConfig
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
+from rollstack.node import recovery
 from rollstack.node.recovery import end_orphan_daemon
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Stages:
         self.runtime: Any = None
         self.provisioner: Any = None
         self.recovered: Any = None
+        self.adopted: list[Any] = []
 
     @classmethod
     def start(cls, config: NodeConfig, on_terminate: Callable[..., None]) -> "Stages":
@@ -61,6 +63,7 @@ class Stages:
         return self
 
     def _start(self, on_terminate: Callable[..., None]) -> None:
+        from rollstack.plan.model import load_plan
         from rollstack.plan.resolve import Resolver
         from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
         from rollstack.store import default_store_spec, open_store
@@ -68,15 +71,38 @@ class Stages:
         cfg = self.config
         cfg.root.mkdir(parents=True, exist_ok=True)
         self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root))
-        self.recovered = self.runtime.cleanup_leftovers()
-        if not self.recovered.empty():
-            log.warning("cleaned up leftovers of a previous run: %s", self.recovered)
         spec = cfg.store or default_store_spec()
         self.store = open_store(spec)
         self.resolver = Resolver(self.store, cfg.resolve_cache, cfg.resolve_ttl)
-        self.lazy = self._start_lazy(spec)
+        old_daemon = self._live_daemon() if cfg.adopt else None
+        self.adopted, self.recovered = recovery.adopt_or_clean(
+            self.runtime, recovery.load_records(cfg.root), can_adopt=old_daemon is not None
+        )
+        if not self.recovered.empty():
+            log.warning("previous run left %s; re-adopted %s", self.recovered, [e.id for e, _ in self.adopted])
+        if self.adopted:
+            self.lazy = old_daemon  # its mounts hold the adopted environments' lower dirs
+        else:
+            self.lazy = self._start_lazy(spec)
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)
+            for env, doc in self.adopted:
+                res = load_plan(doc["plan"]).resources
+                try:
+                    self.provisioner.register(env.id, f"{CGROUP_PARENT}/{env.id}", res.cpu, res.memory,
+                                              res.max_cpu, res.max_memory, check_admission=False)
+                except Exception:  # noqa: BLE001 - it still runs, only without elastic quotas
+                    log.exception("re-registering adopted environment %s failed", env.id)
+
+    def _live_daemon(self) -> Any:
+        """A client of the lazy store daemon a previous agent left serving our mountpoint, if healthy."""
+        from rollstack.mount.client import LazyStoreClient
+
+        lazy = self.config.lazy_dir
+        if not recovery.daemon_pids(lazy / "mnt"):
+            return None
+        client = LazyStoreClient.connect(lazy / "mnt", lazy / "state")
+        return client if client.healthy() else None
 
     def _start_lazy(self, spec: str) -> Any:
         from rollstack.mount.client import LazyStoreClient
@@ -102,6 +128,7 @@ class Stages:
         return Provisioner(detect_backend(), PolicyConfig(), capacity, on_terminate=on_terminate).start()
 
     def stop(self) -> None:
+        adopted_daemon = self.lazy is not None and getattr(self.lazy, "process", None) is None
         for name in ("provisioner", "lazy"):
             part = getattr(self, name)
             if part is None:
@@ -111,6 +138,8 @@ class Stages:
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 log.exception("stopping the %s failed", name)
             setattr(self, name, None)
+        if adopted_daemon:  # not our child: stop() cannot wait for it, so wait here
+            end_orphan_daemon(self.config.lazy_dir / "mnt", self.config.lazy_dir / "state")
         for name in ("store",):
             part = getattr(self, name)
             close = getattr(part, "close", None)

@@ -208,32 +208,72 @@ def test_lifecycle_leaves_nothing_behind(corpus: str, tmp_path: Path) -> None:
         service.stop()
 
 
-def test_restart_cleans_up_a_crashed_run(corpus: str, tmp_path: Path) -> None:
-    from rollstack.node.recovery import daemon_pids as _daemon_pids
+def _crash(service: NodeService) -> None:
+    """What an agent crash leaves: no teardown at all (the lazy store daemon keeps serving)."""
+    service._stopping.set()  # ends the reaper
+    if service.stages is not None and service.stages.provisioner is not None:
+        service.stages.provisioner.stop()  # the provisioner thread would have died with the process
+
+
+def test_restart_readopts_a_crashed_runs_environments(corpus: str, tmp_path: Path) -> None:
+    from rollstack.node.recovery import daemon_pids
+
+    root = tmp_path / "adopt"
+    first = NodeService(NodeConfig(root=root, store=corpus))
+    first.start()
+    doc = first.create(plan())
+    remember(root, doc.id)
+    first.write_file(doc.id, "/work/app/state.txt", b"kept\n")
+    _crash(first)
+    orphans = daemon_pids(root / "lazy" / "mnt")
+    assert len(orphans) == 1
+    second = NodeService(NodeConfig(root=root, store=corpus))
+    second.start()
+    try:
+        assert [e.id for e in second.list()] == [doc.id]
+        assert second.exec(doc.id, ExecRequest(command="cat state.txt hello.txt")).stdout == "kept\nbug\n"
+        assert "state.txt" in second.diff(doc.id)
+        assert daemon_pids(root / "lazy" / "mnt") == orphans  # the old daemon still serves it
+        fresh = second.create(plan())
+        remember(root, fresh.id)
+        assert second.exec(fresh.id, ExecRequest(command="cat hello.txt")).stdout == "bug\n"
+    finally:
+        second.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+    assert daemon_pids(root / "lazy" / "mnt") == []
+
+
+def test_restart_cleans_up_what_it_cannot_adopt(corpus: str, tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from rollstack.node.recovery import daemon_pids
 
     root = tmp_path / "crash"
     first = NodeService(NodeConfig(root=root, store=corpus))
     first.start()
+    doc = first.create(plan())
+    remember(root, doc.id)
+    _crash(first)
+    for pid in daemon_pids(root / "lazy" / "mnt"):  # the daemon died too: lowers are gone
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while daemon_pids(root / "lazy" / "mnt") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftovers(root)["envs"] == [doc.id]
+    second = NodeService(NodeConfig(root=root, store=corpus))
+    second.start()
     try:
-        doc = first.create(plan())
-        remember(root, doc.id)
-        first._stopping.set()  # "crash": the reaper ends, nothing is torn down,
-        orphans = _daemon_pids(root / "lazy" / "mnt")  # the lazy store daemon keeps serving
-        assert len(orphans) == 1 and leftovers(root)["envs"] == [doc.id]
-        second = NodeService(NodeConfig(root=root, store=corpus))
-        second.start()
-        try:
-            assert not any(leftovers(root).values()), leftovers(root)
-            assert second.stages is not None and doc.id in second.stages.recovered.envs
-            assert _daemon_pids(root / "lazy" / "mnt") != orphans  # the orphan is gone, a new one serves
-            r = second.exec(second.create(plan()).id, ExecRequest(command="cat hello.txt"))
-            assert r.stdout == "bug\n"
-        finally:
-            second.stop()
-        assert _daemon_pids(root / "lazy" / "mnt") == []
+        assert second.list() == []
+        assert not any(leftovers(root).values()), leftovers(root)
+        assert second.stages is not None and doc.id in second.stages.recovered.envs
+        fresh = second.create(plan())
+        remember(root, fresh.id)
+        assert second.exec(fresh.id, ExecRequest(command="cat hello.txt")).stdout == "bug\n"
     finally:
-        if first.stages is not None and first.stages.provisioner is not None:
-            first.stages.provisioner.stop()
+        second.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
 
 
 
