@@ -189,7 +189,7 @@ def _runner_hash() -> str:
 def _harness(os_tree: Path, root: Path, h: corpus_spec.HarnessSpec, scratch: Path, log: Log) -> None:
     tree = root / f"harness-{h.name}"
     build_harness(os_tree, tree, h, scratch / h.name)
-    log(f"harness-{h.name}: entry check: {check_harness(os_tree, tree, h, scratch / h.name).splitlines()[-1:]}")
+    log(f"harness-{h.name}: `{h.entry}`: {check_harness(os_tree, tree, h, scratch / h.name)}")
 
 
 def _tasks(os_tree: Path, root: Path, repo: RepoSpec, spec: CorpusSpec, scratch: Path, log: Log) -> None:

@@ -95,7 +95,7 @@ def _npm_install(dest: Path, harness: HarnessSpec) -> None:
 
 
 def check_harness(os_tree: Path, tree: Path, harness: HarnessSpec, scratch: Path) -> str:
-    """Run the harness's entry command in a throwaway chroot of os + harness; returns its output."""
+    """Run the harness's entry command in a throwaway chroot of os + harness; returns its first line."""
     upper = scratch / f"check-{harness.name}"
     try:
         env_prefix = "MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 "
@@ -105,7 +105,8 @@ def check_harness(os_tree: Path, tree: Path, harness: HarnessSpec, scratch: Path
         )
     finally:
         remove_tree(upper)
-    return out.strip()[-300:]
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    return lines[0][:200] if lines else ""
 
 
 def build_evaluator(os_tree: Path, dest: Path, pytest_version: str, scratch: Path) -> None:
