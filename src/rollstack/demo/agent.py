@@ -15,7 +15,11 @@ from typing import Any
 
 from rollstack.demo.plans import FIX_ARGV, failing_tests_command, rollout_plan, StackGroups
 from rollstack.demo.report import RolloutRecord, StepResult
-from rollstack.errors import RollstackError
+from rollstack.errors import InsufficientCapacity, RollstackError
+
+CAPACITY_WAIT = 120.0
+"""Seconds a create/evaluate keeps retrying `insufficient_capacity` (what an RL driver should do:
+the node refuses at once instead of queueing, and capacity frees up as neighbours finish)."""
 
 _DIFF_FILE = re.compile(r"^diff --git ", re.MULTILINE)
 
@@ -27,6 +31,22 @@ class Cancelled(Exception):
 def _check(cancel: threading.Event | None) -> None:
     if cancel is not None and cancel.is_set():
         raise Cancelled()
+
+
+def _with_capacity(fn: Any, rec: RolloutRecord, cancel: threading.Event | None) -> Any:
+    """`fn()`, retried with backoff while the node answers insufficient_capacity."""
+    deadline = time.monotonic() + CAPACITY_WAIT
+    delay = 0.25
+    while True:
+        _check(cancel)
+        try:
+            return fn()
+        except InsufficientCapacity:
+            if time.monotonic() + delay > deadline:
+                raise
+            rec.capacity_retries += 1
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
 
 
 def _step(env: Any, command: str | list[str], timeout: float, stdin: str | None = None) -> tuple[StepResult, Any]:
@@ -45,7 +65,8 @@ def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: i
     env = None
     try:
         _check(cancel)
-        env = node.create(rollout_plan(task, groups, rollout, background_fill=background_fill))
+        plan = rollout_plan(task, groups, rollout, background_fill=background_fill)
+        env = _with_capacity(lambda: node.create(plan), rec, cancel)
         rec.env_id = env.id
         created = env.created
         rec.timings = {k: float(v) for k, v in created.timings.model_dump().items()
@@ -64,7 +85,7 @@ def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: i
         _check(cancel)
         rec.diff_files = len(_DIFF_FILE.findall(env.diff()))
         _check(cancel)
-        ev = env.evaluate()
+        ev = _with_capacity(env.evaluate, rec, cancel)
         rec.reward = float(ev.reward)
         rec.eval_seconds = round(float(ev.timings.get("total", 0.0)), 4)
         rec.eval_run_seconds = round(float(ev.timings.get("run", 0.0)), 4)

@@ -47,6 +47,8 @@ class RolloutRecord:
     """files the rollout's diff touches (the bug and its fix cancel out: 0 when fixed exactly)"""
     destroy_seconds: float | None = None
     wall_seconds: float = 0.0
+    capacity_retries: int = 0
+    """creates/evaluations the node refused for lack of capacity and the agent retried"""
     error: str | None = None
     """`code: message` of the first failure, if any"""
 
@@ -99,6 +101,7 @@ def summarize(records: Sequence[RolloutRecord], wall_seconds: float) -> dict[str
         "rollouts": len(records),
         "completed": sum(1 for r in records if r.error is None and r.reward is not None),
         "errors": sum(1 for r in records if r.error is not None),
+        "capacity_retries": sum(r.capacity_retries for r in records),
         "bug_reproduced": sum(1 for r in records if r.bug_reproduced),
         "fixed": sum(1 for r in records if r.fixed),
         "init_p50": p([r.timings["total"] for r in created if "total" in r.timings], 50),
@@ -205,7 +208,9 @@ def summary_lines(summary: dict[str, Any], stages: dict[str, float]) -> list[str
     mean = "-" if s["mean_reward"] is None else f"{s['mean_reward']:.2f}"
     frac = s.get("fetched_fraction_max")
     lines = [
-        f"rollouts: {s['completed']}/{s['rollouts']} completed, {s['errors']} errors; "
+        f"rollouts: {s['completed']}/{s['rollouts']} completed, {s['errors']} errors"
+        + (f" ({s['capacity_retries']} retries after insufficient_capacity)" if s.get("capacity_retries") else "")
+        + "; "
         f"bug reproduced {s['bug_reproduced']}/{s['rollouts']}, fixed {s['fixed']}/{s['rollouts']}",
         f"init p50 {secs(s['init_p50'], 3)} s (p95 {secs(s['init_p95'], 3)} s); phases p50: {phases}",
         f"read before ready: from the store {human_bytes(s['fetched_bytes_total'])} in all "
