@@ -32,6 +32,11 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the demo; returns its JSON document (see docs/demo.md). Raises RollstackError on setup failure."""
     if os.geteuid() != 0:
         raise InvalidRequest("the demo needs root (debootstrap, FUSE, overlayfs, runc, cgroups)")
+    with _sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: every `finally` below runs
+        return _run_demo(config)
+
+
+def _run_demo(config: DemoConfig) -> dict[str, Any]:
     log = config.log
     t_all = time.monotonic()
     stages: dict[str, float] = {}
@@ -107,28 +112,32 @@ def _run_rollouts(config: DemoConfig, store_spec: str, tasks: list[dict[str, Any
     seen_ids: set[str] = set()
     node_doc: dict[str, Any] = {"root": str(node_root)}
     cancel = threading.Event()
+    children_before = set(_children())  # e.g. a test session's registry: not ours to account for
     t = time.monotonic()
-    with _sigterm_as_interrupt():
-        node = Node(store=store_spec, root=node_root)
-        try:
-            stages["node_start"] = time.monotonic() - t
-            log(f"node up at {node_root} ({stages['node_start']:.1f} s); "
-                f"{len(tasks)} tasks x {config.rollouts} rollouts, {config.concurrency} at a time")
-            jobs = [(task, r) for r in range(config.rollouts) for task in tasks]
-            t = time.monotonic()
-            with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="rollout") as pool:
-                futures = [pool.submit(run_rollout, node, task, groups, r, exec_timeout=config.exec_timeout,
-                                       cancel=cancel, background_fill=config.background_fill) for task, r in jobs]
+    node = Node(store=store_spec, root=node_root)
+    try:
+        stages["node_start"] = time.monotonic() - t
+        log(f"node up at {node_root} ({stages['node_start']:.1f} s); "
+            f"{len(tasks)} tasks x {config.rollouts} rollouts, {config.concurrency} at a time")
+        jobs = [(task, r) for r in range(config.rollouts) for task in tasks]
+        t = time.monotonic()
+        with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="rollout") as pool:
+            futures = [pool.submit(run_rollout, node, task, groups, r, exec_timeout=config.exec_timeout,
+                                   cancel=cancel, background_fill=config.background_fill) for task, r in jobs]
+            try:
                 _collect(futures, records, cancel, log)
-            stages["rollouts"] = time.monotonic() - t
-            seen_ids.update(r.env_id for r in records if r.env_id)
-            seen_ids.update(_destroyed_ids(node))
-            node_doc["metrics"] = _node_metrics(node)
-        finally:
-            t = time.monotonic()
-            node.close()
-            stages["node_stop"] = time.monotonic() - t
-    leftovers = find_leftovers(node_root, seen_ids)
+            except BaseException:
+                cancel.set()  # the pool's exit waits for the workers: make them stop early
+                raise
+        stages["rollouts"] = time.monotonic() - t
+        seen_ids.update(r.env_id for r in records if r.env_id)
+        seen_ids.update(_destroyed_ids(node))
+        node_doc["metrics"] = _node_metrics(node)
+    finally:
+        t = time.monotonic()
+        node.close()
+        stages["node_stop"] = time.monotonic() - t
+    leftovers = find_leftovers(node_root, seen_ids, ignore_children=children_before)
     if any(leftovers.values()):
         log(f"LEFTOVERS after stop: {leftovers}")
     if cancel.is_set():
@@ -179,8 +188,9 @@ def _node_metrics(node: Any) -> dict[str, Any]:
     return {k: m[k] for k in keep if k in m}
 
 
-def find_leftovers(node_root: Path, env_ids: set[str]) -> dict[str, list[str]]:
-    """What a stopped node left: mounts under its root, env dirs, runc state, env cgroups, children."""
+def find_leftovers(node_root: Path, env_ids: set[str], ignore_children: set[str] = frozenset()) -> dict[str, list[str]]:
+    """What a stopped node left: mounts under its root, env dirs, runc state, env cgroups, children
+    (live child processes of this process, `"<pid> <comm>"`, except `ignore_children`)."""
     prefix = str(node_root).rstrip("/") + "/"
     mounts = []
     with open("/proc/self/mountinfo") as f:
@@ -199,7 +209,8 @@ def find_leftovers(node_root: Path, env_ids: set[str]) -> dict[str, list[str]]:
         parent = hier / "rollstack"
         if parent.is_dir():
             cgroups += sorted(str(parent / i) for i in env_ids if (parent / i).is_dir())
-    return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "processes": _children()}
+    processes = [c for c in _children() if c not in ignore_children]
+    return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "processes": processes}
 
 
 def _children() -> list[str]:
