@@ -112,7 +112,7 @@ def _run_rollouts(config: DemoConfig, store_spec: str, tasks: list[dict[str, Any
     seen_ids: set[str] = set()
     node_doc: dict[str, Any] = {"root": str(node_root)}
     cancel = threading.Event()
-    children_before = set(_children())  # e.g. a test session's registry: not ours to account for
+    children_before = set(child_processes())  # e.g. a test session's registry: not ours to account for
     t = time.monotonic()
     node = Node(store=store_spec, root=node_root)
     try:
@@ -209,11 +209,11 @@ def find_leftovers(node_root: Path, env_ids: set[str], ignore_children: set[str]
         parent = hier / "rollstack"
         if parent.is_dir():
             cgroups += sorted(str(parent / i) for i in env_ids if (parent / i).is_dir())
-    processes = [c for c in _children() if c not in ignore_children]
+    processes = [c for c in child_processes() if c not in ignore_children]
     return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "processes": processes}
 
 
-def _children() -> list[str]:
+def child_processes() -> list[str]:
     """Live (non-zombie) child processes of this process."""
     me = os.getpid()
     out = []

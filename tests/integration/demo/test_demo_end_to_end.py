@@ -86,13 +86,13 @@ def test_demo_runs_rollouts_that_really_fail_then_pass(published: tuple[object, 
 def test_an_agent_that_fixes_nothing_scores_zero(published: tuple[object, str], tmp_path: Path) -> None:
     from rollstack.demo.agent import run_rollout
     from rollstack.demo.plans import stack_groups
-    from rollstack.demo.runner import _children, find_leftovers
+    from rollstack.demo.runner import child_processes, find_leftovers
     from rollstack.node.local import Node
 
     corpus, spec = published
     task = corpus.tasks[-1]
     node_dir = tmp_path / "node"
-    before = set(_children())
+    before = set(child_processes())
     with Node(store=spec, root=node_dir) as node:
         rec = run_rollout(node, task, stack_groups(corpus.manifest["components"]), 0, apply_fix=False)
         assert node.list() == []  # destroyed, the evaluator's environment too
