@@ -139,7 +139,7 @@ class ChunkFetcher:
         else:
             await flight.event.wait()
         if flight.error is not None:
-            raise flight.error
+            raise _fresh(flight.error)
         assert flight.data is not None
         self._served(flight.tier, chunk.size if used is None else used, trio.current_time() - t0, account)
         return flight.data
@@ -401,6 +401,13 @@ class ChunkFetcher:
                 self.metrics.event("disk_cache_error", error=repr(exc)[:200])
 
         self._writes.start_soon(write)
+
+
+def _fresh(err: BaseException) -> BaseException:
+    """A new instance per waiter: one exception object raised in many tasks shares a traceback."""
+    if isinstance(err, RollstackError):
+        return type(err)(err.message, **err.details)
+    return err
 
 
 def _plain(chunk: Chunk, size: int) -> Chunk:

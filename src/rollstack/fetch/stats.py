@@ -76,6 +76,7 @@ class Account:
         }
 
 
+_MAX_TRACKED = 500_000  # chunk digests remembered for the fetched-more-than-once check
 _LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -130,6 +131,8 @@ class FetchMetrics:
         self._add(f"requests.{tier.value}", 1)
         if tier is Tier.REGISTRY:
             with self._lock:
+                if len(self.fetch_counts) > _MAX_TRACKED:  # a diagnostic, not state: keep it bounded
+                    self.fetch_counts.clear()
                 for d in digests:
                     self.fetch_counts[d] = self.fetch_counts.get(d, 0) + 1
 

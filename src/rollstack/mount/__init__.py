@@ -8,6 +8,4 @@ pyfuse3 operations `LazyFS` (fs.py). Importing this package does not import pyfu
 
 from rollstack.mount.client import LazyStoreClient
 
-LazyStoreDaemon = "rollstack.mount.daemon"  # the daemon is a process: `python -m rollstack.mount.daemon`
-
-__all__ = ["LazyStoreClient", "LazyStoreDaemon"]
+__all__ = ["LazyStoreClient"]
