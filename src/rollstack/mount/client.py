@@ -109,6 +109,10 @@ class LazyStoreClient:
                     break
                 except subprocess.TimeoutExpired:
                     continue
+        elif mounted_at(self.mountpoint) is not None:  # a daemon we did not start: give it time to unmount
+            deadline = time.monotonic() + timeout
+            while mounted_at(self.mountpoint) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
         if mounted_at(self.mountpoint) is not None and (proc is None or proc.poll() is not None):
             lazy_unmount(self.mountpoint)
         self._http.close()
@@ -130,9 +134,10 @@ class LazyStoreClient:
             raise NodeUnavailable(f"lazy store daemon unreachable at {self.socket_path}: {exc}") from None
         if resp.status_code >= 400:
             try:
-                raise from_dict(resp.json()["error"])
+                err = from_dict(resp.json()["error"])
             except (ValueError, KeyError, TypeError):
-                raise RollstackError(f"lazy store daemon: HTTP {resp.status_code}") from None
+                err = RollstackError(f"lazy store daemon: HTTP {resp.status_code}")
+            raise err
         if resp.headers.get("content-type", "").startswith("application/json"):
             return resp.json()
         return resp.content

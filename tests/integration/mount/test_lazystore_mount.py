@@ -181,3 +181,23 @@ def test_disk_cache_budget_under_churn(tmp_path, tree, oci_store, lazy_factory):
     assert 0 < s["bytes"] <= budget and s["evictions"] > 0
     on_disk = sum(f.stat().st_size for f in (tmp_path / "node/state/chunks/sha256").rglob("*") if f.is_file())
     assert on_disk <= budget
+
+
+def test_control_api_errors_and_stop_from_another_client(tmp_path, oci_store, lazy_factory):
+    from rollstack.errors import InvalidRequest, NotFound, RollstackError
+
+    lazy = lazy_factory(oci_store.url)
+    with pytest.raises(InvalidRequest):
+        lazy.add_layers([{"repo": "x", "digest": "md5:nope"}])
+    with pytest.raises(NotFound):
+        lazy.env_stats("no-such-env")
+    with pytest.raises(RollstackError):  # a blob the store does not have
+        lazy.add_layers([{"repo": "x/y", "digest": "sha256:" + "0" * 64}])
+    assert not (tmp_path / "node/mnt/layers" / ("0" * 64)).exists()
+    assert "rollstack_fetch_served_bytes" in lazy.metrics()
+    assert lazy.healthy()
+
+    other = LazyStoreClient.connect(tmp_path / "node/mnt", tmp_path / "node/state")
+    other.stop()
+    assert lazy.process.wait(timeout=10) == 0
+    assert mounted_at(tmp_path / "node/mnt") is None
