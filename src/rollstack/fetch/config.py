@@ -16,7 +16,7 @@ class FetchConfig:
     neighbor_bytes: int = 256 << 10
     """On a demand miss, also fetch the following chunks of the blob (in blob order, so the
     next files of the same directory) up to this many stored bytes, in the same request."""
-    readahead_bytes: int = 8 << 20
+    readahead_bytes: int = 16 << 20
     """Sequential reads of one file prefetch this far ahead (stored bytes)."""
     foreground_requests: int = 8
     """Parallel registry requests for demand reads and trace prefetch."""

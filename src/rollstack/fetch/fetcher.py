@@ -190,9 +190,14 @@ class ChunkFetcher:
 
     # -- prefetch and background fill -------------------------------------------------------
     async def prefetch(self, layer: RemoteLayer, chunks: Iterable[Chunk], account: Account | None = None,
-                       priority: Priority = Priority.PREFETCH) -> None:
-        """Fetch whatever of `chunks` is not local yet, in parallel; errors are only counted."""
-        claimed = self._claim([c for c in chunks if self._wanted(c)])
+                       priority: Priority = Priority.PREFETCH, into_memory: bool = False) -> None:
+        """Fetch whatever of `chunks` is not local yet, in parallel; errors are only counted.
+        `into_memory`: also load chunks the disk cache holds (readahead of a file being read)."""
+        if into_memory:
+            wanted = [c for c in chunks if c.digest not in self.memory and c.digest not in self._inflight]
+        else:
+            wanted = [c for c in chunks if self._wanted(c)]
+        claimed = self._claim(wanted)
         if claimed:
             await self._resolve(layer, claimed, priority, account, keep_going=True)
 

@@ -25,6 +25,7 @@ from rollstack.mount.index import LayerIndex
 from rollstack.mount.tocs import TocCache
 
 FIRST_LAYER_INODE = 1000
+READAHEAD_BATCH = 4 << 20  # stored bytes: the smallest readahead top-up
 TRACE_WAVE = 512 << 10  # stored bytes per trace-prefetch wave
 SMALL_LAYER = 5000  # entries: below this, hardlink counts are computed while adding the layer
 
@@ -245,9 +246,14 @@ class LazyStoreService:
                 break
             ahead.append(c)
             stored += c.blob_size
+        batch = sum(c.blob_size for c in ahead)
+        # top the window up in requests of >= READAHEAD_BATCH (fewer, bigger GETs), except at
+        # the start of a read and at the end of the file
+        if ahead and batch < READAHEAD_BATCH and start > k + 1 and start + len(ahead) < len(chunks):
+            return
         if ahead:
             of.ahead_until = start + len(ahead) - 1
-            self.fetcher.spawn(self.fetcher.prefetch, of.layer.remote, ahead, acct, Priority.PREFETCH)
+            self.fetcher.spawn(self.fetcher.prefetch, of.layer.remote, ahead, acct, Priority.PREFETCH, True)
 
     async def chunk_bytes(self, digest: str) -> bytes | None:
         """A chunk we hold (memory or disk), for peers."""
