@@ -142,3 +142,17 @@ def test_peer_serves_chunks_and_dead_peer_falls_through(tmp_path, oci_store, laz
     assert fb["served_bytes"]["registry"] == 0
     # a chunk no peer has still comes from the registry
     assert (b.layer_dir(digest) / "etc/hostname").read_bytes() == (tree / "etc/hostname").read_bytes()
+
+
+def test_fetch_all_makes_the_stack_local(tmp_path, oci_store, lazy_factory):
+    tree = build_tree(tmp_path / "src")
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/eager")
+    ref = {"repo": "test/eager", "digest": digest}
+    lazy = lazy_factory(oci_store.url)
+    doc = lazy.fetch_all([ref])
+    assert doc["fetched_bytes"] > 0 and doc["stack_bytes"] == (tmp_path / "layer.blob").stat().st_size
+    before = lazy.stats()["fetch"]["transferred_bytes"]["registry"]
+    for rel in FILES:
+        assert (lazy.layer_dir(digest) / rel).read_bytes() == (tree / rel).read_bytes()
+    assert lazy.stats()["fetch"]["transferred_bytes"]["registry"] == before
+    assert lazy.fetch_all([ref])["fetched_bytes"] == 0  # already local
