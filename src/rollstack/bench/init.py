@@ -72,6 +72,9 @@ def system_summary(runs: Sequence[Creation], stack_bytes: int) -> dict[str, Any]
     s["cold_fetched_bytes_p50"] = percentile([r.fetched_bytes for r in cold], 50)
     s["cold_link_bytes_p50"] = percentile([r.link_bytes for r in cold], 50)
     s["warm_fetched_bytes_p50"] = percentile([r.fetched_bytes for r in warm], 50)
+    node = [r.node_fetched_bytes for r in cold if r.node_fetched_bytes >= 0]
+    if node:
+        s["cold_node_fetched_bytes_p50"] = percentile(node, 50)
     s["stack_bytes"] = stack_bytes
     s["failures"] = sum(1 for r in runs if r.exit_code != 0)
     return s
@@ -147,7 +150,7 @@ def run_init(cfg: InitConfig) -> dict[str, Any]:
     from rollstack.bench.baseline import make_system, prepare_images
     from rollstack.bench.baseline_bench import BenchRig
     from rollstack.bench.corpus import load_corpus
-    from rollstack.bench.rig_rollstack import RollstackSystem, first_command, publish_components, seed_layer_cache
+    from rollstack.bench.rig_rollstack import RollstackSystem, work_lock, first_command, publish_components, seed_layer_cache
     from rollstack.demo.plans import rollout_plan, stack_groups
 
     log = cfg.log
@@ -163,7 +166,7 @@ def run_init(cfg: InitConfig) -> dict[str, Any]:
     samples: dict[str, list[Creation]] = {}
     published: list[dict[str, Any]] = []
     t_all = time.monotonic()
-    with BenchRig(cfg.work, cfg.profile) as rig:
+    with work_lock(cfg.work), BenchRig(cfg.work, cfg.profile) as rig:
         log(f"link {rig.link_facts()}; stack {stack.name}: {stack_bytes / 1e9:.2f} GB")
         baselines = [s for s in cfg.systems if s not in ROLLSTACK_SYSTEMS]
         images = {}
@@ -174,7 +177,7 @@ def run_init(cfg: InitConfig) -> dict[str, Any]:
             log(f"images pushed in {time.monotonic() - t:.1f} s")
         if any(s in ROLLSTACK_SYSTEMS for s in cfg.systems):
             t = time.monotonic()
-            published = publish_components(cfg.corpus, stack.components, rig.registry.url,
+            published = publish_components(cfg.corpus, [*stack.components, "evaluator"], rig.registry.url,
                                            f"bench-registry:{cfg.work}", cfg.work / "publish-cache.json",
                                            cfg.work / "publish-scratch", log)
             log(f"groups published in {time.monotonic() - t:.1f} s")

@@ -295,7 +295,7 @@ def run_iteration(cfg: IterConfig) -> dict[str, Any]:
     from rollstack.bench.baseline_containerd import drop_page_cache
     from rollstack.bench.corpus import load_corpus
     from rollstack.bench.init import SHARED_LAYER_CACHE
-    from rollstack.bench.rig_rollstack import RollstackSystem, publish_components, seed_layer_cache
+    from rollstack.bench.rig_rollstack import RollstackSystem, work_lock, publish_components, seed_layer_cache
     from rollstack.demo.plans import stack_groups
 
     for s in cfg.systems:
@@ -313,7 +313,7 @@ def run_iteration(cfg: IterConfig) -> dict[str, Any]:
               if st.harness == harness.name and st.repo.removeprefix("repo-") in repos}
     results: dict[str, list[Rollout]] = {}
     walls: dict[str, float] = {}
-    with BenchRig(cfg.work, cfg.profile) as rig:
+    with work_lock(cfg.work), BenchRig(cfg.work, cfg.profile) as rig:
         log(f"{len(work_list)} rollouts ({cfg.tasks} tasks x {cfg.rollouts}) over repos {repos}, "
             f"concurrency {cfg.concurrency}")
         for name in cfg.systems:

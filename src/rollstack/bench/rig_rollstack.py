@@ -14,16 +14,19 @@ groups into the bench registry (cached per corpus build) and the shared value ty
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shlex
 import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from rollstack.bench.baseline import InitTiming, Stack
 from rollstack.bench.baseline_containerd import drop_page_cache
+from rollstack.errors import InvalidRequest
 
 Log = Callable[[str], None]
 SYSTEM_NAMES = ("docker-equivalent", "dynamic-assembly", "rollstack-eager", "rollstack")
@@ -42,12 +45,14 @@ class Creation:
     first_cmd_s: float
     """request -> first command completed"""
     fetched_bytes: int
-    """bytes pulled from the registry before ready (baselines: all bytes of the init, over the link)"""
+    """bytes received over the link from request to ready (baselines: their whole pull)"""
     link_bytes: int
     """bytes received over the link from request to first command done (HTTP overhead included)"""
     exit_code: int
     phases: dict[str, float] = field(default_factory=dict)
     output: str = ""
+    node_fetched_bytes: int = -1
+    """rollstack only: the node's own `fetch.fetched_bytes` (eager mode's full fetch is not in it)"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +72,18 @@ def import_name(repo: str) -> str:
 def first_command(workdir: str, repo: str) -> list[str]:
     """The first command of every environment, the same for every system."""
     return ["/bin/sh", "-c", f"cd {shlex.quote(workdir)} && python3 -c 'import {import_name(repo)}, pytest'"]
+
+
+@contextlib.contextmanager
+def work_lock(work: Path) -> Iterator[None]:
+    """One bench run per work dir (its containerd, registry data and node roots are not shareable)."""
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidRequest(f"another bench run is using {work} (pass another --work)") from None
+        yield
 
 
 # -- publishing the corpus into the bench registry ---------------------------------------------
@@ -157,6 +174,9 @@ class RollstackSystem:
         env = self.node.create(self.plan(plan))
         try:
             ready = time.perf_counter() - t0
+            # The link's counter is the instrument every system is measured with (the node's
+            # `fetched_bytes` leaves out eager mode's full fetch and the TOCs).
+            rx_ready = (self.link.rx_bytes() - rx0) if self.link is not None else -1
             res = env.exec(list(cmd), timeout=600)
             done = time.perf_counter() - t0
             created = env.created
@@ -164,7 +184,8 @@ class RollstackSystem:
             fetch = created.fetch
             phases["first_cmd"] = done - ready
             link = (self.link.rx_bytes() - rx0) if self.link is not None else 0
-            return Creation(self.name, cold, ready, done, int(fetch.fetched_bytes), link, res.exit_code, phases,
-                            ((res.stdout or "") + (res.stderr or ""))[-500:])
+            fetched = rx_ready if rx_ready >= 0 else int(fetch.fetched_bytes)
+            return Creation(self.name, cold, ready, done, fetched, link, res.exit_code, phases,
+                            ((res.stdout or "") + (res.stderr or ""))[-500:], int(fetch.fetched_bytes))
         finally:
             env.destroy()
