@@ -106,7 +106,8 @@ def check_harness(os_tree: Path, tree: Path, harness: HarnessSpec, scratch: Path
     finally:
         remove_tree(upper)
     lines = [line.strip() for line in out.splitlines() if line.strip()]
-    return lines[0][:200] if lines else ""
+    versioned = [line for line in lines if "version" in line.lower()]
+    return (versioned or lines or [""])[0][:200]
 
 
 def build_evaluator(os_tree: Path, dest: Path, pytest_version: str, scratch: Path) -> None:
