@@ -17,8 +17,9 @@ Diff trees keep overlayfs conventions (whiteouts are 0/0 character devices), exa
 
 from __future__ import annotations
 
-import json
+import fcntl
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,13 @@ class _Stamps:
         self.dir = root / ".stamps"
         self.dir.mkdir(parents=True, exist_ok=True)
 
+    @staticmethod
+    def peek(root: Path, name: str, key: str) -> bool:
+        """Is `name` fresh under `key` (and, for the manifest, present), without creating anything."""
+        p = root / ".stamps" / name
+        ok = p.exists() and p.read_text().strip() == key
+        return ok and (name != "manifest" or (root / "manifest.json").exists())
+
     def fresh(self, name: str, key: str) -> bool:
         p = self.dir / name
         return p.exists() and p.read_text().strip() == key
@@ -74,23 +82,42 @@ class _Stamps:
         (self.dir / name).unlink(missing_ok=True)
 
 
+REQUIRED_TOOLS = ("debootstrap", "unshare", "chroot", "mount", "tar", "git")
+
+
 def build_corpus(flavor: str = "small", out: Path | None = None, *, force: bool = False,
                  log: Log = _stderr) -> CorpusManifest:
-    """Build (or reuse) the corpus; returns its manifest. Idempotent: cached parts are skipped."""
-    if os.geteuid() != 0:
-        raise InvalidRequest("building a corpus needs root (debootstrap, chroot, overlay mounts)")
+    """Build (or reuse) the corpus; returns its manifest. Idempotent: cached parts are skipped.
+
+    Concurrent callers on the same directory serialise on `<root>/.lock`; the second one finds
+    the corpus built and returns it."""
     spec = corpus_spec.get(flavor)
     root = corpus_dir(flavor, out)
+    manifest_key = f"{spec.fingerprint('all')}:{_runner_hash()}"
+    if not force and _Stamps.peek(root, "manifest", manifest_key):
+        log(f"cached: {root}")
+        return CorpusManifest.model_validate_json((root / "manifest.json").read_text())
+    if os.geteuid() != 0:
+        raise InvalidRequest("building a corpus needs root (debootstrap, chroot, overlay mounts)")
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    if missing:
+        raise InvalidRequest(f"building a corpus needs {', '.join(missing)} (see scripts/setup-system.sh)")
     root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and _Stamps.peek(root, "manifest", manifest_key):
+            log(f"cached (built meanwhile): {root}")
+            return CorpusManifest.model_validate_json((root / "manifest.json").read_text())
+        return _build_locked(spec, root, manifest_key, force, log)
+
+
+def _build_locked(spec: CorpusSpec, root: Path, manifest_key: str, force: bool, log: Log) -> CorpusManifest:
+    flavor = spec.flavor
     stamps = _Stamps(root)
     scratch = root / ".scratch"
     remove_tree(scratch)
     t0 = time.monotonic()
     osfp = spec.os_fingerprint()
-    manifest_key = f"{spec.fingerprint('all')}:{_runner_hash()}"
-    if not force and stamps.fresh("manifest", manifest_key) and (root / "manifest.json").exists():
-        log(f"cached: {root}")
-        return CorpusManifest.model_validate_json((root / "manifest.json").read_text())
     os_tree = root / "os"
     if force or not stamps.fresh("os", osfp):
         log(f"os: debootstrap {corpus_spec.SUITE} minbase + {len(spec.os_packages)} packages")
