@@ -117,3 +117,23 @@ def test_plan_for_task_stacks_groups_and_scores_with_the_evaluator() -> None:
     assert plan["workdir"] == "/work/r" and plan["mutation"] == "r.diff"
     with pytest.raises(InvalidRequest):
         plan_for_task(m, task(), harness="claude-code")
+
+
+def test_built_corpus_comes_back_from_cache_without_building(tmp_path) -> None:
+    from rollstack.bench import corpus as corpus_mod
+
+    m = CorpusManifest(flavor="small", tasks=1, components=[Component(name="os", kind="os", group="os/d:b")])
+    (tmp_path / "manifest.json").write_text(m.model_dump_json())
+    (tmp_path / "tasks.jsonl").write_text(dump_tasks([task()]))
+    key = f"{small().fingerprint('all')}:{corpus_mod._runner_hash()}"
+    (tmp_path / ".stamps").mkdir()
+    (tmp_path / ".stamps" / "manifest").write_text(key + "\n")
+    logs: list[str] = []
+    assert corpus_mod.build_corpus("small", tmp_path, log=logs.append) == m
+    assert logs == [f"cached: {tmp_path}"]
+    manifest, tasks = corpus_mod.load_corpus(tmp_path)
+    assert manifest == m and tasks == [task()]
+    (tmp_path / ".stamps" / "manifest").write_text("stale\n")
+    assert not corpus_mod._Stamps.peek(tmp_path, "manifest", key)
+    with pytest.raises(InvalidRequest):
+        corpus_mod.load_corpus(tmp_path / "nothing-here")
