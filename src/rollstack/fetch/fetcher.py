@@ -408,6 +408,18 @@ class ChunkFetcher:
         self._writes.start_soon(write)
 
 
+def leaf_error(exc: BaseException) -> BaseException:
+    """The error a caller should see: trio nurseries wrap failures in exception groups; prefer
+    the first RollstackError inside, else the first leaf."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [leaf_error(e) for e in exc.exceptions]
+        for leaf in leaves:
+            if isinstance(leaf, RollstackError):
+                return leaf
+        return leaves[0] if leaves else exc
+    return exc
+
+
 def _fresh(err: BaseException) -> BaseException:
     """A new instance per waiter: one exception object raised in many tasks shares a traceback."""
     if isinstance(err, RollstackError):

@@ -31,6 +31,7 @@ import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rollstack.errors import InvalidRequest, NotFound, RollstackError
+from rollstack.fetch.fetcher import leaf_error
 from rollstack.mount.service import LazyStoreService
 
 log = logging.getLogger("rollstack.mount.control")
@@ -50,11 +51,12 @@ class ControlApi:
     async def handle(self, method: str, path: str, body: bytes) -> Response:
         try:
             return await self._route(method, path, body)
-        except RollstackError as exc:
-            return _json(exc.status, {"error": exc.to_dict()})
         except Exception as exc:  # noqa: BLE001 - answer, never drop the connection
+            err = leaf_error(exc)
+            if isinstance(err, RollstackError):
+                return _json(err.status, {"error": err.to_dict()})
             log.exception("control %s %s failed", method, path)
-            return _json(500, {"error": {"code": "internal_error", "message": repr(exc)}})
+            return _json(500, {"error": {"code": "internal_error", "message": repr(err)}})
 
     async def _route(self, method: str, path: str, body: bytes) -> Response:
         path = path.split("?", 1)[0]

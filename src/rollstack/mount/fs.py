@@ -27,6 +27,7 @@ from typing import Any, Callable
 import pyfuse3
 
 from rollstack.errors import FormatError, NotFound, RegistryError, RollstackError
+from rollstack.fetch.fetcher import leaf_error
 from rollstack.format.toc import EntryType
 from rollstack.mount.index import entry_size, mode_bits, rdev
 from rollstack.mount.service import LazyStoreService
@@ -63,14 +64,15 @@ def _translate(fn: Callable) -> Callable:
             return await fn(self, *args)
         except pyfuse3.FUSEError:
             raise
-        except (RollstackError, OSError) as exc:
-            code = _errno_of(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must not take the mount down
+            err = leaf_error(exc)
+            if not isinstance(err, (RollstackError, OSError)):
+                log.exception("%s%r failed", name, args[:2])
+                raise pyfuse3.FUSEError(errno.EIO) from None
+            code = _errno_of(err)
             if code == errno.EIO:
-                log.warning("%s%r -> EIO: %s", fn.__name__, args[:2], exc)
+                log.warning("%s%r -> EIO: %s", name, args[:2], err)
             raise pyfuse3.FUSEError(code) from None
-        except Exception:  # noqa: BLE001 - a bug must not take the mount down
-            log.exception("%s%r failed", fn.__name__, args[:2])
-            raise pyfuse3.FUSEError(errno.EIO) from None
 
     return op
 

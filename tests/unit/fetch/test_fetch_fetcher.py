@@ -220,3 +220,14 @@ def test_prefetch_and_fill_make_reads_local():
     s = acct.summary()
     assert s["prefetch_bytes"] > 0 and s["background_bytes"] > 0 and s["critical_path_bytes"] == 0
     assert s["from_cache_bytes"] == sum(len(p) for p in blob.plain)
+
+
+def test_leaf_error_prefers_the_typed_error_in_a_group():
+    from rollstack.errors import BlobNotFound
+    from rollstack.fetch.fetcher import leaf_error
+
+    typed = BlobNotFound("gone")
+    group = BaseExceptionGroup("x", [ValueError("a"), BaseExceptionGroup("y", [typed])])
+    assert leaf_error(group) is typed
+    assert isinstance(leaf_error(ExceptionGroup("z", [KeyError("k")])), KeyError)
+    assert leaf_error(typed) is typed
