@@ -433,6 +433,3 @@ def _plain(chunk: Chunk, size: int) -> Chunk:
                  compression=Compression.NONE)
 
 
-def stored_bytes(chunks: Iterable[Chunk]) -> int:
-    return sum(c.blob_size for c in chunks)
-
