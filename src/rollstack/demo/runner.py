@@ -76,7 +76,8 @@ def _run_demo(config: DemoConfig) -> dict[str, Any]:
         },
         "groups": [p.to_dict() for p in published],
         "rollout_stack": _rollout_stack(published),
-        "config": {"tasks": len(tasks), "rollouts": config.rollouts, "concurrency": config.concurrency,
+        "config": {"tasks": len(tasks), "rollouts": config.rollouts,
+                   "concurrency": min(config.concurrency, len(tasks) * config.rollouts),
                    "background_fill": config.background_fill},
         "node": node_doc,
         "rollouts": [r.to_dict() for r in records],
@@ -117,11 +118,12 @@ def _run_rollouts(config: DemoConfig, store_spec: str, tasks: list[dict[str, Any
     node = Node(store=store_spec, root=node_root)
     try:
         stages["node_start"] = time.monotonic() - t
-        log(f"node up at {node_root} ({stages['node_start']:.1f} s); "
-            f"{len(tasks)} tasks x {config.rollouts} rollouts, {config.concurrency} at a time")
         jobs = [(task, r) for r in range(config.rollouts) for task in tasks]
+        workers = min(config.concurrency, len(jobs))
+        log(f"node up at {node_root} ({stages['node_start']:.1f} s); "
+            f"{len(tasks)} tasks x {config.rollouts} rollouts, {workers} at a time")
         t = time.monotonic()
-        with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="rollout") as pool:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
             futures = [pool.submit(run_rollout, node, task, groups, r, exec_timeout=config.exec_timeout,
                                    cancel=cancel, background_fill=config.background_fill) for task, r in jobs]
             try:

@@ -99,3 +99,11 @@ def test_config_paths() -> None:
     c = DemoConfig(root=Path("/r"))
     assert c.node_root == Path("/r/node") and c.publish_cache == Path("/r/published.json")
     assert DemoConfig(root=Path("/r"), node_dir=Path("/n")).node_root == Path("/n")
+
+
+def test_the_demo_refuses_to_run_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollstack.demo import runner
+
+    monkeypatch.setattr(runner.os, "geteuid", lambda: 1000)
+    with pytest.raises(InvalidRequest, match="needs root"):
+        runner.run_demo(DemoConfig())
