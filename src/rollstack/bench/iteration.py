@@ -109,12 +109,17 @@ def iteration_summary(rollouts: Sequence[Rollout], wall: float) -> dict[str, Any
 
 
 def jobs(tasks: Sequence[dict[str, Any]], n_tasks: int, rollouts: int) -> list[tuple[dict[str, Any], int]]:
-    """GRPO order: the K rollouts of a task together, tasks in corpus order (cycled if too few)."""
+    """GRPO order: the K rollouts of a task together; tasks taken round-robin over repositories
+    (so a batch smaller than the corpus still spans every repository), cycled if too few."""
     if n_tasks < 1 or rollouts < 1:
         raise InvalidRequest("--tasks and --rollouts must be >= 1")
     if not tasks:
         raise InvalidRequest("the corpus has no tasks")
-    picked = list(itertools.islice(itertools.cycle(tasks), n_tasks))
+    by_repo: dict[str, list[dict[str, Any]]] = {}
+    for t in tasks:
+        by_repo.setdefault(str(t.get("repo", "")), []).append(t)
+    spread = [t for group in itertools.zip_longest(*by_repo.values()) for t in group if t is not None]
+    picked = list(itertools.islice(itertools.cycle(spread), n_tasks))
     return [(t, k) for t in picked for k in range(rollouts)]
 
 
@@ -124,8 +129,14 @@ def default_concurrency() -> int:
 
 
 def harness_command(entry: str) -> str:
-    """`<harness binary> --version` from the corpus's entry (`/opt/x/bin/mini --help`)."""
-    return f"{shlex.quote(entry.split()[0])} --version"
+    """Start the harness without a model: the corpus's own check of it (`mini --help`: mini-swe-agent
+    has no --version; `claude --version`), else `<binary> --version`."""
+    parts = entry.split()
+    if not parts:
+        raise InvalidRequest("the harness has no entry command")
+    if len(parts) == 1:
+        parts.append("--version")
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def agent_steps(task: dict[str, Any], harness_entry: str) -> list[tuple[str, str, str | None]]:
@@ -408,7 +419,7 @@ def register(app: typer.Typer) -> None:
         quick: Annotated[bool, typer.Option("--quick", help="small corpus, 2 tasks x 2 rollouts")] = False,
         tasks: Annotated[int, typer.Option("--tasks", min=1, help="tasks in the iteration")] = 32,
         rollouts: Annotated[int, typer.Option("--rollouts", min=1, help="rollouts per task")] = 8,
-        concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="rollouts in flight (default 2/core)")] = 0,
+        concurrency: Annotated[int, typer.Option("--concurrency", min=0, help="rollouts in flight (0: 2 per core)")] = 0,
         systems: Annotated[str, typer.Option("--systems", help="comma-separated")] = ",".join(ITER_SYSTEMS),
         profile: Annotated[str, typer.Option("--profile", help="link profile: lan, dc, wan")] = "dc",
         corpus: Annotated[Path | None, typer.Option("--corpus", help="a built corpus directory")] = None,

@@ -80,6 +80,8 @@ def test_jobs_grpo_order_and_cycling() -> None:
     tasks = [{"instance_id": "a"}, {"instance_id": "b"}]
     js = jobs(tasks, 3, 2)
     assert [(t["instance_id"], k) for t, k in js] == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("a", 0), ("a", 1)]
+    mixed = [{"instance_id": "x1", "repo": "x"}, {"instance_id": "x2", "repo": "x"}, {"instance_id": "y1", "repo": "y"}]
+    assert [t["instance_id"] for t, _ in jobs(mixed, 3, 1)] == ["x1", "y1", "x2"]
     with pytest.raises(InvalidRequest):
         jobs([], 1, 1)
     with pytest.raises(InvalidRequest):
@@ -91,7 +93,7 @@ def test_agent_steps_and_heredoc() -> None:
     steps = agent_steps(task, "/opt/mini-swe-agent/bin/mini --help")
     names = [s[0] for s in steps]
     assert names == ["harness", "read", "test_before", "fix", "test_after"]
-    assert steps[0][1] == "/opt/mini-swe-agent/bin/mini --version"
+    assert steps[0][1] == "/opt/mini-swe-agent/bin/mini --help"
     assert shlex.quote("tests/t.py::T::test_x y") in steps[2][1]
     assert steps[3][2] == task["fix"]
     doc = heredoc("git apply -", "x")
@@ -100,6 +102,9 @@ def test_agent_steps_and_heredoc() -> None:
     with pytest.raises(InvalidRequest):
         heredoc("cat", "ROLLSTACK_PATCH_EOF_7f3a")
     assert harness_command("/opt/c/bin/claude --version") == "/opt/c/bin/claude --version"
+    assert harness_command("/opt/x/bin/tool") == "/opt/x/bin/tool --version"
+    with pytest.raises(InvalidRequest):
+        harness_command("  ")
 
 
 def test_phase_clock_and_iteration_summary() -> None:
