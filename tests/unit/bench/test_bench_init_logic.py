@@ -122,3 +122,27 @@ def test_phase_clock_and_iteration_summary() -> None:
     assert s["rollouts"] == 2 and s["ok"] == 1 and s["errors"] == 1
     assert s["init_share"] == pytest.approx(4 / 20)
     assert s["init_p50"] == pytest.approx(2.0)
+
+
+def test_work_lock_refuses_a_second_run(tmp_path) -> None:
+    from rollstack.bench.rig_rollstack import work_lock
+
+    with work_lock(tmp_path / "w"):
+        with pytest.raises(InvalidRequest):
+            with work_lock(tmp_path / "w"):
+                pass
+    with work_lock(tmp_path / "w"):  # released on exit
+        pass
+
+
+def test_rollstack_system_plan_sets_fetch_mode(tmp_path) -> None:
+    from rollstack.bench.rig_rollstack import RollstackSystem
+
+    plan = {"name": "p", "groups": ["os/x:1"], "fetch": {"background": True}}
+    eager = RollstackSystem("rollstack-eager", "http://127.0.0.1:1", tmp_path).plan(plan)
+    lazy = RollstackSystem("rollstack", "http://127.0.0.1:1", tmp_path).plan(plan)
+    assert eager["fetch"] == {"eager": True, "background": False}
+    assert lazy["fetch"] == {"eager": False, "background": False}
+    assert plan["fetch"] == {"background": True}  # the caller's plan is not modified
+    with pytest.raises(ValueError):
+        RollstackSystem("docker-equivalent", "http://127.0.0.1:1", tmp_path)
