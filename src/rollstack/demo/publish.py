@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rollstack.demo.corpus import DemoCorpus
-from rollstack.errors import RollstackError
+from rollstack.errors import NotFound
 
 
 @dataclass
@@ -70,7 +70,7 @@ def _still_there(store: Any, group: str, digest: str) -> int | None:
     name, tag = split_name_tag(group)
     try:
         manifest = store.get_manifest(name, tag)
-    except RollstackError:
+    except NotFound:  # anything else (an unreachable registry, bad credentials) is the caller's error
         return None
     if manifest.digest != digest:
         return None
@@ -86,6 +86,10 @@ def publish_corpus_groups(corpus: DemoCorpus, store: Any, store_key: str, cache_
     """Every component of `corpus` as its group in `store`; returns what each cost."""
     from rollstack.plan.groups import convert_sources, publish_layers, split_name_tag
 
+
+    # Probe the store before converting anything: an unreachable registry fails in a second, not
+    # after minutes of conversion.
+    _still_there(store, corpus.manifest["components"][0]["group"], "")
     cache = _load_cache(cache_path)
     known = cache.setdefault(store_key, {})
     out: dict[str, PublishedGroup] = {}
