@@ -4,8 +4,9 @@ The node (`rollstack.Node`: NodeService, lazy store daemon, provisioner) lives o
 `run_demo`: it is stopped in a `finally`, which destroys every environment it still owns, and a
 leftover check then looks for anything that escaped (mounts or state under the node root,
 runc containers, cgroups of the environments, child processes). Ctrl-C (or SIGTERM) stops new
-steps, lets the steps in flight finish, destroys everything, then re-raises KeyboardInterrupt;
-a second Ctrl-C stops waiting for the steps in flight.
+steps, lets the steps in flight finish (their commands have timeouts), destroys everything, then
+re-raises KeyboardInterrupt. The node is never stopped under a running create: tearing down an
+environment that is still being built could race with its mounts.
 """
 
 from __future__ import annotations
@@ -159,9 +160,9 @@ def _collect(futures: list[Future], records: list[RolloutRecord], cancel: thread
             for f in pending:
                 f.cancel()
             if interrupted > 1:
-                log("interrupted again: stopping the node now")
+                log("interrupted again: stopping as soon as the commands in flight return")
                 return
-            log("interrupted: finishing the steps in flight, then destroying everything (Ctrl-C again to hurry)")
+            log("interrupted: no new steps; destroying everything once the steps in flight return")
             continue
         for f in done:
             if f.cancelled():
