@@ -81,3 +81,18 @@ def window(after: Iterable[Chunk], target: Chunk, budget: int, wanted: Callable[
         if wanted(c):
             out.append(c)
     return out
+
+
+def window_back(before: Iterable[Chunk], target: Chunk, budget: int, wanted: Callable[[Chunk], bool]) -> list[Chunk]:
+    """The chunks stored just before `target`, from a lazily produced sequence in *reverse* blob
+    order, while they start within `budget` bytes before it."""
+    limit = target.blob_offset - budget
+    out: list[Chunk] = []
+    for c in before:
+        if c.blob_offset >= target.blob_offset:
+            continue
+        if c.blob_offset < limit:
+            break
+        if wanted(c):
+            out.append(c)
+    return out

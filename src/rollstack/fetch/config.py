@@ -16,6 +16,9 @@ class FetchConfig:
     neighbor_bytes: int = 256 << 10
     """On a demand miss, also fetch the following chunks of the blob (in blob order, so the
     next files of the same directory) up to this many stored bytes, in the same request."""
+    neighbor_back_bytes: int = 64 << 10
+    """Also claim the chunks stored up to this many bytes *before* the missed one (the files of
+    the same directory that sort earlier)."""
     readahead_bytes: int = 16 << 20
     """Sequential reads of one file prefetch this far ahead (stored bytes)."""
     foreground_requests: int = 8

@@ -30,7 +30,7 @@ from typing import AsyncIterator, Callable, Iterable, Sequence
 import trio
 
 from rollstack.errors import FormatError, IntegrityError, NotFound, RegistryUnavailable, RollstackError
-from rollstack.fetch.coalesce import RangeRequest, coalesce, following, window
+from rollstack.fetch.coalesce import RangeRequest, coalesce, following, window, window_back
 from rollstack.fetch.config import FetchConfig
 from rollstack.fetch.disk import DiskChunkCache
 from rollstack.fetch.layer import RemoteLayer
@@ -120,7 +120,8 @@ class ChunkFetcher:
         return self.memory.get(chunk.digest)
 
     async def get(self, layer: RemoteLayer, chunk: Chunk, account: Account | None = None,
-                  used: int | None = None, after: Iterable[Chunk] | None = None) -> bytes:
+                  used: int | None = None, after: Iterable[Chunk] | None = None,
+                  before: Iterable[Chunk] | None = None) -> bytes:
         """The verified, decompressed bytes of `chunk` (a read is blocked on it).
 
         `used`: how many of its bytes the read returns (what the account is charged; default
@@ -133,7 +134,7 @@ class ChunkFetcher:
             return data
         flight = self._inflight.get(chunk.digest)
         if flight is None:
-            claimed = self._claim([chunk, *self._neighbours(layer, chunk, after)])
+            claimed = self._claim([chunk, *self._neighbours(layer, chunk, after, before)])
             flight = claimed[0][1]
             await self._resolve(layer, claimed, Priority.FOREGROUND, account)
         else:
@@ -145,15 +146,16 @@ class ChunkFetcher:
         return flight.data
 
     async def get_many(self, layer: RemoteLayer, chunks: Sequence[Chunk], account: Account | None = None,
-                       used: Sequence[int] | None = None, after: Iterable[Chunk] | None = None) -> list[bytes]:
+                       used: Sequence[int] | None = None, after: Iterable[Chunk] | None = None,
+                       before: Iterable[Chunk] | None = None) -> list[bytes]:
         """The chunks of one read, in order; what is missing is fetched in one coalesced plan
         (plus neighbours after the last one)."""
         u: Sequence[int | None] = used if used is not None else [None] * len(chunks)
         if len(chunks) == 1:
-            return [await self.get(layer, chunks[0], account, u[0], after)]
+            return [await self.get(layer, chunks[0], account, u[0], after, before)]
         missing = [c for c in chunks if c.digest not in self.memory and c.digest not in self._inflight]
         if missing:
-            claimed = self._claim([*missing, *self._neighbours(layer, chunks[-1], after)])
+            claimed = self._claim([*missing, *self._neighbours(layer, chunks[-1], after, before)])
             async with trio.open_nursery() as n:
                 n.start_soon(self._resolve, layer, claimed, Priority.FOREGROUND, account)
                 return [await self.get(layer, c, account, k) for c, k in zip(chunks, u)]
@@ -164,12 +166,17 @@ class ChunkFetcher:
         if account is not None:
             account.record_read(tier, nbytes, seconds)
 
-    def _neighbours(self, layer: RemoteLayer, chunk: Chunk, after: Iterable[Chunk] | None) -> list[Chunk]:
+    def _neighbours(self, layer: RemoteLayer, chunk: Chunk, after: Iterable[Chunk] | None,
+                    before: Iterable[Chunk] | None = None) -> list[Chunk]:
         budget = self.config.neighbor_bytes
         if not budget:
             return []
         if after is not None:
-            return window(after, chunk, budget, self._wanted)
+            out = window(after, chunk, budget, self._wanted)
+            back = self.config.neighbor_back_bytes
+            if back and before is not None:
+                out += window_back(before, chunk, back, self._wanted)
+            return out
         if layer.chunks is None or layer.offsets is None:
             return []
         return following(layer.chunks, layer.offsets, chunk, budget, self._wanted)

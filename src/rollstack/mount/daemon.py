@@ -45,11 +45,13 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
     p.add_argument("--listen", default=None, help="also serve the API on TCP HOST:PORT (for peers)")
     p.add_argument("--deadline", type=float, default=FetchConfig.deadline)
     p.add_argument("--neighbor-bytes", type=int, default=FetchConfig.neighbor_bytes)
+    p.add_argument("--neighbor-back-bytes", type=int, default=FetchConfig.neighbor_back_bytes)
     p.add_argument("--trace-window", type=float, default=FetchConfig.trace_window)
     a = p.parse_args(argv)
     ctl = Path(a.control.removeprefix("unix:")) if a.control else None
     fetch = FetchConfig(memory_budget=a.memory_budget, disk_budget=a.cache_budget, deadline=a.deadline,
-                        neighbor_bytes=a.neighbor_bytes, trace_window=a.trace_window)
+                        neighbor_bytes=a.neighbor_bytes, neighbor_back_bytes=a.neighbor_back_bytes,
+                        trace_window=a.trace_window)
     return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
                         fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen)
 

@@ -149,6 +149,13 @@ class LayerIndex:
             yield from self.toc._at(i).chunks  # noqa: SLF001
             i += 1
 
+    def chunks_before(self, ino: int) -> Iterator[Chunk]:
+        """Chunks of the entries before `ino`, in reverse blob order, materialised as consumed."""
+        i = ino - self.base - self._shift - 1
+        while i >= 0:
+            yield from reversed(self.toc._at(i).chunks)  # noqa: SLF001
+            i -= 1
+
 
 def mode_bits(e: TocEntry) -> int:
     """`st_mode` of an entry (type bits + permissions)."""

@@ -215,8 +215,10 @@ class LazyStoreService:
         env = of.env
         acct = env.account if env is not None else None
         used = [min(end, c.offset + c.size) - max(off, c.offset) for c in chunks]
-        after = of.layer.index.chunks_after(of.ino, chunks[-1].offset)
-        datas = await self.fetcher.get_many(of.layer.remote, chunks, acct, used, after)
+        index = of.layer.index
+        after = index.chunks_after(of.ino, chunks[-1].offset)
+        before = index.chunks_before(of.ino) if chunks[0].offset == 0 else None
+        datas = await self.fetcher.get_many(of.layer.remote, chunks, acct, used, after, before)
         if env is not None and env.recorder is not None:
             for c in chunks:
                 env.recorder.record(of.layer.digest, _chunk_doc(c))

@@ -72,3 +72,11 @@ def test_window_over_a_lazy_sequence_stops_early_and_skips_backrefs():
     got = window(lazy(), cs[1], 250, lambda c: True)
     assert [c.blob_offset for c in got] == [200, 300]
     assert consumed == [0, 200, 300, 400]  # stopped at the first chunk beyond the window
+
+
+def test_window_back_takes_the_chunks_just_before():
+    from rollstack.fetch.coalesce import window_back
+
+    cs = layout([100] * 10, [0] * 10)
+    got = window_back(reversed(cs[:5]), cs[5], 250, lambda c: c.blob_offset != 400)
+    assert [c.blob_offset for c in got] == [300]  # 400 unwanted, 200 is 300 bytes back: too far

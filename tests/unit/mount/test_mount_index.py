@@ -83,3 +83,15 @@ def test_chunks_after_walks_blob_order_lazily():
     a = idx.child(idx.root, "a")
     assert [x.blob_offset for x in idx.chunks_after(a, 0)] == [10, 20]
     assert [x.blob_offset for x in idx.chunks_after(a, 10)] == [20]
+
+
+def test_chunks_before_walks_backwards():
+    from rollstack.format.toc import Chunk
+
+    def c(bo: int) -> Chunk:
+        return Chunk(offset=0, size=10, blob_offset=bo, blob_size=10, digest=f"sha256:{bo:064x}")
+
+    t = Toc([TocEntry("", EntryType.DIR), TocEntry("a", EntryType.REG, size=10, chunks=[c(0)]),
+             TocEntry("b", EntryType.REG, size=10, chunks=[c(10)]), TocEntry("c", EntryType.REG, size=10, chunks=[c(20)])])
+    idx = LayerIndex(D, t, base=10)
+    assert [x.blob_offset for x in idx.chunks_before(idx.child(idx.root, "c"))] == [10, 0]
