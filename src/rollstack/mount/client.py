@@ -48,7 +48,7 @@ class LazyStoreClient:
     def start(cls, mountpoint: str | os.PathLike[str], state_dir: str | os.PathLike[str], store_url: str, *,
               cache_budget: int | None = None, memory_budget: int | None = None, peers: Sequence[str] = (),
               listen: str | None = None, deadline: float | None = None, neighbor_bytes: int | None = None,
-              trace_window: float | None = None, wait: float = 30.0,
+              neighbor_back_bytes: int | None = None, trace_window: float | None = None, wait: float = 30.0,
               log_path: str | os.PathLike[str] | None = None) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
@@ -59,7 +59,7 @@ class LazyStoreClient:
                 "--state-dir", str(state_dir), "--store", store_url, "--control", f"unix:{sock}"]
         for flag, value in (("--cache-budget", cache_budget), ("--memory-budget", memory_budget),
                             ("--listen", listen), ("--deadline", deadline), ("--neighbor-bytes", neighbor_bytes),
-                            ("--trace-window", trace_window)):
+                            ("--neighbor-back-bytes", neighbor_back_bytes), ("--trace-window", trace_window)):
             if value is not None:
                 argv += [flag, str(value)]
         for p in peers:
