@@ -8,7 +8,6 @@ built once and cached under ~/.cache/rollstack/bench/.
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -52,19 +51,11 @@ def default_rootfs(cache: Path = CACHE) -> Path:
 
 
 def machine_facts() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import zstandard
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "loadavg": os.getloadavg()[0],
-            "python": platform.python_version(), "zstandard": zstandard.__version__,
-            "kernel": platform.release()}
+    from rollstack.bench.report import machine_facts as common_facts
+
+    return {**common_facts(), "zstandard": zstandard.__version__}
 
 
 def _tar_gz_baseline(src: Path, work: Path) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import random
 import sys
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+
+from rollstack.bench import report
 
 from rollstack.provision.config import GiB, MiB, NodeCapacity, PolicyConfig
 
@@ -275,13 +276,6 @@ def plot(doc: dict[str, Any], out: Path) -> str:
     return str(path)
 
 
-def machine_facts() -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "")
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
-            "loadavg": os.getloadavg()[0], "kernel": platform.release(), "python": platform.python_version()}
-
-
 def run(quick: bool, n_tasks: int | None, seed: int, concurrency: int, out: Path, command: str) -> dict[str, Any]:
     from rollstack.provision.backend import detect_backend
 
@@ -295,7 +289,7 @@ def run(quick: bool, n_tasks: int | None, seed: int, concurrency: int, out: Path
     tasks = draw_tasks(n, seed, quick)
     quotas = scenarios(tasks)
     parent = f"rollstack-bench-{uuid.uuid4().hex[:8]}"
-    machine = machine_facts()
+    machine = report.machine_facts()
     backend.create(parent)
     # This machine is shared: weight the bench's parent cgroup 16x so the scenarios see something
     # closer to a dedicated node and background load skews them less (documented in the report).

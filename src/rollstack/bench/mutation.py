@@ -10,7 +10,6 @@ restoring the tree between runs. The paper reports a median of 0.43 s; our targe
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import statistics
@@ -23,6 +22,8 @@ from typing import Any, Optional
 
 import typer
 
+from rollstack.bench import report
+
 OPS = [(" == ", " != "), (" != ", " == "), (" < ", " <= "), (" > ", " >= "), (" + ", " - "), (" - ", " + "),
        (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True")]
 
@@ -34,19 +35,6 @@ def default_tree() -> Path:
     except ImportError:
         import hypothesis as project
     return Path(project.__file__).parent
-
-
-def machine_facts() -> dict[str, Any]:
-    import platform
-
-    cpu = ""
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "loadavg": os.getloadavg()[0],
-            "python": platform.python_version(), "kernel": platform.release()}
 
 
 def _git(repo: Path, *args: str, data: bytes | None = None) -> bytes:
@@ -147,7 +135,7 @@ def run(tree: Path, n: int, seed: int, work: Path, command: str) -> dict[str, An
         "ratio_p50_git_over_rollstack": _summary(git_apply)["p50"] / _summary(ours)["p50"],
         "target_p50": 0.050,
         "paper_p50": 0.43,
-        "machine": machine_facts(),
+        "machine": report.machine_facts(),
         "command": command,
     }
     doc["meets_target"] = doc["systems"]["rollstack"]["p50"] <= doc["target_p50"]

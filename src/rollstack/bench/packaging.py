@@ -121,7 +121,7 @@ def run(repos: int, tasks_per_repo: int, harnesses: int, work: Path, command: st
     group_update = time.perf_counter() - start
     group_upload = r.uploaded_bytes
 
-    from rollstack.bench.mutation import machine_facts
+    from rollstack.bench.report import machine_facts
 
     doc = {
         "shape": {"repos": repos, "tasks": len(tasks), "harnesses": harnesses},

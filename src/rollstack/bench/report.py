@@ -113,7 +113,8 @@ def machine_facts() -> dict[str, Any]:
                 osname = line.split("=", 1)[1].strip('"')
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "kernel": platform.release(),
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "loadavg": os.getloadavg()[0],
+            "kernel": platform.release(),
             "os": osname, "python": platform.python_version(), "hostname": platform.node(),
             "cgroup": "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1",
             "containerd": _version(["containerd", "--version"]), "runc": _version(["runc", "--version"]),
