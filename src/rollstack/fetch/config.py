@@ -23,10 +23,19 @@ class FetchConfig:
     """Sequential reads of one file prefetch this far ahead (stored bytes)."""
     foreground_requests: int = 8
     """Parallel registry requests for demand reads and trace prefetch."""
-    background_requests: int = 2
-    """Parallel registry requests for background fill (its bounded share)."""
+    background_requests: int = 1
+    """Parallel registry requests for background fill (its bounded share of concurrency)."""
     background_request: int = 1 << 20
     """Background fill request size: small, so a demand read never queues behind much."""
+    background_grace: float = 3.0
+    """Seconds after `begin_env` before an environment's background fill starts (the
+    environment's first command runs on an uncontended node)."""
+    background_quiet: float = 0.5
+    """Background requests start only this long after the last foreground request ended."""
+    link_rate: float = 125e6
+    """The node's link to the registry, bytes/s (1 Gbit/s): the base of the background share."""
+    background_share: float = 0.25
+    """Fraction of `link_rate` background fill may use (token bucket); 0 = unlimited."""
     deadline: float = 30.0
     """Seconds a read may wait for the registry (retries included) before it fails with EIO."""
     retry_initial: float = 0.05

@@ -11,8 +11,12 @@ and hashing, disk cache I/O, peer HTTP) runs in a worker thread.
   in this format they are the next files of the same directory, which the same program tends
   to read next; one round trip instead of several.
 - Priorities: demand reads, prefetch and background fill each have their own concurrency
-  limiter; a background request starts only while no demand request is outstanding, and is
-  small, so the bandwidth a demand read competes with is bounded.
+  limiter. Background fill is gated (`BackgroundGate`): a request starts only while no demand
+  or prefetch request is in flight and none ended in the last `background_quiet` seconds, and
+  within a token bucket of `background_share` x `link_rate`; one request at a time, 1 MiB each.
+  Background chunks are read, verified and written to the disk cache in one worker-thread call
+  (nothing per chunk on the trio thread that serves FUSE) and skip the memory cache (fill must
+  not evict what running programs use).
 - Integrity: every chunk is decoded with `decode_chunk` (verifies the digest) before it is
   cached or served. A mismatch refetches that chunk once; a second mismatch fails its readers
   with IntegrityError and records an `integrity_error` event. Bad bytes are never cached.
@@ -30,6 +34,7 @@ from typing import AsyncIterator, Callable, Iterable, Sequence
 import trio
 
 from rollstack.errors import FormatError, IntegrityError, NotFound, RegistryUnavailable, RollstackError
+from rollstack.fetch.background import BackgroundGate
 from rollstack.fetch.coalesce import RangeRequest, coalesce, following, window, window_back
 from rollstack.fetch.config import FetchConfig
 from rollstack.fetch.disk import DiskChunkCache
@@ -82,9 +87,8 @@ class ChunkFetcher:
             Priority.BACKGROUND: trio.CapacityLimiter(config.background_requests),
         }
         self._threads = trio.CapacityLimiter(32)
-        self._demand_active = 0
-        self._idle = trio.Event()
-        self._idle.set()
+        self.gate = BackgroundGate(config.link_rate * config.background_share, config.background_quiet,
+                                   burst=max(config.background_request, 1 << 20))
         self._nursery: trio.Nursery | None = None
         self._writes: trio.Nursery | None = None
 
@@ -209,21 +213,25 @@ class ChunkFetcher:
             await self._resolve(layer, claimed, priority, account, keep_going=True)
 
     async def fill(self, layer: RemoteLayer, account: Account | None = None) -> None:
-        """Background fill: fetch every chunk of `layer` not yet cached, at low priority."""
-        await trio.to_thread.run_sync(layer.build_index, limiter=self._threads)
-        todo = [c for c in layer.chunks or () if self._wanted(c)]
-        plan = coalesce(todo, max_request=self.config.background_request)
+        """Background fill: fetch every chunk of `layer` not yet cached, at low priority (each
+        request admitted by `self.gate`). The plan (a walk over every chunk) is made in a worker
+        thread: on a 30k-file layer it would hold the FUSE loop for tens of ms."""
+        def plan() -> list[RangeRequest]:
+            layer.build_index()
+            todo = [c for c in layer.chunks or () if self._wanted(c)]
+            return coalesce(todo, max_request=self.config.background_request)
+
+        requests = await trio.to_thread.run_sync(plan, limiter=self._threads)
         slots = trio.Semaphore(self.config.background_requests)
         async with trio.open_nursery() as n:
-            for req in plan:
+            for req in requests:
                 await slots.acquire()  # bounds how many of our requests exist at once
+                await self.gate.admit(req.length)
                 n.start_soon(self._fill_one, layer, req, account, slots)
 
     async def _fill_one(self, layer: RemoteLayer, req: RangeRequest, account: Account | None,
                         slots: trio.Semaphore) -> None:
         try:
-            while self._demand_active:
-                await self._idle.wait()
             claimed = self._claim([c for c in req.chunks if self._wanted(c)])
             if claimed:
                 await self._resolve(layer, claimed, Priority.BACKGROUND, account, keep_going=True)
@@ -308,7 +316,7 @@ class ChunkFetcher:
             token = object()
             await limiter.acquire_on_behalf_of(token)
             if demand:
-                self._demand_started()
+                self.gate.foreground_started()
             try:
                 await self._fetch_range(layer, req, pending, priority, account, deadline)
             except RollstackError as exc:
@@ -317,37 +325,26 @@ class ChunkFetcher:
                         pending.pop(c.digest)[1].done(None, Tier.REGISTRY, exc)
             finally:
                 if demand:
-                    self._demand_finished()
+                    self.gate.foreground_finished()
                 limiter.release_on_behalf_of(token)
 
         async with trio.open_nursery() as n:
             for req in plan:
                 n.start_soon(one, req)
 
-    def _demand_started(self) -> None:
-        self._demand_active += 1
-        if self._idle.is_set():
-            self._idle = trio.Event()
-
-    def _demand_finished(self) -> None:
-        self._demand_active -= 1
-        if self._demand_active == 0:
-            self._idle.set()
-
     async def _fetch_range(self, layer: RemoteLayer, req: RangeRequest, pending: dict, priority: Priority,
                            account: Account | None, deadline: float) -> None:
-        good, bad = await self._with_retries(layer, req.offset, req.length, list(req.chunks), deadline)
+        persist = priority is Priority.BACKGROUND and self.disk is not None
+        good, bad = await self._with_retries(layer, req.offset, req.length, list(req.chunks), deadline, persist)
         self._transferred(layer, req.length, [c.digest for c in req.chunks], priority, account)
         for c, data in good:
             if c.digest in pending:
-                self._complete(pending, c, data, Tier.REGISTRY)
-                self._write_disk(c, data)
+                self._land(pending, c, data, persist)
         for c in bad:  # one refetch of that chunk alone, then give up on it
-            again, still_bad = await self._with_retries(layer, c.blob_offset, c.blob_size, [c], deadline)
+            again, still_bad = await self._with_retries(layer, c.blob_offset, c.blob_size, [c], deadline, persist)
             self._transferred(layer, c.blob_size, [c.digest], priority, account)
             if again and c.digest in pending:
-                self._complete(pending, c, again[0][1], Tier.REGISTRY)
-                self._write_disk(c, again[0][1])
+                self._land(pending, c, again[0][1], persist)
             elif still_bad:
                 self.metrics.event("integrity_error", layer=layer.digest, repo=layer.repo, chunk=c.digest,
                                    blob_offset=c.blob_offset)
@@ -356,6 +353,16 @@ class ChunkFetcher:
                 if c.digest in pending:
                     pending.pop(c.digest)[1].done(None, Tier.REGISTRY, err)
 
+    def _land(self, pending: dict, chunk: Chunk, data: bytes, persisted: bool) -> None:
+        """A verified registry chunk: serve its waiters; cache it. Background chunks were already
+        written to disk by the worker thread and skip the memory cache."""
+        if persisted:
+            _, flight = pending.pop(chunk.digest)
+            flight.done(data, Tier.REGISTRY)
+            return
+        self._complete(pending, chunk, data, Tier.REGISTRY)
+        self._write_disk(chunk, data)
+
     def _transferred(self, layer: RemoteLayer, nbytes: int, digests: list[str], priority: Priority,
                      account: Account | None) -> None:
         self.metrics.transferred_bytes(Tier.REGISTRY, priority, nbytes, digests)
@@ -363,7 +370,7 @@ class ChunkFetcher:
             account.record_transfer(Tier.REGISTRY, priority, nbytes)
 
     async def _with_retries(self, layer: RemoteLayer, offset: int, length: int, chunks: list[Chunk],
-                            deadline: float) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
+                            deadline: float, persist: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
         """Read + decode one range, retrying transient failures until `deadline`."""
         delay = self.config.retry_initial
         attempt = 0
@@ -376,7 +383,7 @@ class ChunkFetcher:
                                           layer=layer.digest)
             try:
                 with trio.fail_after(remaining):
-                    return await trio.to_thread.run_sync(self._read_decode, layer, offset, length, chunks,
+                    return await trio.to_thread.run_sync(self._read_decode, layer, offset, length, chunks, persist,
                                                          abandon_on_cancel=True, limiter=self._threads)
             except trio.TooSlowError:
                 continue  # loops into the deadline error above
@@ -387,18 +394,27 @@ class ChunkFetcher:
                 await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
                 delay = min(delay * 2, self.config.retry_max)
 
-    def _read_decode(self, layer: RemoteLayer, offset: int, length: int,
-                     chunks: list[Chunk]) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
+    def _read_decode(self, layer: RemoteLayer, offset: int, length: int, chunks: list[Chunk],
+                     persist: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
+        """Worker thread: one range GET, every chunk verified; `persist`: also written to the
+        disk cache here (background fill: no per-chunk work comes back to the trio thread)."""
         raw = layer.read_range(offset, length)
         if len(raw) != length:
             raise RegistryUnavailable(f"short read from {layer.digest}: {len(raw)} of {length} bytes")
         good, bad = [], []
+        view = memoryview(raw)
         for c in chunks:
             start = c.blob_offset - offset
             try:
-                good.append((c, self._decode(c, raw[start:start + c.blob_size])))
+                good.append((c, self._decode(c, bytes(view[start:start + c.blob_size]))))
             except FormatError:
                 bad.append(c)
+        if persist and self.disk is not None:
+            for c, data in good:
+                try:
+                    self.disk.put(c.digest, data)
+                except OSError as exc:  # a full or failing disk: the chunk is still served
+                    self.metrics.event("disk_cache_error", error=repr(exc)[:200])
         return good, bad
 
     def _write_disk(self, chunk: Chunk, data: bytes) -> None:

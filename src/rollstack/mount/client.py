@@ -49,7 +49,9 @@ class LazyStoreClient:
               cache_budget: int | None = None, memory_budget: int | None = None, peers: Sequence[str] = (),
               listen: str | None = None, deadline: float | None = None, neighbor_bytes: int | None = None,
               neighbor_back_bytes: int | None = None, trace_window: float | None = None, wait: float = 30.0,
-              log_path: str | os.PathLike[str] | None = None) -> "LazyStoreClient":
+              log_path: str | os.PathLike[str] | None = None, background_grace: float | None = None,
+              background_quiet: float | None = None, background_share: float | None = None,
+              link_rate: float | None = None) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +61,9 @@ class LazyStoreClient:
                 "--state-dir", str(state_dir), "--store", store_url, "--control", f"unix:{sock}"]
         for flag, value in (("--cache-budget", cache_budget), ("--memory-budget", memory_budget),
                             ("--listen", listen), ("--deadline", deadline), ("--neighbor-bytes", neighbor_bytes),
-                            ("--neighbor-back-bytes", neighbor_back_bytes), ("--trace-window", trace_window)):
+                            ("--neighbor-back-bytes", neighbor_back_bytes), ("--trace-window", trace_window),
+                            ("--background-grace", background_grace), ("--background-quiet", background_quiet),
+                            ("--background-share", background_share), ("--link-rate", link_rate)):
             if value is not None:
                 argv += [flag, str(value)]
         for p in peers:

@@ -3,6 +3,7 @@
     python -m rollstack.mount.daemon --mountpoint M --state-dir D --store S
         [--cache-budget BYTES] [--memory-budget BYTES] [--peer URL ...]
         [--control unix:SOCK] [--listen 127.0.0.1:PORT] [--deadline SECONDS]
+        [--background-grace S] [--background-quiet S] [--background-share F] [--link-rate BYTES/S]
 
 Mounts one read-only FUSE filesystem at M (clearing a dead predecessor's stale mount first),
 serves the control API on a unix socket (default D/control.sock) and optionally on TCP (for
@@ -47,11 +48,17 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
     p.add_argument("--neighbor-bytes", type=int, default=FetchConfig.neighbor_bytes)
     p.add_argument("--neighbor-back-bytes", type=int, default=FetchConfig.neighbor_back_bytes)
     p.add_argument("--trace-window", type=float, default=FetchConfig.trace_window)
+    p.add_argument("--background-grace", type=float, default=FetchConfig.background_grace)
+    p.add_argument("--background-quiet", type=float, default=FetchConfig.background_quiet)
+    p.add_argument("--background-share", type=float, default=FetchConfig.background_share)
+    p.add_argument("--link-rate", type=float, default=FetchConfig.link_rate, help="bytes/s to the registry")
     a = p.parse_args(argv)
     ctl = Path(a.control.removeprefix("unix:")) if a.control else None
     fetch = FetchConfig(memory_budget=a.memory_budget, disk_budget=a.cache_budget, deadline=a.deadline,
                         neighbor_bytes=a.neighbor_bytes, neighbor_back_bytes=a.neighbor_back_bytes,
-                        trace_window=a.trace_window)
+                        trace_window=a.trace_window, background_grace=a.background_grace,
+                        background_quiet=a.background_quiet, background_share=a.background_share,
+                        link_rate=a.link_rate)
     return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
                         fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen)
 

@@ -336,6 +336,9 @@ class LazyStoreService:
                 n.start_soon(self.fetcher.prefetch, layer.remote, chunks, env.account, Priority.PREFETCH)
 
     async def _background_fill(self, env: Env) -> None:
+        """The rest of the environment's layers, after a grace period (its first command runs
+        on an uncontended node); each request is admitted by the fetcher's background gate."""
+        await trio.sleep(self.config.fetch.background_grace)
         for digest in env.layers:
             layer = self.layers.get(_hex(digest))
             if layer is not None:
@@ -376,6 +379,7 @@ class LazyStoreService:
             "peers": {"urls": list(self.config.peers),
                       "hits": self.peers.hits if self.peers else 0, "misses": self.peers.misses if self.peers else 0},
             "fetch": self.metrics.snapshot(),
+            "background": self.fetcher.gate.snapshot(),
             "fuse_ops": dict(self.fs_ops),
             "uptime_seconds": round(time.time() - self.started, 3),
         }

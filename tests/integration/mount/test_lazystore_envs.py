@@ -108,7 +108,7 @@ def test_reads_are_attributed_and_traces_prefetch(tmp_path, oci_store, lazy_fact
 def test_background_fill_fetches_the_rest(tmp_path, oci_store, lazy_factory):
     tree = build_tree(tmp_path / "src")
     digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/fill")
-    lazy = lazy_factory(oci_store.url)
+    lazy = lazy_factory(oci_store.url, background_grace=0.0)
     env = f"fill-{uuid.uuid4().hex[:6]}"
     lazy.begin_env(env, [{"repo": "test/fill", "digest": digest}], background=True)
     for _ in range(200):
@@ -118,6 +118,50 @@ def test_background_fill_fetches_the_rest(tmp_path, oci_store, lazy_factory):
     before = lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0)
     assert before > 0
     (lazy.layer_dir(digest) / "big.bin").read_bytes()  # everything is local now
+    assert lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0) == before
+    lazy.end_env(env)
+
+
+def test_background_fill_pauses_while_foreground_reads_run(tmp_path, oci_store, lazy_factory):
+    """The mechanism, counted in bytes and requests: while a program keeps missing (serial
+    demand reads, like imports), background fill moves at most the one request that was already
+    in flight; it resumes once reads go quiet and then completes the layer."""
+    src = tmp_path / "src"
+    for i in range(300):  # one demand miss each (neighbour windows off)
+        d = src / f"pkg{i // 20:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"mod{i:03d}.py").write_bytes(os.urandom(6000))
+    (src / "aa-big.bin").write_bytes(os.urandom(24 << 20))  # what the fill has to fetch
+    digest = publish(oci_store, src, tmp_path / "layer.blob", "test/gate")
+    from rollstack.format.convert import DEFAULT_CHUNK_SIZE
+    in_flight = max(1 << 20, DEFAULT_CHUNK_SIZE) + (64 << 10)  # one request (>= one whole chunk), compressed
+    lazy = lazy_factory(oci_store.url, neighbor_bytes=0, neighbor_back_bytes=0, background_grace=0.0,
+                        background_quiet=0.3, background_share=0.0)
+    env = f"gate-{uuid.uuid4().hex[:6]}"
+    ref = {"repo": "test/gate", "digest": digest}
+    lazy.add_layers([ref])
+    root = lazy.layer_dir(digest)
+    files = sorted(root.glob("pkg*/mod*.py"), reverse=True)
+    for f in files[:20]:  # the program is already missing when the environment is registered
+        assert len(f.read_bytes()) == 6000
+    lazy.begin_env(env, [ref], background=True)
+    t0 = lazy.stats()["fetch"]["transferred_bytes"]
+    for f in files[20:]:
+        assert len(f.read_bytes()) == 6000
+    t1 = lazy.stats()["fetch"]["transferred_bytes"]
+    during = t1.get("background", 0) - t0.get("background", 0)
+    assert t1.get("foreground", 0) - t0.get("foreground", 0) >= 250 * 6000  # the burst really missed
+    assert during <= in_flight, f"background moved {during} bytes during the foreground burst"
+    for _ in range(300):
+        bg = lazy.stats()["background"]
+        if lazy.env_stats(env)["background_bytes"] >= 24 << 20 and lazy.stats()["fetch"]["inflight"] == 0:
+            break
+        time.sleep(0.05)
+    assert lazy.env_stats(env)["background_bytes"] >= 24 << 20  # resumed after the burst and finished
+    assert bg["paused"] >= 1 and bg["started_during_foreground"] == 0
+    before = lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0)
+    assert (root / "aa-big.bin").stat().st_size == 24 << 20
+    (root / "aa-big.bin").read_bytes()
     assert lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0) == before
     lazy.end_env(env)
 

@@ -1,0 +1,91 @@
+"""Background fill is low priority: the token bucket (pure) and the gate inside ChunkFetcher."""
+
+from __future__ import annotations
+
+import trio
+
+from rollstack.fetch import Account
+from rollstack.fetch.background import BackgroundGate, TokenBucket
+
+from test_fetch_fetcher import FakeBlob, make  # noqa: E402 - shared fakes of the fetcher tests
+
+
+def test_token_bucket_admits_at_its_rate():
+    b = TokenBucket(rate=1000.0, burst=500.0, tokens=500.0, stamp=0.0)
+    assert b.wait_for(500, 0.0) == 0.0  # the burst
+    assert b.wait_for(100, 0.0) == 0.1  # empty: 100 bytes take 0.1 s at 1000 B/s
+    assert b.wait_for(100, 0.1) == 0.0
+    # bigger than the burst: admitted once the bucket is full, then in debt
+    assert b.wait_for(2000, 0.1) == 0.5
+    assert b.wait_for(2000, 0.6) == 0.0
+    assert b.tokens < 0
+    assert TokenBucket(rate=0, burst=0).wait_for(10**9, 0.0) == 0.0  # 0 = unlimited
+
+
+def test_gate_waits_for_foreground_and_quiet_period():
+    async def main():
+        gate = BackgroundGate(rate=0, quiet=0.2)
+        order = []
+
+        async def background():
+            await gate.admit(100)
+            order.append(("bg", gate.active, trio.current_time()))
+
+        async with trio.open_nursery() as n:
+            gate.foreground_started()
+            n.start_soon(background)
+            await trio.sleep(0.1)
+            assert order == []  # foreground in flight: nothing admitted
+            gate.foreground_finished()
+            ended = trio.current_time()
+        assert order[0][1] == 0 and order[0][2] - ended >= 0.2 - 1e-3
+        assert gate.paused == 1 and gate.started_during_foreground == 0
+
+    trio.run(main)
+
+
+def test_fill_transfers_nothing_while_foreground_reads_run():
+    blob = FakeBlob(n=16)
+    blob.delay = 0.03
+    f = make(neighbor_bytes=0, background_request=60_000, background_quiet=0.15, background_share=0.0)
+    layer = blob.layer()
+    acct = Account()
+    during: list[int] = []
+
+    async def main():
+        async with f.running():
+            async with trio.open_nursery() as n:
+                n.start_soon(f.fill, layer, acct)
+                for c in blob.chunks[:6]:  # a burst of serial demand misses, like imports
+                    await f.get(layer, c, acct)
+                    during.append(acct.summary()["background_bytes"])
+            for i, c in enumerate(blob.chunks):
+                assert await f.get(layer, c, acct) == blob.plain[i]
+
+    trio.run(main)
+    assert during == [0] * 6  # not one background byte while the burst ran
+    s = acct.summary()
+    assert s["background_bytes"] > 0  # ... and the fill completed afterwards
+    assert f.gate.paused >= 1 and f.gate.started_during_foreground == 0
+    assert f.metrics.snapshot()["transferred_bytes"]["background"] == s["background_bytes"]
+    # the rest of the layer came from the fill: every chunk is on disk or was demanded
+    assert s["critical_path_bytes"] + s["background_bytes"] >= sum(c.blob_size for c in blob.chunks)
+
+
+def test_background_chunks_skip_the_memory_cache(tmp_path):
+    blob = FakeBlob(n=6)
+    f = make(tmp_path, neighbor_bytes=0, background_request=60_000, background_quiet=0.0, background_share=0.0)
+    layer = blob.layer()
+
+    async def main():
+        async with f.running():
+            await f.fill(layer, None)
+            assert len(f.memory) == 0  # fill must not evict what programs use
+            assert all(c.digest in f.disk for c in blob.chunks)  # written by the worker thread
+            n = len(blob.requests)
+            for i, c in enumerate(blob.chunks):
+                assert await f.get(layer, c, None) == blob.plain[i]
+            assert len(blob.requests) == n
+
+    trio.run(main)
+    assert f.metrics.snapshot()["served_chunks"]["disk"] == 6
