@@ -165,12 +165,26 @@ def heredoc(cmd: str, stdin: str | None) -> str:
 
 # -- rollstack -----------------------------------------------------------------------------------
 
+def retry_capacity(fn: Callable[[], Any], *, attempts: int = 60, delay: float = 0.5,
+                   sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Call `fn`, retrying while the node answers insufficient_capacity (its quotas are all handed
+    out to the rollouts in flight): the wait counts in the phase, as it would for a trainer."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except RollstackError as exc:
+            if exc.code != "insufficient_capacity" or i == attempts - 1:
+                raise
+            sleep(min(delay * (1.5 ** i), 5.0))
+    raise AssertionError("unreachable")
+
+
 def rollstack_rollout(node: Any, plan: dict[str, Any], task: dict[str, Any], k: int, entry: str, t0: float) -> Rollout:
     rec = Rollout("rollstack", task["instance_id"], k)
     clock = PhaseClock(rec, t0)
     env = None
     try:
-        env = clock.run("init", lambda: node.create(plan))
+        env = clock.run("init", lambda: retry_capacity(lambda: node.create(plan)))
         rec.fetched_bytes = int(env.created.fetch.fetched_bytes)
 
         def agent() -> None:
@@ -178,7 +192,7 @@ def rollstack_rollout(node: Any, plan: dict[str, Any], task: dict[str, Any], k: 
                 rec.steps[name] = env.exec(cmd, timeout=600, stdin=stdin).exit_code
 
         clock.run("exec", agent)
-        ev = clock.run("eval", env.evaluate)
+        ev = clock.run("eval", lambda: retry_capacity(env.evaluate))
         rec.reward = float(ev.reward)
     except RollstackError as exc:
         rec.error = f"{exc.code}: {exc.message or exc.code}"
@@ -374,11 +388,18 @@ def _drive(work_list: list[tuple[dict[str, Any], int]], fn: Callable[[Any, float
     t0 = time.perf_counter()
     out: list[Rollout] = []
     with ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix=f"rollout-{name}") as pool:
-        for rec in pool.map(lambda job: fn(job, t0), work_list):
-            out.append(rec)
-            if rec.error or len(out) % 8 == 0 or len(out) == len(work_list):
-                cfg.log(f"{name} [{len(out)}/{len(work_list)}] {rec.task}#{rec.rollout}: init {rec.duration('init'):.2f}s "
-                        f"reward {rec.reward} {rec.error}")
+        futures = [pool.submit(fn, job, t0) for job in work_list]
+        try:
+            for f in futures:
+                rec = f.result()
+                out.append(rec)
+                if rec.error or len(out) % 8 == 0 or len(out) == len(work_list):
+                    cfg.log(f"{name} [{len(out)}/{len(work_list)}] {rec.task}#{rec.rollout}: init "
+                            f"{rec.duration('init'):.2f}s reward {rec.reward} {rec.error}")
+        except BaseException:  # Ctrl-C: start no new rollout; the ones in flight finish and clean up
+            for f in futures:
+                f.cancel()
+            raise
     return out, time.perf_counter() - t0
 
 

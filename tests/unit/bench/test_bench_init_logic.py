@@ -146,3 +146,23 @@ def test_rollstack_system_plan_sets_fetch_mode(tmp_path) -> None:
     assert plan["fetch"] == {"background": True}  # the caller's plan is not modified
     with pytest.raises(ValueError):
         RollstackSystem("docker-equivalent", "http://127.0.0.1:1", tmp_path)
+
+
+def test_retry_capacity_retries_only_insufficient_capacity() -> None:
+    from rollstack.bench.iteration import retry_capacity
+    from rollstack.errors import InsufficientCapacity
+
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise InsufficientCapacity("full")
+        return "ok"
+
+    slept: list[float] = []
+    assert retry_capacity(flaky, sleep=slept.append) == "ok" and len(slept) == 2
+    with pytest.raises(InvalidRequest):
+        retry_capacity(lambda: (_ for _ in ()).throw(InvalidRequest("bad")), sleep=slept.append)
+    with pytest.raises(InsufficientCapacity):
+        retry_capacity(lambda: (_ for _ in ()).throw(InsufficientCapacity("full")), attempts=2, sleep=slept.append)
