@@ -325,7 +325,10 @@ def register(app: typer.Typer) -> None:
             cold, n = min(cold, 1), min(n, 3)
         cfg = InitConfig(corpus=corpus or default_corpus(quick), systems=names, profile=profile, cold=cold,
                          warm=n, concurrency=concurrency, work=work, repo=repo)
-        doc = run_init(cfg)
+        from rollstack.bench.rig_rollstack import sigterm_as_interrupt
+
+        with sigterm_as_interrupt():
+            doc = run_init(cfg)
         doc["machine"], doc["command"] = machine_facts(), current_command()
         doc["quick"] = quick
         doc["written"] = write_report(doc, out)

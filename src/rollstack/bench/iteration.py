@@ -45,7 +45,8 @@ _EOF = "ROLLSTACK_PATCH_EOF_7f3a"
 
 COLUMNS = [
     ("iteration_s", "iteration wall (s)", ".1f"), ("rollouts", "rollouts", "d"), ("ok", "reward 1.0", "d"),
-    ("init_share", "init share", ".1%"), ("exec_share", "exec share", ".1%"), ("eval_share", "eval share", ".1%"),
+    ("init_share", "init share", ".1%"), ("env_init_share", "init share incl. evaluator env", ".1%"),
+    ("exec_share", "exec share", ".1%"), ("eval_share", "eval share", ".1%"),
     ("init_p50", "init p50 (s)", ".2f"), ("init_p95", "init p95 (s)", ".2f"), ("rollout_p50", "rollout p50 (s)", ".1f"),
 ]
 
@@ -68,6 +69,8 @@ class Rollout:
     fetched_bytes: int = 0
     steps: dict[str, int] = field(default_factory=dict)
     """exit code of each agent step"""
+    eval_env_init_s: float = 0.0
+    """seconds of the eval phase spent creating the evaluator environment (environment init too)"""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "label": f"{self.task}#{self.rollout}"}
@@ -95,7 +98,10 @@ def iteration_summary(rollouts: Sequence[Rollout], wall: float) -> dict[str, Any
 
     shares = phase_shares(r.to_dict() for r in rollouts)
     totals = [sum(p["end"] - p["start"] for p in r.phases) for r in rollouts]
+    whole = sum(totals)
+    env_init = sum(r.duration("init") + r.eval_env_init_s for r in rollouts)
     return {
+        "env_init_share": env_init / whole if whole else float("nan"),
         "iteration_s": wall, "rollouts": len(rollouts),
         "ok": sum(1 for r in rollouts if r.reward == 1.0),
         "errors": sum(1 for r in rollouts if r.error),
@@ -194,6 +200,7 @@ def rollstack_rollout(node: Any, plan: dict[str, Any], task: dict[str, Any], k: 
         clock.run("exec", agent)
         ev = clock.run("eval", lambda: retry_capacity(env.evaluate))
         rec.reward = float(ev.reward)
+        rec.eval_env_init_s = float(ev.timings.get("create", 0.0))
     except RollstackError as exc:
         rec.error = f"{exc.code}: {exc.message or exc.code}"
     except Exception as exc:  # noqa: BLE001 - recorded; the run reports errors
@@ -283,7 +290,9 @@ class ContainerdRollouts:
                 apply = heredoc("git apply -", diff) if diff.strip() else "true"
                 script = (f"cd {shlex.quote(wd)} && {apply.rstrip()}\n"
                           f"exec {EVAL_DIR}/score {EVAL_DIR}/tasks/{task['instance_id']}.json\n")
+                t = time.perf_counter()
                 self.ctr.create(ref, eval_cid, ["/bin/sh", "-c", script], [(str(self.eval_dir), EVAL_DIR)])
+                rec.eval_env_init_s = time.perf_counter() - t
                 return 1.0 if self.ctr.start(eval_cid).returncode == 0 else 0.0
 
             rec.reward = clock.run("eval", evaluate)
@@ -369,12 +378,12 @@ def run_iteration(cfg: IterConfig) -> dict[str, Any]:
         link = rig.link_facts()
     systems = {n: iteration_summary(rs, walls[n]) for n, rs in results.items()}
     target = None
-    if "rollstack" in systems:
-        share = systems["rollstack"]["init_share"]
+    if "rollstack" in systems:  # environment init = the rollout's and the evaluator's environments
+        share = systems["rollstack"]["env_init_share"]
         target = {"value": share, "target": TARGET_INIT_SHARE, "met": share <= TARGET_INIT_SHARE if share == share else None}
     return {
         "systems": systems,
-        "targets": {"init_share": target} if target else {},
+        "targets": {"env_init_share": target} if target else {},
         "config": {"tasks": cfg.tasks, "rollouts": cfg.rollouts, "concurrency": cfg.concurrency,
                    "profile": cfg.profile, "harness": harness.group, "corpus": str(cfg.corpus),
                    "flavor": manifest.flavor},
@@ -458,7 +467,10 @@ def register(app: typer.Typer) -> None:
         names = [s.strip() for s in systems.split(",") if s.strip()]
         cfg = IterConfig(corpus=corpus or default_corpus(quick), tasks=tasks, rollouts=rollouts,
                          concurrency=concurrency or default_concurrency(), systems=names, profile=profile, work=work)
-        doc = run_iteration(cfg)
+        from rollstack.bench.rig_rollstack import sigterm_as_interrupt
+
+        with sigterm_as_interrupt():
+            doc = run_iteration(cfg)
         doc["machine"], doc["command"] = machine_facts(), current_command()
         doc["written"] = write_report(doc, out)
         emit(_json_safe(doc), as_json, _human)

@@ -117,8 +117,9 @@ def test_phase_clock_and_iteration_summary() -> None:
     a = Rollout("r", "t", 0, [{"name": "init", "start": 0, "end": 1}, {"name": "exec", "start": 1, "end": 8},
                               {"name": "eval", "start": 8, "end": 10}], reward=1.0)
     b = Rollout("r", "t", 1, [{"name": "init", "start": 0, "end": 3}, {"name": "exec", "start": 3, "end": 10}],
-                reward=0.0, error="x")
+                reward=0.0, error="x", eval_env_init_s=1.0)
     s = iteration_summary([a, b], wall=10.0)
+    assert s["env_init_share"] == pytest.approx(5 / 20)
     assert s["rollouts"] == 2 and s["ok"] == 1 and s["errors"] == 1
     assert s["init_share"] == pytest.approx(4 / 20)
     assert s["init_p50"] == pytest.approx(2.0)
