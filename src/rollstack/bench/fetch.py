@@ -41,6 +41,7 @@ STACK = ("os", "repo-more-itertools", "harness-mini-swe-agent")  # bottom first
 WORKDIR = "/work/more-itertools"
 COMMAND = 'python3 -c "import more_itertools, pytest"'
 CGROUP = Path("/sys/fs/cgroup/pids/rollstack")
+BG_MODES = ("off", "gated", "ungated")
 CHROOT = shutil.which("chroot", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") or "/usr/sbin/chroot"
 
 
@@ -117,12 +118,12 @@ def registry(work: Path, profile: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 @contextmanager
-def overlay(lowers: list[Path], scratch: Path) -> Iterator[Path]:
+def overlay(lowers: list[Path], scratch: Path, extra: str = "") -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="ov-", dir=scratch))
     upper, wd, merged = d / "upper", d / "work", d / "merged"
     for p in (upper, wd, merged):
         p.mkdir()
-    opts = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={wd}"
+    opts = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={wd}" + (f",{extra}" if extra else "")
     subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], check=True)
     try:
         yield merged
@@ -131,8 +132,8 @@ def overlay(lowers: list[Path], scratch: Path) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def chroot_run(root: Path, env_id: str | None = None) -> float:
-    """Seconds for COMMAND in a chroot of `root` (in cgroup rollstack/<env_id> if given)."""
+def chroot_run(root: Path, env_id: str | None = None, command: str = COMMAND) -> float:
+    """Seconds for `command` in a chroot of `root` (in cgroup rollstack/<env_id> if given)."""
     cg = None
     if env_id and CGROUP.parent.exists():
         cg = CGROUP / env_id
@@ -144,7 +145,7 @@ def chroot_run(root: Path, env_id: str | None = None) -> float:
 
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.perf_counter()
-    r = subprocess.run([CHROOT, str(root), "/bin/sh", "-c", f"cd {WORKDIR} && {COMMAND}"], env=env,
+    r = subprocess.run([CHROOT, str(root), "/bin/sh", "-c", f"cd {WORKDIR} && {command}"], env=env,
                        preexec_fn=enter, capture_output=True, text=True, timeout=300)
     dt = time.perf_counter() - t0
     if cg is not None:
@@ -263,6 +264,76 @@ class Bench:
             out["uncached_fraction_of_link"] = round(uncached * 1e6 / link_bytes_per_s, 3)
         return out
 
+    def background_interference(self, runs: int, only_modes: tuple[str, ...] = BG_MODES) -> dict[str, Any]:
+        """Foreground latency of cold commands with background fill off / on (the gated default)
+        / ungated (the old behaviour: no grace, no quiet period, no rate limit), side by side.
+        Per run: fresh daemon state, page cache dropped, begin_env, overlay, `python3 -c pass`
+        at once, then 4 s later (the fill is running by then) `python3 -m pytest --version`,
+        which reads files the first command did not."""
+        modes = {"off": (False, {}), "gated": (True, {}),
+                 "ungated": (True, {"background_grace": 0.0, "background_quiet": 0.0, "background_share": 0.0})}
+        modes = {m: v for m, v in modes.items() if m in only_modes}
+        rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        for i in range(runs):
+            for mode, (bg, kw) in modes.items():
+                lazy = self.start(f"bg-{mode}", **kw)
+                try:
+                    drop_page_cache(self.registry_data)
+                    env = f"bgbench-{mode}-{uuid.uuid4().hex[:6]}"
+                    lazy.begin_env(env, self.refs, background=bg)
+                    with overlay(self.lowers(lazy), self.work) as root:
+                        first = chroot_run(root, env, "python3 -c pass")
+                        time.sleep(4.0)
+                        b0 = lazy.env_stats(env)["background_bytes"]
+                        second = chroot_run(root, env, "python3 -m pytest --version")
+                        s = lazy.env_stats(env)
+                        gate = lazy.stats().get("background", {})
+                    lazy.end_env(env)
+                    rows[mode].append({"python_pass_s": round(first, 4), "pytest_version_s": round(second, 4),
+                                       "background_bytes_before_second": b0,
+                                       "background_bytes_total": s["background_bytes"],
+                                       "stall_seconds": s["stall_seconds"], "gate_paused": gate.get("paused")})
+                finally:
+                    lazy.stop()
+        out: dict[str, Any] = {"rows": rows}
+        for mode, rs in rows.items():
+            out[mode] = {"python_pass_p50": round(statistics.median(r["python_pass_s"] for r in rs), 4),
+                         "pytest_version_p50": round(statistics.median(r["pytest_version_s"] for r in rs), 4)}
+        off = out.get("off")
+        for mode in [m for m in ("gated", "ungated") if m in out and off]:
+            out[mode]["pytest_version_vs_off"] = round(out[mode]["pytest_version_p50"] / off["pytest_version_p50"], 3)
+            out[mode]["python_pass_vs_off"] = round(out[mode]["python_pass_p50"] / off["python_pass_p50"], 3)
+        return out
+
+    def overlay_options(self, corpus: Path, options: list[str]) -> dict[str, Any]:
+        """Warm FUSE command time and FUSE getxattr requests per overlay option set (the
+        runtime's overlay mount, run/overlay.py, is not ours: this tells it what to use)."""
+        lazy = self.start("ovopts")
+        out: dict[str, Any] = {}
+        try:
+            lazy.add_layers(self.refs)
+            with overlay([corpus / n for n in reversed(STACK)], self.work) as lroot:
+                chroot_run(lroot)
+                local = [chroot_run(lroot) for _ in range(5)]
+                out["local_overlay_p50"] = round(statistics.median(local), 4)
+            for opt in options:
+                ops0 = lazy.stats()["fuse_ops"]
+                with overlay(self.lowers(lazy), self.work, opt) as root:
+                    chroot_run(root)
+                    ops1 = lazy.stats()["fuse_ops"]
+                    times = [chroot_run(root) for _ in range(5)]
+                    ops2 = lazy.stats()["fuse_ops"]
+                def delta(a: dict, b: dict, prefix: str) -> int:
+                    return sum(v - a.get(k, 0) for k, v in b.items() if k.startswith(prefix))
+                out[opt or "default"] = {"warm_p50": round(statistics.median(times), 4),
+                                         "ratio_vs_local": round(statistics.median(times) / out["local_overlay_p50"], 3),
+                                         "first_run_getxattr": delta(ops0, ops1, "getxattr:"),
+                                         "first_run_fuse_requests": delta(ops0, ops1, "") - delta(ops0, ops1, "getxattr:"),
+                                         "warm_runs_fuse_requests": delta(ops1, ops2, "") - delta(ops1, ops2, "getxattr:")}
+        finally:
+            lazy.stop()
+        return out
+
     def grpo_group(self, n: int) -> dict[str, Any]:
         lazy = self.start("grpo")
         key = f"bench-{uuid.uuid4().hex[:8]}"
@@ -300,7 +371,12 @@ def machine_facts() -> dict[str, Any]:
             "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
-def run_bench(corpus: Path, work: Path, profile: str, runs: int, rollouts: int, big_mib: int) -> dict[str, Any]:
+SECTIONS = ("cold", "overhead", "background", "overlay-options", "throughput", "grpo")
+OVERLAY_OPTIONS = ["", "metacopy=off", "redirect_dir=off,metacopy=off,index=off,xino=off"]
+
+
+def run_bench(corpus: Path, work: Path, profile: str, runs: int, rollouts: int, big_mib: int,
+              only: tuple[str, ...] = SECTIONS, bg_modes: tuple[str, ...] = BG_MODES) -> dict[str, Any]:
     from rollstack.store import open_store
 
     for name in STACK:
@@ -329,17 +405,26 @@ def run_bench(corpus: Path, work: Path, profile: str, runs: int, rollouts: int, 
             bench.unpacked_bytes = sum(c["bytes"] for c in manifest["components"] if c["name"] in STACK)
         except (OSError, ValueError, KeyError):
             pass
-        _log("cold/warm")
-        doc["init"] = bench.cold_and_warm(runs)
-        _log("fuse overhead")
-        doc["fuse_overhead"] = bench.fuse_overhead(corpus)
-        if big:
+        if "cold" in only:
+            _log("cold/warm")
+            doc["init"] = bench.cold_and_warm(runs)
+        if "overhead" in only:
+            _log("fuse overhead")
+            doc["fuse_overhead"] = bench.fuse_overhead(corpus)
+        if "background" in only:
+            _log("background fill vs foreground latency")
+            doc["background_fill"] = bench.background_interference(max(1, min(runs, 3)), bg_modes)
+        if "overlay-options" in only:
+            _log("overlay options")
+            doc["overlay_options"] = bench.overlay_options(corpus, OVERLAY_OPTIONS)
+        if big and "throughput" in only:
             _log("throughput")
             rate = link.get("rate_bit")
             doc["throughput_1GiB"] = bench.throughput({"repo": "bench/big", "digest": big[0]},
                                                       rate / 8 if rate else None)
-        _log("grpo group")
-        doc["grpo"] = bench.grpo_group(rollouts)
+        if "grpo" in only:
+            _log("grpo group")
+            doc["grpo"] = bench.grpo_group(rollouts)
     doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return doc
 
@@ -358,13 +443,21 @@ def register(app: typer.Typer) -> None:
         runs: int = typer.Option(3, help="cold starts to measure"),
         rollouts: int = typer.Option(8, help="rollouts in the GRPO group"),
         big_mib: int = typer.Option(1024, help="size of the throughput file (0: skip)"),
+        only: str = typer.Option(",".join(SECTIONS), help="comma-separated sections to run: " + ", ".join(SECTIONS)),
+        bg_modes: str = typer.Option(",".join(BG_MODES), help="background section: fill off / gated (default "
+                                     "config) / ungated (no grace, no quiet period, no rate limit)"),
     ) -> None:
         """Cold/warm start, FUSE overhead, throughput and trace prefetch of the lazy store."""
         from rollstack.cli.output import emit
 
         if os.geteuid() != 0:
             raise typer.BadParameter("needs root (FUSE, overlayfs, chroot, drop_caches)")
-        doc = run_bench(corpus, work, profile, runs, rollouts, big_mib)
+        chosen = tuple(x.strip() for x in only.split(",") if x.strip())
+        unknown = set(chosen) - set(SECTIONS)
+        if unknown:
+            raise typer.BadParameter(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+        doc = run_bench(corpus, work, profile, runs, rollouts, big_mib if "throughput" in chosen else 0, chosen,
+                        tuple(x.strip() for x in bg_modes.split(",") if x.strip()))
         emit(doc, as_json, _human)
 
 

@@ -19,6 +19,9 @@ class FetchConfig:
     neighbor_back_bytes: int = 64 << 10
     """Also claim the chunks stored up to this many bytes *before* the missed one (the files of
     the same directory that sort earlier)."""
+    fetch_on_open: bool = True
+    """Start a file's first chunk (a demand miss, with neighbours) when it is opened rather than
+    at its first read."""
     readahead_bytes: int = 16 << 20
     """Sequential reads of one file prefetch this far ahead (stored bytes)."""
     foreground_requests: int = 8

@@ -149,6 +149,23 @@ class ChunkFetcher:
         self._served(flight.tier, chunk.size if used is None else used, trio.current_time() - t0, account)
         return flight.data
 
+    def start(self, layer: RemoteLayer, chunk: Chunk, account: Account | None = None,
+              after: Iterable[Chunk] | None = None, before: Iterable[Chunk] | None = None) -> bool:
+        """Begin fetching `chunk` (and its neighbours) now, as a demand miss, without waiting:
+        called at open(), so the network round trip overlaps the requests the kernel makes
+        between open and the first read. The read then joins the flight. False: nothing to do."""
+        d = chunk.digest
+        if self._nursery is None or d in self.memory or d in self._inflight:
+            return False
+        claimed = self._claim([chunk, *self._neighbours(layer, chunk, after, before)])
+        self._nursery.start_soon(self._resolve_quietly, layer, claimed, account)
+        return True
+
+    async def _resolve_quietly(self, layer: RemoteLayer, claimed: list[tuple[Chunk, _Flight]],
+                               account: Account | None) -> None:
+        # failures reach the reader through the flights; nothing to raise here
+        await self._resolve(layer, claimed, Priority.FOREGROUND, account, keep_going=True)
+
     async def get_many(self, layer: RemoteLayer, chunks: Sequence[Chunk], account: Account | None = None,
                        used: Sequence[int] | None = None, after: Iterable[Chunk] | None = None,
                        before: Iterable[Chunk] | None = None) -> list[bytes]:
@@ -337,14 +354,18 @@ class ChunkFetcher:
         persist = priority is Priority.BACKGROUND and self.disk is not None
         good, bad = await self._with_retries(layer, req.offset, req.length, list(req.chunks), deadline, persist)
         self._transferred(layer, req.length, [c.digest for c in req.chunks], priority, account)
-        for c, data in good:
-            if c.digest in pending:
-                self._land(pending, c, data, persist)
+        landed = [(c, data) for c, data in good if c.digest in pending]
+        for c, data in landed:
+            self._land(pending, c, data, persist)
+        if not persist:
+            self._write_disk_many(landed)  # one thread hop for the whole range, not one per chunk
         for c in bad:  # one refetch of that chunk alone, then give up on it
             again, still_bad = await self._with_retries(layer, c.blob_offset, c.blob_size, [c], deadline, persist)
             self._transferred(layer, c.blob_size, [c.digest], priority, account)
             if again and c.digest in pending:
                 self._land(pending, c, again[0][1], persist)
+                if not persist:
+                    self._write_disk_many(again)
             elif still_bad:
                 self.metrics.event("integrity_error", layer=layer.digest, repo=layer.repo, chunk=c.digest,
                                    blob_offset=c.blob_offset)
@@ -361,7 +382,6 @@ class ChunkFetcher:
             flight.done(data, Tier.REGISTRY)
             return
         self._complete(pending, chunk, data, Tier.REGISTRY)
-        self._write_disk(chunk, data)
 
     def _transferred(self, layer: RemoteLayer, nbytes: int, digests: list[str], priority: Priority,
                      account: Account | None) -> None:
@@ -416,6 +436,23 @@ class ChunkFetcher:
                 except OSError as exc:  # a full or failing disk: the chunk is still served
                     self.metrics.event("disk_cache_error", error=repr(exc)[:200])
         return good, bad
+
+    def _write_disk_many(self, items: list[tuple[Chunk, bytes]]) -> None:
+        if self.disk is None or self._writes is None or not items:
+            return
+        disk = self.disk
+
+        def put_all() -> None:
+            for c, data in items:
+                disk.put(c.digest, data)
+
+        async def write() -> None:
+            try:
+                await trio.to_thread.run_sync(put_all, limiter=self._threads)
+            except OSError as exc:  # a full or failing disk degrades to memory-only, never fails a read
+                self.metrics.event("disk_cache_error", error=repr(exc)[:200])
+
+        self._writes.start_soon(write)
 
     def _write_disk(self, chunk: Chunk, data: bytes) -> None:
         if self.disk is None or self._writes is None:

@@ -193,7 +193,15 @@ class LazyStoreService:
             raise NotFound(f"inode {ino}")
         fh = self._next_fh
         self._next_fh += 1
-        self.files[fh] = OpenFile(layer, ino, layer.index.entry(ino), self.envs.for_pid(pid))
+        entry = layer.index.entry(ino)
+        of = self.files[fh] = OpenFile(layer, ino, entry, self.envs.for_pid(pid))
+        if self.config.fetch.fetch_on_open and entry.chunks:
+            # the first read is coming: start its miss now (a no-op if cached or in flight)
+            c = entry.chunks[0]
+            if c.digest not in self.memory:
+                index = layer.index
+                self.fetcher.start(layer.remote, c, of.env.account if of.env is not None else None,
+                                   index.chunks_after(ino, c.offset), index.chunks_before(ino))
         return fh
 
     def release(self, fh: int) -> None:
