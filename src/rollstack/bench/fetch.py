@@ -264,6 +264,31 @@ class Bench:
             out["uncached_fraction_of_link"] = round(uncached * 1e6 / link_bytes_per_s, 3)
         return out
 
+    def cold_ablation(self, runs: int, variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Cold command time and registry GETs per daemon variant, interleaved run by run."""
+        rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for i in range(runs):
+            for name, kw in variants.items():
+                lazy = self.start(f"abl-{name}", **kw)
+                try:
+                    drop_page_cache(self.registry_data)
+                    t0 = time.perf_counter()
+                    added = lazy.add_layers(self.refs)
+                    with overlay(self.lowers(lazy), self.work) as root:
+                        chroot_run(root)
+                        total = time.perf_counter() - t0
+                    st = lazy.stats()["fetch"]
+                    rows[name].append({"seconds": round(total, 4), "stall_seconds": st["stall_seconds"],
+                                       "requests": st["requests"].get("registry", 0) + added["requests"],
+                                       "bytes": st["transferred_bytes"].get("registry", 0) + added["bytes"]})
+                finally:
+                    lazy.stop()
+        return {name: {"p50_seconds": round(statistics.median(r["seconds"] for r in rs), 4),
+                       "stall_p50": round(statistics.median(r["stall_seconds"] for r in rs), 4),
+                       "requests_p50": statistics.median(r["requests"] for r in rs),
+                       "bytes_p50": statistics.median(r["bytes"] for r in rs), "rows": rs}
+                for name, rs in rows.items()}
+
     def background_interference(self, runs: int, only_modes: tuple[str, ...] = BG_MODES) -> dict[str, Any]:
         """Foreground latency of cold commands with background fill off / on (the gated default)
         / ungated (the old behaviour: no grace, no quiet period, no rate limit), side by side.
@@ -329,7 +354,11 @@ class Bench:
                                          "ratio_vs_local": round(statistics.median(times) / out["local_overlay_p50"], 3),
                                          "first_run_getxattr": delta(ops0, ops1, "getxattr:"),
                                          "first_run_fuse_requests": delta(ops0, ops1, "") - delta(ops0, ops1, "getxattr:"),
-                                         "warm_runs_fuse_requests": delta(ops1, ops2, "") - delta(ops1, ops2, "getxattr:")}
+                                         "first_run_getxattr_by_name": {k: v - ops0.get(k, 0) for k, v in ops1.items()
+                                                                        if k.startswith("getxattr:") and v - ops0.get(k, 0) > 0},
+                                         "warm_run_fuse_requests_by_op": {
+                                             k: round((v - ops1.get(k, 0)) / len(times), 1) for k, v in ops2.items()
+                                             if v - ops1.get(k, 0) > 0 and not k.startswith("getxattr:")}}
         finally:
             lazy.stop()
         return out
@@ -371,7 +400,9 @@ def machine_facts() -> dict[str, Any]:
             "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
-SECTIONS = ("cold", "overhead", "background", "overlay-options", "throughput", "grpo")
+SECTIONS = ("cold", "ablation", "overhead", "background", "overlay-options", "throughput", "grpo")
+ABLATION = {"fetch-at-read": {}, "fetch-at-open": {"fetch_on_open": True},
+            "neighbours-512k": {"neighbor_bytes": 512 << 10}}
 OVERLAY_OPTIONS = ["", "metacopy=off", "redirect_dir=off,metacopy=off,index=off,xino=off"]
 
 
@@ -408,6 +439,9 @@ def run_bench(corpus: Path, work: Path, profile: str, runs: int, rollouts: int, 
         if "cold" in only:
             _log("cold/warm")
             doc["init"] = bench.cold_and_warm(runs)
+        if "ablation" in only:
+            _log("cold ablation")
+            doc["cold_ablation"] = bench.cold_ablation(runs, ABLATION)
         if "overhead" in only:
             _log("fuse overhead")
             doc["fuse_overhead"] = bench.fuse_overhead(corpus)

@@ -51,7 +51,7 @@ class LazyStoreClient:
               neighbor_back_bytes: int | None = None, trace_window: float | None = None, wait: float = 30.0,
               log_path: str | os.PathLike[str] | None = None, background_grace: float | None = None,
               background_quiet: float | None = None, background_share: float | None = None,
-              link_rate: float | None = None) -> "LazyStoreClient":
+              link_rate: float | None = None, fetch_on_open: bool = False) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -68,6 +68,8 @@ class LazyStoreClient:
                 argv += [flag, str(value)]
         for p in peers:
             argv += ["--peer", p]
+        if fetch_on_open:
+            argv.append("--fetch-on-open")
         log = open(log_path or state_dir / "daemon.log", "ab")
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         log.close()

@@ -4,6 +4,7 @@
         [--cache-budget BYTES] [--memory-budget BYTES] [--peer URL ...]
         [--control unix:SOCK] [--listen 127.0.0.1:PORT] [--deadline SECONDS]
         [--background-grace S] [--background-quiet S] [--background-share F] [--link-rate BYTES/S]
+        [--fetch-on-open]
 
 Mounts one read-only FUSE filesystem at M (clearing a dead predecessor's stale mount first),
 serves the control API on a unix socket (default D/control.sock) and optionally on TCP (for
@@ -52,13 +53,15 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
     p.add_argument("--background-quiet", type=float, default=FetchConfig.background_quiet)
     p.add_argument("--background-share", type=float, default=FetchConfig.background_share)
     p.add_argument("--link-rate", type=float, default=FetchConfig.link_rate, help="bytes/s to the registry")
+    p.add_argument("--fetch-on-open", action="store_true", default=FetchConfig.fetch_on_open,
+                   help="start a file's first fetch at open(), not at its first read")
     a = p.parse_args(argv)
     ctl = Path(a.control.removeprefix("unix:")) if a.control else None
     fetch = FetchConfig(memory_budget=a.memory_budget, disk_budget=a.cache_budget, deadline=a.deadline,
                         neighbor_bytes=a.neighbor_bytes, neighbor_back_bytes=a.neighbor_back_bytes,
                         trace_window=a.trace_window, background_grace=a.background_grace,
                         background_quiet=a.background_quiet, background_share=a.background_share,
-                        link_rate=a.link_rate)
+                        link_rate=a.link_rate, fetch_on_open=a.fetch_on_open)
     return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
                         fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen)
 
