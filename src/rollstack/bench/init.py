@@ -139,7 +139,7 @@ def _rounds(n: int, c: int) -> list[int]:
     return [min(c, n - i) for i in range(0, n, c)] if n > 0 else []
 
 
-def _parallel(fn: Callable[[int], Creation], k: int) -> list[Creation]:
+def _parallel(fn: Callable[[int], Any], k: int) -> list[Any]:
     if k == 1:
         return [fn(0)]
     with ThreadPoolExecutor(max_workers=k) as pool:
@@ -150,8 +150,9 @@ def run_init(cfg: InitConfig) -> dict[str, Any]:
     from rollstack.bench.baseline import make_system, prepare_images
     from rollstack.bench.baseline_bench import BenchRig
     from rollstack.bench.corpus import load_corpus
-    from rollstack.bench.rig_rollstack import RollstackSystem, work_lock, first_command, publish_components, seed_layer_cache
-    from rollstack.demo.plans import rollout_plan, stack_groups
+    from rollstack.bench.iteration import rollstack_plan
+    from rollstack.bench.rig_rollstack import first_command, publish_components, seed_layer_cache, work_lock
+    from rollstack.demo.plans import stack_groups
 
     log = cfg.log
     manifest, _ = load_corpus(cfg.corpus)
@@ -162,7 +163,9 @@ def run_init(cfg: InitConfig) -> dict[str, Any]:
     cmd = first_command(stack.workdir, stack.repo.removeprefix("repo-"))
     groups = stack_groups([c.model_dump() for c in manifest.components])
     groups = type(groups)(groups.os, groups.repos, manifest.component(stack.harness).group, groups.evaluator)
-    plans = [rollout_plan(t.model_dump(), groups, i) for i, t in enumerate(tasks)]
+    # The iteration's plans (its evaluator scores tasks/<id>.json from the evaluator group: the demo's
+    # plans carry the task in the command, too long for packaging's parametrized test lists).
+    plans = [rollstack_plan(t.model_dump(), groups, i) for i, t in enumerate(tasks)]
     samples: dict[str, list[Creation]] = {}
     published: list[dict[str, Any]] = []
     t_all = time.monotonic()
@@ -217,21 +220,14 @@ def _run_baseline(system: Any, stack: Any, cmd: list[str], cfg: InitConfig) -> l
     for k in _rounds(cfg.cold, cfg.concurrency):
         system.clear()
         runs += [Creation.from_baseline(t, True) for t in
-                 (_parallel_raw(lambda i: system._init(stack, cmd, cold=True), k))]
+                 _parallel(lambda i: system._init(stack, cmd, cold=True), k)]
         cfg.log(f"{system.name} cold: " + ", ".join(f"{r.first_cmd_s:.2f}s" for r in runs[-k:]))
     if not cfg.cold:
         system.warm_init(stack, cmd)  # warm runs need the image once
     for k in _rounds(cfg.warm, cfg.concurrency):
-        runs += [Creation.from_baseline(t, False) for t in _parallel_raw(lambda i: system.warm_init(stack, cmd), k)]
+        runs += [Creation.from_baseline(t, False) for t in _parallel(lambda i: system.warm_init(stack, cmd), k)]
     cfg.log(f"{system.name} warm: " + ", ".join(f"{r.first_cmd_s:.3f}s" for r in runs if not r.cold))
     return runs
-
-
-def _parallel_raw(fn: Callable[[int], Any], k: int) -> list[Any]:
-    if k == 1:
-        return [fn(0)]
-    with ThreadPoolExecutor(max_workers=k) as pool:
-        return list(pool.map(fn, range(k)))
 
 
 def _run_rollstack(name: str, rig: Any, cfg: InitConfig, plans: list[dict[str, Any]], cmd: list[str]) -> list[Creation]:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from rollstack.bench.baseline import InitTiming, Stack
+from rollstack.bench.baseline import InitTiming
 from rollstack.bench.baseline_containerd import drop_page_cache
 from rollstack.errors import InvalidRequest
 
