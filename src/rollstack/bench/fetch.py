@@ -402,7 +402,9 @@ def machine_facts() -> dict[str, Any]:
 
 SECTIONS = ("cold", "ablation", "overhead", "background", "overlay-options", "throughput", "grpo")
 ABLATION = {"fetch-at-read": {}, "fetch-at-open": {"fetch_on_open": True},
-            "neighbours-512k": {"neighbor_bytes": 512 << 10}}
+            "neighbours-512k": {"neighbor_bytes": 512 << 10},
+            "same-dir-256k": {"neighbor_same_dir": True},
+            "same-dir-1m+256k": {"neighbor_same_dir": True, "neighbor_bytes": 1 << 20, "neighbor_back_bytes": 256 << 10}}
 OVERLAY_OPTIONS = ["", "metacopy=off", "redirect_dir=off,metacopy=off,index=off,xino=off"]
 
 

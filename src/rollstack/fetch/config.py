@@ -23,6 +23,9 @@ class FetchConfig:
     """Start a file's first chunk (a demand miss, with neighbours) when it is opened rather than
     at its first read. Off: measured no gain (the open -> read gap is tiny next to a ~12 ms
     registry round trip; stall time unchanged)."""
+    neighbor_same_dir: bool = False
+    """Neighbour windows stop at the missed file's parent directory subtree (no bytes spent on
+    the next directory in blob order)."""
     readahead_bytes: int = 16 << 20
     """Sequential reads of one file prefetch this far ahead (stored bytes)."""
     foreground_requests: int = 8

@@ -51,7 +51,8 @@ class LazyStoreClient:
               neighbor_back_bytes: int | None = None, trace_window: float | None = None, wait: float = 30.0,
               log_path: str | os.PathLike[str] | None = None, background_grace: float | None = None,
               background_quiet: float | None = None, background_share: float | None = None,
-              link_rate: float | None = None, fetch_on_open: bool = False) -> "LazyStoreClient":
+              link_rate: float | None = None, fetch_on_open: bool = False,
+              neighbor_same_dir: bool = False) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -70,6 +71,8 @@ class LazyStoreClient:
             argv += ["--peer", p]
         if fetch_on_open:
             argv.append("--fetch-on-open")
+        if neighbor_same_dir:
+            argv.append("--neighbor-same-dir")
         log = open(log_path or state_dir / "daemon.log", "ab")
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         log.close()

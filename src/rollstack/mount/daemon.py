@@ -4,7 +4,7 @@
         [--cache-budget BYTES] [--memory-budget BYTES] [--peer URL ...]
         [--control unix:SOCK] [--listen 127.0.0.1:PORT] [--deadline SECONDS]
         [--background-grace S] [--background-quiet S] [--background-share F] [--link-rate BYTES/S]
-        [--fetch-on-open]
+        [--fetch-on-open] [--neighbor-same-dir]
 
 Mounts one read-only FUSE filesystem at M (clearing a dead predecessor's stale mount first),
 serves the control API on a unix socket (default D/control.sock) and optionally on TCP (for
@@ -53,6 +53,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
     p.add_argument("--background-quiet", type=float, default=FetchConfig.background_quiet)
     p.add_argument("--background-share", type=float, default=FetchConfig.background_share)
     p.add_argument("--link-rate", type=float, default=FetchConfig.link_rate, help="bytes/s to the registry")
+    p.add_argument("--neighbor-same-dir", action="store_true", default=FetchConfig.neighbor_same_dir,
+                   help="neighbour windows stay inside the missed file's parent directory subtree")
     p.add_argument("--fetch-on-open", action="store_true", default=FetchConfig.fetch_on_open,
                    help="start a file's first fetch at open(), not at its first read")
     a = p.parse_args(argv)
@@ -61,7 +63,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                         neighbor_bytes=a.neighbor_bytes, neighbor_back_bytes=a.neighbor_back_bytes,
                         trace_window=a.trace_window, background_grace=a.background_grace,
                         background_quiet=a.background_quiet, background_share=a.background_share,
-                        link_rate=a.link_rate, fetch_on_open=a.fetch_on_open)
+                        link_rate=a.link_rate, fetch_on_open=a.fetch_on_open,
+                        neighbor_same_dir=a.neighbor_same_dir)
     return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
                         fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen)
 

@@ -136,23 +136,43 @@ class LayerIndex:
     def hardlinks_ready(self) -> bool:
         return self._hardlinks is not None
 
-    def chunks_after(self, ino: int, chunk_offset: int) -> Iterator[Chunk]:
+    def _scope(self, ino: int, same_dir: bool) -> str | None:
+        """The path prefix neighbours must keep (the entry's parent directory subtree), or None."""
+        if not same_dir:
+            return None
+        i = ino - self.base - self._shift
+        if i < 0:
+            return None
+        parent = self.paths[i].rpartition("/")[0]
+        return parent + "/" if parent else None
+
+    def chunks_after(self, ino: int, chunk_offset: int, same_dir: bool = False) -> Iterator[Chunk]:
         """Chunks stored after the chunk at file offset `chunk_offset` of entry `ino`, in blob
-        order (the writer stores payloads in TOC order), materialising entries only as consumed."""
+        order (the writer stores payloads in TOC order), materialising entries only as consumed.
+        `same_dir`: stop at the first entry outside the entry's parent directory subtree (paths
+        are sorted, so a subtree is contiguous)."""
         e = self.entry(ino)
         for c in e.chunks:
             if c.offset > chunk_offset:
                 yield c
+        prefix = self._scope(ino, same_dir)
+        paths = self.paths
         i = ino - self.base - self._shift + 1
-        n = len(self.paths)
+        n = len(paths)
         while i < n:
+            if prefix is not None and not paths[i].startswith(prefix):
+                return
             yield from self.toc._at(i).chunks  # noqa: SLF001
             i += 1
 
-    def chunks_before(self, ino: int) -> Iterator[Chunk]:
+    def chunks_before(self, ino: int, same_dir: bool = False) -> Iterator[Chunk]:
         """Chunks of the entries before `ino`, in reverse blob order, materialised as consumed."""
+        prefix = self._scope(ino, same_dir)
+        paths = self.paths
         i = ino - self.base - self._shift - 1
         while i >= 0:
+            if prefix is not None and not paths[i].startswith(prefix):
+                return
             yield from reversed(self.toc._at(i).chunks)  # noqa: SLF001
             i -= 1
 

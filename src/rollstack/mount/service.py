@@ -200,8 +200,9 @@ class LazyStoreService:
             c = entry.chunks[0]
             if c.digest not in self.memory:
                 index = layer.index
+                same_dir = self.config.fetch.neighbor_same_dir
                 self.fetcher.start(layer.remote, c, of.env.account if of.env is not None else None,
-                                   index.chunks_after(ino, c.offset), index.chunks_before(ino))
+                                   index.chunks_after(ino, c.offset, same_dir), index.chunks_before(ino, same_dir))
         return fh
 
     def release(self, fh: int) -> None:
@@ -224,8 +225,9 @@ class LazyStoreService:
         acct = env.account if env is not None else None
         used = [min(end, c.offset + c.size) - max(off, c.offset) for c in chunks]
         index = of.layer.index
-        after = index.chunks_after(of.ino, chunks[-1].offset)
-        before = index.chunks_before(of.ino) if chunks[0].offset == 0 else None
+        same_dir = self.config.fetch.neighbor_same_dir
+        after = index.chunks_after(of.ino, chunks[-1].offset, same_dir)
+        before = index.chunks_before(of.ino, same_dir) if chunks[0].offset == 0 else None
         datas = await self.fetcher.get_many(of.layer.remote, chunks, acct, used, after, before)
         if env is not None and env.recorder is not None:
             for c in chunks:

@@ -95,3 +95,23 @@ def test_chunks_before_walks_backwards():
              TocEntry("b", EntryType.REG, size=10, chunks=[c(10)]), TocEntry("c", EntryType.REG, size=10, chunks=[c(20)])])
     idx = LayerIndex(D, t, base=10)
     assert [x.blob_offset for x in idx.chunks_before(idx.child(idx.root, "c"))] == [10, 0]
+
+
+def test_neighbour_walks_can_stay_in_the_parent_directory_subtree():
+    from rollstack.format.toc import Chunk
+
+    def c(bo: int) -> Chunk:
+        return Chunk(offset=0, size=10, blob_offset=bo, blob_size=10, digest=f"sha256:{bo:064x}")
+
+    names = ["p.txt", "pkg/a.py", "pkg/b.py", "pkg/sub/c.py", "pkg0/d.py"]
+    es = [TocEntry("", EntryType.DIR), TocEntry("pkg", EntryType.DIR), TocEntry("pkg/sub", EntryType.DIR),
+          TocEntry("pkg0", EntryType.DIR)]
+    es += [TocEntry(n, EntryType.REG, size=10, chunks=[c(10 * i)]) for i, n in enumerate(names)]
+    idx = LayerIndex(D, Toc(es), base=10)
+    b = idx.find("pkg/b.py")
+    assert [x.blob_offset for x in idx.chunks_after(b, 0)] == [30, 40]  # crosses into pkg0/
+    assert [x.blob_offset for x in idx.chunks_after(b, 0, same_dir=True)] == [30]  # pkg/ subtree only
+    assert [x.blob_offset for x in idx.chunks_before(b)] == [10, 0]
+    assert [x.blob_offset for x in idx.chunks_before(b, same_dir=True)] == [10]
+    top = idx.find("p.txt")  # at the root: no parent directory to stay in, the whole blob is fair
+    assert [x.blob_offset for x in idx.chunks_after(top, 0, same_dir=True)] == [10, 20, 30, 40]
