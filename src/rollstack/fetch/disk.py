@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import time
 import uuid
@@ -23,6 +24,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 _TOUCH_EVERY = 60.0
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class DiskChunkCache:
@@ -36,6 +40,7 @@ class DiskChunkCache:
         self._verified: set[str] = set()
         self._touched: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._shards: set[str] = set()  # shard directories known to exist (saves a mkdir per put)
         (self.dir / "sha256").mkdir(parents=True, exist_ok=True)
         tmp = self.dir / "tmp"
         tmp.mkdir(exist_ok=True)
@@ -67,7 +72,7 @@ class DiskChunkCache:
     @staticmethod
     def _hex(digest: str) -> str:
         algo, _, hexd = digest.partition(":")
-        if algo != "sha256" or len(hexd) != 64 or not all(c in "0123456789abcdef" for c in hexd):
+        if algo != "sha256" or not _HEX64.fullmatch(hexd):
             raise ValueError(f"not a sha256 digest: {digest!r}")
         return hexd
 
@@ -119,11 +124,17 @@ class DiskChunkCache:
                 self._index.move_to_end(hexd)
                 return
         path = self._path(hexd)
-        path.parent.mkdir(exist_ok=True)
+        if hexd[:2] not in self._shards:
+            path.parent.mkdir(exist_ok=True)
+            self._shards.add(hexd[:2])
         tmp = self.dir / "tmp" / f"{hexd}.{uuid.uuid4().hex[:8]}"
         with open(tmp, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except FileNotFoundError:  # the shard directory was removed behind our back
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, path)
         with self._lock:
             if hexd not in self._index:
                 self._index[hexd] = len(data)
