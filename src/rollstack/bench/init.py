@@ -321,7 +321,7 @@ def register(app: typer.Typer) -> None:
             cold, n = min(cold, 1), min(n, 3)
         cfg = InitConfig(corpus=corpus or default_corpus(quick), systems=names, profile=profile, cold=cold,
                          warm=n, concurrency=concurrency, work=work, repo=repo)
-        from rollstack.bench.rig_rollstack import sigterm_as_interrupt
+        from rollstack.interrupts import sigterm_as_interrupt
 
         with sigterm_as_interrupt():
             doc = run_init(cfg)

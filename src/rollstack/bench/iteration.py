@@ -467,7 +467,7 @@ def register(app: typer.Typer) -> None:
         names = [s.strip() for s in systems.split(",") if s.strip()]
         cfg = IterConfig(corpus=corpus or default_corpus(quick), tasks=tasks, rollouts=rollouts,
                          concurrency=concurrency or default_concurrency(), systems=names, profile=profile, work=work)
-        from rollstack.bench.rig_rollstack import sigterm_as_interrupt
+        from rollstack.interrupts import sigterm_as_interrupt
 
         with sigterm_as_interrupt():
             doc = run_iteration(cfg)

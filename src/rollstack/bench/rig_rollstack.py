@@ -86,27 +86,6 @@ def work_lock(work: Path) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so every `finally` (netns, containerd, node, mounts) runs.
-    (A run started in the background ignores SIGINT; `kill PID` is how it is stopped.)"""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 # -- publishing the corpus into the bench registry ---------------------------------------------
 
 def publish_components(corpus_root: Path, components: Sequence[str], store_url: str, cache_key: str,

@@ -12,13 +12,11 @@ environment that is still being built could race with its mounts.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rollstack.demo.agent import run_rollout
 from rollstack.demo.config import DemoConfig
@@ -27,13 +25,14 @@ from rollstack.demo.plans import stack_groups
 from rollstack.demo.publish import publish_corpus_groups
 from rollstack.demo.report import RolloutRecord, summarize
 from rollstack.errors import InvalidRequest
+from rollstack.interrupts import sigterm_as_interrupt
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the demo; returns its JSON document (see docs/demo.md). Raises RollstackError on setup failure."""
     if os.geteuid() != 0:
         raise InvalidRequest("the demo needs root (debootstrap, FUSE, overlayfs, runc, cgroups)")
-    with _sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: every `finally` below runs
+    with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: every `finally` below runs
         return _run_demo(config)
 
 
@@ -235,20 +234,4 @@ def child_processes() -> list[str]:
             out.append(f"{entry} {comm}")
     return out
 
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM takes the Ctrl-C path (destroy everything), when we can install handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
