@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import BinaryIO
 
-from rollstack.errors import InvalidRequest
+from rollstack.errors import IntegrityError, InvalidRequest
 
 # distribution/reference grammar: path components of lowercase alphanumerics and separators.
 _REPO_RE = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
@@ -134,3 +134,17 @@ def manifest_references(data: bytes, media_type: str) -> tuple[list[str], list[s
     if not isinstance(config, dict):
         raise InvalidRequest("image manifest has no config descriptor")
     return digests([config], "config", False) + digests(doc.get("layers"), "layers", True), []
+
+
+def check_manifest_put(repo: str, ref: str, data: bytes, media_type: str) -> tuple[bytes, str, list[str], list[str]]:
+    """Everything both stores check before storing a manifest, in the same order, so they refuse
+    the same requests: (data, its digest, referenced blobs, referenced child manifests)."""
+    check_repo(repo)
+    check_ref(ref)
+    check_manifest_type(media_type)
+    data = check_manifest_data(data)
+    digest = sha256_digest(data)
+    if is_digest(ref) and ref != digest:
+        raise IntegrityError(f"manifest digest {digest} != reference {ref}", digest=digest)
+    blobs, children = manifest_references(data, media_type)
+    return data, digest, blobs, children

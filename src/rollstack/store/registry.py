@@ -145,14 +145,7 @@ class RegistryStore:
     # -- manifests ---------------------------------------------------------------------------
 
     def put_manifest(self, repo: str, ref: str, data: bytes, media_type: str) -> str:
-        names.check_repo(repo)
-        names.check_ref(ref)
-        names.check_manifest_type(media_type)
-        data = names.check_manifest_data(data)
-        digest = names.sha256_digest(data)
-        if names.is_digest(ref) and ref != digest:
-            raise IntegrityError(f"manifest digest {digest} != reference {ref}", digest=digest)
-        blobs, children = names.manifest_references(data, media_type)
+        data, digest, blobs, children = names.check_manifest_put(repo, ref, data, media_type)
         kind = "index" if media_type in names.INDEX_MANIFEST_TYPES else "manifest"
 
         def handle(resp: httpx.Response) -> None:
