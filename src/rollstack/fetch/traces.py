@@ -53,6 +53,13 @@ class TraceStore:
             return []
         return [(str(d), dict(c)) for d, c in doc.get("chunks", [])]
 
+    def put(self, key: str, entries: list[tuple[str, dict]], max_chunks: int) -> int:
+        """Stores a trace obtained elsewhere (e.g. shared through the artifact store)."""
+        rec = TraceRecorder(key, 0.0, max_chunks)
+        for d, c in entries[:max_chunks]:
+            rec.chunks.setdefault((d, int(c["bo"])), c)
+        return self.save(rec)
+
     def save(self, recorder: TraceRecorder) -> int:
         """Merges the recorder into the stored trace (first-seen order kept); returns its size."""
         merged = {(d, int(c["bo"])): c for d, c in self.load(recorder.key)}

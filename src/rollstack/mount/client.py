@@ -52,7 +52,7 @@ class LazyStoreClient:
               log_path: str | os.PathLike[str] | None = None, background_grace: float | None = None,
               background_quiet: float | None = None, background_share: float | None = None,
               link_rate: float | None = None, fetch_on_open: bool = False,
-              neighbor_same_dir: bool = False) -> "LazyStoreClient":
+              neighbor_same_dir: bool = False, share_traces: bool = True) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -73,6 +73,8 @@ class LazyStoreClient:
             argv.append("--fetch-on-open")
         if neighbor_same_dir:
             argv.append("--neighbor-same-dir")
+        if not share_traces:
+            argv.append("--no-share-traces")
         log = open(log_path or state_dir / "daemon.log", "ab")
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         log.close()

@@ -4,7 +4,7 @@
         [--cache-budget BYTES] [--memory-budget BYTES] [--peer URL ...]
         [--control unix:SOCK] [--listen 127.0.0.1:PORT] [--deadline SECONDS]
         [--background-grace S] [--background-quiet S] [--background-share F] [--link-rate BYTES/S]
-        [--fetch-on-open] [--neighbor-same-dir]
+        [--fetch-on-open] [--neighbor-same-dir] [--no-share-traces]
 
 Mounts one read-only FUSE filesystem at M (clearing a dead predecessor's stale mount first),
 serves the control API on a unix socket (default D/control.sock) and optionally on TCP (for
@@ -57,6 +57,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                    help="neighbour windows stay inside the missed file's parent directory subtree")
     p.add_argument("--fetch-on-open", action="store_true", default=FetchConfig.fetch_on_open,
                    help="start a file's first fetch at open(), not at its first read")
+    p.add_argument("--no-share-traces", dest="share_traces", action="store_false", default=True,
+                   help="neither publish access traces to the store nor look them up there")
     a = p.parse_args(argv)
     ctl = Path(a.control.removeprefix("unix:")) if a.control else None
     fetch = FetchConfig(memory_budget=a.memory_budget, disk_budget=a.cache_budget, deadline=a.deadline,
@@ -66,7 +68,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                         link_rate=a.link_rate, fetch_on_open=a.fetch_on_open,
                         neighbor_same_dir=a.neighbor_same_dir)
     return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
-                        fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen)
+                        fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen,
+                        share_traces=a.share_traces)
 
 
 def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:

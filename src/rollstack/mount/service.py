@@ -9,6 +9,8 @@ Runs on the daemon's trio loop; blocking work goes to threads.
 from __future__ import annotations
 
 import bisect
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,14 +21,18 @@ import trio
 from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import (ChunkFetcher, DiskChunkCache, FetchConfig, FetchMetrics, MemoryChunkCache, PeerClient,
                              Priority, RemoteLayer, TraceRecorder, TraceStore)
+from rollstack.fetch import shared_traces
 from rollstack.format.toc import Chunk, Compression, TocEntry
 from rollstack.mount.envs import Env, EnvTable
 from rollstack.mount.index import LayerIndex
 from rollstack.mount.tocs import TocCache
 
+log = logging.getLogger("rollstack.mount.service")
+
 FIRST_LAYER_INODE = 1000
 READAHEAD_BATCH = 4 << 20  # stored bytes: the smallest readahead top-up
 TRACE_WAVE = 512 << 10  # stored bytes per trace-prefetch wave
+SHARED_TRACE_TIMEOUT = 2.0  # seconds begin_env waits at most for a shared trace lookup
 SMALL_LAYER = 5000
 PREPARE_DELAY = 5.0  # seconds after adding a big layer before its hardlink scan  # entries: below this, hardlink counts are computed while adding the layer
 
@@ -43,6 +49,8 @@ class DaemonConfig:
     listen: str | None = None
     """Optional TCP address (127.0.0.1:PORT) serving the same API, for peers."""
     entry_timeout: float = 86400.0
+    share_traces: bool = True
+    """Publish new access traces to the artifact store and look them up on a local miss."""
     """Seconds the kernel may cache entries, attributes and negative lookups of layer content."""
 
     @property
@@ -112,6 +120,7 @@ class LazyStoreService:
         self._next_fh = 1
         self.started = time.time()
         self.fs_ops: dict[str, int] = {}  # filled in by the FUSE layer
+        self.shared = {"hits": 0, "misses": 0, "errors": 0, "published": 0, "publish_errors": 0}
 
     # -- layers ----------------------------------------------------------------------------
     async def add_layers(self, refs: Iterable[Any]) -> dict[str, Any]:
@@ -307,8 +316,16 @@ class LazyStoreService:
         self.envs.envs[env_id] = env
         self.envs.forget_pids()
         fc = self.config.fetch
+        source = None
         if trace_key:
             trace = self.traces.load(trace_key)
+            if not trace and self.config.share_traces:
+                trace = await self._shared_trace(trace_key, added["layers"])
+                if trace:
+                    source = "shared"
+                    self.traces.put(trace_key, trace, fc.trace_max_chunks)
+            elif trace:
+                source = "local"
             if trace:
                 env.prefetch_chunks = len(trace)
                 self.fetcher.spawn(self._run_in_env, env, self._trace_prefetch, env, trace)
@@ -317,7 +334,32 @@ class LazyStoreService:
                 self.fetcher.spawn(self._save_trace_later, env)
         if background:
             self.fetcher.spawn(self._run_in_env, env, self._background_fill, env)
-        return {"env_id": env_id, "layers": added, "trace_prefetch_chunks": env.prefetch_chunks}
+        return {"env_id": env_id, "layers": added, "trace_prefetch_chunks": env.prefetch_chunks,
+                "trace_source": source}
+
+    async def _shared_trace(self, key: str, layers: list[dict[str, Any]]) -> list[tuple[str, dict]]:
+        """The trace another node published for `key`, validated against this stack; [] when
+        there is none, it is invalid or the store does not answer within SHARED_TRACE_TIMEOUT."""
+        sizes = {d["digest"]: int(d["blob_size"]) for d in layers}
+        store = self.store
+        trace: list[tuple[str, dict]] | None = None
+        try:
+            with trio.move_on_after(SHARED_TRACE_TIMEOUT) as scope:
+                trace = await trio.to_thread.run_sync(shared_traces.lookup, store, key, sizes,
+                                                      abandon_on_cancel=True)
+        except Exception as exc:  # noqa: BLE001 - best effort: an unusable trace costs only speed
+            log.info("shared trace for %r ignored: %s", key, exc)
+            self.shared["errors"] += 1
+            return []
+        if scope.cancelled_caught:
+            log.info("shared trace lookup for %r timed out", key)
+            self.shared["errors"] += 1
+            return []
+        if not trace:
+            self.shared["misses"] += 1
+            return []
+        self.shared["hits"] += 1
+        return trace
 
     async def _run_in_env(self, env: Env, fn: Any, *args: Any) -> None:
         with env.cancel:
@@ -363,6 +405,19 @@ class LazyStoreService:
         if rec is not None and rec.chunks:
             self.traces.save(rec)
             env.recorder = None
+            if self.config.share_traces:
+                entries = self.traces.load(rec.key)
+                threading.Thread(target=self._publish_trace, args=(rec.key, entries), daemon=True,
+                                 name="publish-trace").start()
+
+    def _publish_trace(self, key: str, entries: list[tuple[str, dict]]) -> None:
+        """Worker thread, best effort: a store that refuses or fails only loses the sharing."""
+        try:
+            shared_traces.publish(self.store, key, entries)
+            self.shared["published"] += 1
+        except Exception as exc:  # noqa: BLE001
+            self.shared["publish_errors"] += 1
+            log.warning("could not publish the trace of %r: %s", key, exc)
 
     def end_env(self, env_id: str) -> dict[str, Any]:
         env = self.envs.envs.pop(env_id, None)
@@ -391,6 +446,9 @@ class LazyStoreService:
             "fetch": self.metrics.snapshot(),
             "background": self.fetcher.gate.snapshot(),
             "fuse_ops": dict(self.fs_ops),
+            "shared_trace_hits": self.shared["hits"], "shared_trace_misses": self.shared["misses"],
+            "shared_trace_errors": self.shared["errors"], "shared_traces_published": self.shared["published"],
+            "shared_trace_publish_errors": self.shared["publish_errors"],
             "uptime_seconds": round(time.time() - self.started, 3),
         }
 
