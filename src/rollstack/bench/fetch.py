@@ -363,6 +363,58 @@ class Bench:
             lazy.stop()
         return out
 
+    def shared_trace(self, runs: int) -> dict[str, Any]:
+        """Cold node (fresh state dir, empty caches, no local trace) with vs without an access
+        trace another node published to the store; interleaved, one fresh key per run."""
+        rows: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+        for i in range(runs):
+            key = f"bench-shared-{uuid.uuid4().hex[:8]}"
+            seed = self.start(f"seed{i}")
+            try:  # another node runs the stack once and publishes its trace
+                env = f"seed-{i}-{uuid.uuid4().hex[:6]}"
+                seed.begin_env(env, self.refs, trace_key=key, background=False)
+                with overlay(self.lowers(seed), self.work) as root:
+                    chroot_run(root, env)
+                seed.end_env(env)
+                for _ in range(100):
+                    if seed.stats()["shared_traces_published"]:
+                        break
+                    time.sleep(0.05)
+            finally:
+                seed.stop()
+            for mode in ("without", "with"):
+                lazy = self.start(f"shared-{mode}{i}", share_traces=mode == "with")
+                try:
+                    drop_page_cache(self.registry_data)
+                    env = f"shared-{mode}-{i}-{uuid.uuid4().hex[:6]}"
+                    t0 = time.perf_counter()
+                    began = lazy.begin_env(env, self.refs, trace_key=key, background=False)
+                    with overlay(self.lowers(lazy), self.work) as root:
+                        cmd = chroot_run(root, env)
+                    total = time.perf_counter() - t0
+                    s = lazy.end_env(env)
+                    fetch = lazy.stats()["fetch"]
+                    rows[mode].append({"seconds": round(total, 4), "command_seconds": round(cmd, 4),
+                                       "trace_source": began.get("trace_source"),
+                                       "trace_chunks": began["trace_prefetch_chunks"],
+                                       "critical_path_bytes": s["critical_path_bytes"],
+                                       "prefetch_bytes": s["prefetch_bytes"], "stall_seconds": s["stall_seconds"],
+                                       "registry_bytes": fetch["transferred_bytes"].get("registry", 0),
+                                       "registry_requests": fetch["requests"].get("registry", 0)})
+                finally:
+                    lazy.stop()
+        out: dict[str, Any] = {}
+        for mode, rs in rows.items():
+            out[mode] = {"seconds": _summary([r["seconds"] for r in rs]),
+                         "critical_path_bytes_p50": int(statistics.median(r["critical_path_bytes"] for r in rs)),
+                         "prefetch_bytes_p50": int(statistics.median(r["prefetch_bytes"] for r in rs)),
+                         "registry_bytes_p50": int(statistics.median(r["registry_bytes"] for r in rs)),
+                         "runs": rs}
+        w, wo = out["with"]["seconds"]["p50"], out["without"]["seconds"]["p50"]
+        out["speedup_p50"] = round(wo / w, 3) if w else None
+        out["note"] = "each cold node starts with an empty state dir; 'with' finds the seed node's trace in the store"
+        return out
+
     def grpo_group(self, n: int) -> dict[str, Any]:
         lazy = self.start("grpo")
         key = f"bench-{uuid.uuid4().hex[:8]}"
@@ -400,7 +452,7 @@ def machine_facts() -> dict[str, Any]:
             "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
-SECTIONS = ("cold", "ablation", "overhead", "background", "overlay-options", "throughput", "grpo")
+SECTIONS = ("cold", "ablation", "overhead", "background", "overlay-options", "throughput", "grpo", "sharedtrace")
 ABLATION = {"fetch-at-read": {}, "fetch-at-open": {"fetch_on_open": True},
             "neighbours-512k": {"neighbor_bytes": 512 << 10},
             "same-dir-256k": {"neighbor_same_dir": True},
@@ -461,6 +513,9 @@ def run_bench(corpus: Path, work: Path, profile: str, runs: int, rollouts: int, 
         if "grpo" in only:
             _log("grpo group")
             doc["grpo"] = bench.grpo_group(rollouts)
+        if "sharedtrace" in only:
+            _log("cold node with vs without a shared trace")
+            doc["shared_trace"] = bench.shared_trace(runs)
     doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return doc
 
