@@ -89,3 +89,34 @@ def test_publish_and_lookup_through_a_store(tmp_path):
         assert st.lookup(store, "other", LAYERS) is None
     finally:
         store.close()
+
+
+class _SlowStore:
+    url = "fake:"
+
+    def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
+        self.delay, self.fail = delay, fail
+
+    def get_manifest(self, repo, ref):
+        import time
+
+        time.sleep(self.delay)
+        if self.fail:
+            raise OSError("store unreachable")
+        from rollstack.errors import ManifestNotFound
+
+        raise ManifestNotFound("no such trace")
+
+
+@pytest.mark.parametrize("store, counter", [(_SlowStore(delay=2.0), "errors"), (_SlowStore(fail=True), "errors"),
+                                            (_SlowStore(), "misses")])
+def test_service_lookup_is_best_effort_and_bounded(tmp_path, monkeypatch, store, counter):
+    import trio
+
+    from rollstack.mount import service as svc_mod
+
+    monkeypatch.setattr(svc_mod, "SHARED_TRACE_TIMEOUT", 0.2)
+    svc = svc_mod.LazyStoreService(svc_mod.DaemonConfig(tmp_path / "mnt", tmp_path / "state", "fake:"), store)
+    layers = [{"digest": L1, "blob_size": 10_000}]
+    assert trio.run(svc._shared_trace, "k", layers) == []  # noqa: SLF001
+    assert svc.stats()[f"shared_trace_{counter}"] == 1
