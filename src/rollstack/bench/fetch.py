@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import typer
+
+from rollstack.bench import report
 
 DEFAULT_CORPUS = Path(os.environ.get("ROLLSTACK_CORPUS_CACHE", "/var/cache/rollstack/corpus")) / "small"
 DEFAULT_WORK = Path("/var/cache/rollstack/bench-fetch")
@@ -446,12 +447,6 @@ def _summary(xs: list[float]) -> dict[str, float]:
     return {"p50": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4), "n": len(xs)}
 
 
-def machine_facts() -> dict[str, Any]:
-    return {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
-
-
 SECTIONS = ("cold", "ablation", "overhead", "background", "overlay-options", "throughput", "grpo", "sharedtrace")
 ABLATION = {"fetch-at-read": {}, "fetch-at-open": {"fetch_on_open": True},
             "neighbours-512k": {"neighbor_bytes": 512 << 10},
@@ -470,7 +465,7 @@ def run_bench(corpus: Path, work: Path, profile: str, runs: int, rollouts: int, 
     work.mkdir(parents=True, exist_ok=True)
     blobs = [(name, *ensure_blob(corpus / name, work / "blobs", name)) for name in STACK]
     big = big_file_layer(work / "blobs", big_mib) if big_mib else None
-    doc: dict[str, Any] = {"machine": machine_facts(), "command": " ".join(["rollstack", "bench", "fetch", *sys.argv[3:]]),
+    doc: dict[str, Any] = {"machine": report.machine_facts(), "command": " ".join(["rollstack", "bench", "fetch", *sys.argv[3:]]),
                            "stack": [{"name": n, "digest": d, "bytes": p.stat().st_size} for n, d, p in blobs],
                            "workload": f"chroot + cd {WORKDIR} && {COMMAND}"}
     with ExitStack() as stack:

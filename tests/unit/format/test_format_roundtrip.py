@@ -7,7 +7,6 @@ import io
 import os
 import tarfile
 
-import pytest
 
 from rollstack.format import (BytesBlobSource, Chunk, EntryType, LayerReader, Toc, TocEntry,
                               convert_tar, open_toc)
