@@ -93,3 +93,16 @@ def read_errno(path: Path) -> int:
 
 
 __all__ = ["build_tree", "publish", "walk", "overlay", "read_errno", "errno"]
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
+FILES = ["usr/lib/python3/json/decoder.py", "usr/lib/python3/json/encoder.py", "usr/lib/python3/email/parser.py",
+         "usr/lib/python3/logging/__init__.py", "big.bin"]
+
+
+def run_in(cgroup: Path, argv: list[str]) -> bytes:
+    """Runs argv inside `cgroup`, so the daemon attributes its reads to that environment."""
+    def enter() -> None:
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    return subprocess.run(argv, preexec_fn=enter, check=True, capture_output=True).stdout

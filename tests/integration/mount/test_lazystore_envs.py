@@ -3,69 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from lazystore_fixtures import build_tree, publish
-
-from rollstack.mount.client import LazyStoreClient
+from lazystore_fixtures import FILES, build_tree, publish, run_in
 
 pytestmark = pytest.mark.integration
-
-CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
-FILES = ["usr/lib/python3/json/decoder.py", "usr/lib/python3/json/encoder.py", "usr/lib/python3/email/parser.py",
-         "usr/lib/python3/logging/__init__.py", "big.bin"]
-
-
-@pytest.fixture
-def lazy_factory(tmp_path: Path):
-    started: list[LazyStoreClient] = []
-
-    def start(store_url: str, name: str = "node", **kw) -> LazyStoreClient:
-        c = LazyStoreClient.start(tmp_path / name / "mnt", tmp_path / name / "state", store_url, **kw)
-        started.append(c)
-        return c
-
-    try:
-        yield start
-    finally:
-        for c in reversed(started):
-            c.stop()
-
-
-@pytest.fixture
-def env_cgroups():
-    """Creates cgroups `rollstack/<id>` (pids controller, v1) and removes them afterwards."""
-    if not (CGROUP_ROOT / "cgroup.procs").exists():
-        pytest.skip("no cgroup v1 pids hierarchy on this host")
-    made: list[Path] = []
-
-    def make(env_id: str) -> Path:
-        path = CGROUP_ROOT / "rollstack" / env_id
-        path.mkdir(parents=True, exist_ok=True)
-        made.append(path)
-        return path
-
-    try:
-        yield make
-    finally:
-        for p in made:
-            for _ in range(50):
-                try:
-                    p.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-
-
-def run_in(cgroup: Path, argv: list[str]) -> bytes:
-    def enter() -> None:
-        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-
-    return subprocess.run(argv, preexec_fn=enter, check=True, capture_output=True).stdout
 
 
 def drop_page_cache() -> None:

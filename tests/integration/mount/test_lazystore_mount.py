@@ -21,22 +21,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def lazy_factory(tmp_path: Path):
-    started: list[LazyStoreClient] = []
-
-    def start(store_url: str, name: str = "node", **kw) -> LazyStoreClient:
-        c = LazyStoreClient.start(tmp_path / name / "mnt", tmp_path / name / "state", store_url, **kw)
-        started.append(c)
-        return c
-
-    try:
-        yield start
-    finally:
-        for c in reversed(started):
-            c.stop()
-
-
-@pytest.fixture
 def tree(tmp_path: Path) -> Path:
     return build_tree(tmp_path / "src")
 

@@ -8,33 +8,15 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from lazystore_fixtures import build_tree, publish, read_errno, walk
 
 from rollstack.format import FileBlobSource, LayerReader
-from rollstack.mount.client import LazyStoreClient
 from rollstack.store import RegistryServer, RegistryStore
 from rollstack.store.server import free_port
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def lazy_factory(tmp_path: Path):
-    started: list[LazyStoreClient] = []
-
-    def start(store_url: str, name: str = "node", **kw) -> LazyStoreClient:
-        c = LazyStoreClient.start(tmp_path / name / "mnt", tmp_path / name / "state", store_url, **kw)
-        started.append(c)
-        return c
-
-    try:
-        yield start
-    finally:
-        for c in reversed(started):
-            c.stop()
 
 
 def test_32_concurrent_readers_fetch_each_chunk_once(tmp_path, registry_store, lazy_factory, unique_repo):

@@ -1,0 +1,53 @@
+"""Fixtures shared by the lazy store's integration tests: daemons and environment cgroups."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from lazystore_fixtures import CGROUP_ROOT
+
+from rollstack.mount.client import LazyStoreClient
+
+
+@pytest.fixture
+def lazy_factory(tmp_path: Path):
+    """Starts lazy store daemons (one per `name`, own mountpoint and state) and stops them all."""
+    started: list[LazyStoreClient] = []
+
+    def start(store_url: str, name: str = "node", **kw) -> LazyStoreClient:
+        c = LazyStoreClient.start(tmp_path / name / "mnt", tmp_path / name / "state", store_url, **kw)
+        started.append(c)
+        return c
+
+    try:
+        yield start
+    finally:
+        for c in reversed(started):
+            c.stop()
+
+
+@pytest.fixture
+def env_cgroups():
+    """Creates cgroups `rollstack/<id>` (pids controller, v1) and removes them afterwards."""
+    if not (CGROUP_ROOT / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 pids hierarchy on this host")
+    made: list[Path] = []
+
+    def make(env_id: str) -> Path:
+        path = CGROUP_ROOT / "rollstack" / env_id
+        path.mkdir(parents=True, exist_ok=True)
+        made.append(path)
+        return path
+
+    try:
+        yield make
+    finally:
+        for p in made:
+            for _ in range(50):
+                try:
+                    p.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
