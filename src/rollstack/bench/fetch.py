@@ -448,10 +448,8 @@ def _summary(xs: list[float]) -> dict[str, float]:
 
 
 SECTIONS = ("cold", "ablation", "overhead", "background", "overlay-options", "throughput", "grpo", "sharedtrace")
-ABLATION = {"fetch-at-read": {}, "fetch-at-open": {"fetch_on_open": True},
-            "neighbours-512k": {"neighbor_bytes": 512 << 10},
-            "same-dir-256k": {"neighbor_same_dir": True},
-            "same-dir-1m+256k": {"neighbor_same_dir": True, "neighbor_bytes": 1 << 20, "neighbor_back_bytes": 256 << 10}}
+ABLATION = {"default": {}, "dir-prefetch-2m": {"dir_prefetch_bytes": 2 << 20},
+            "neighbours-512k": {"neighbor_bytes": 512 << 10}, "writeback-now": {"writeback_quiet": 0.0}}
 OVERLAY_OPTIONS = ["", "metacopy=off", "redirect_dir=off,metacopy=off,index=off,xino=off"]
 
 

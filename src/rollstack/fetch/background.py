@@ -73,6 +73,17 @@ class BackgroundGate:
     def foreground_idle(self) -> bool:
         return self.active == 0 and trio.current_time() - self.last_foreground >= self.quiet
 
+    async def wait_quiet(self, quiet: float) -> None:
+        """Returns once no foreground request is in flight and none ended in the last `quiet` s."""
+        while True:
+            if self.active:
+                await self._idle.wait()
+                continue
+            since = trio.current_time() - self.last_foreground
+            if since >= quiet:
+                return
+            await trio.sleep(quiet - since)
+
     async def admit(self, nbytes: int) -> None:
         """Returns when a background request of `nbytes` stored bytes may start."""
         waited = False

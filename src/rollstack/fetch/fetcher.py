@@ -55,10 +55,11 @@ def _default_decoder() -> Decoder:
 
 
 class _Flight:
-    __slots__ = ("event", "data", "tier", "error")
+    __slots__ = ("event", "urgent", "data", "tier", "error")
 
     def __init__(self) -> None:
         self.event = trio.Event()
+        self.urgent = False  # a read is blocked on it: decode and hand it over first
         self.data: bytes | None = None
         self.tier = Tier.REGISTRY
         self.error: BaseException | None = None
@@ -91,6 +92,11 @@ class ChunkFetcher:
                                    burst=max(config.background_request, 1 << 20))
         self._nursery: trio.Nursery | None = None
         self._writes: trio.Nursery | None = None
+        self._unwritten: dict[str, bytes] = {}  # fetched, verified, not yet in the disk cache
+        self._unwritten_bytes = 0
+        self._writeback_wake = trio.Event()
+        self._writeback_wait: trio.CancelScope | None = None
+        self._closing = False
 
     # -- lifecycle -------------------------------------------------------------------------
     @asynccontextmanager
@@ -98,14 +104,22 @@ class ChunkFetcher:
         """Owns the tasks the fetcher spawns (disk writes, prefetch, background fill)."""
         async with trio.open_nursery() as writes:  # disk writes finish on exit, never cancelled
             self._writes = writes
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
-                    yield self
-                finally:
-                    self._nursery = None
-                    nursery.cancel_scope.cancel()
-            self._writes = None
+            self._closing = False
+            writes.start_soon(self._writeback)
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    try:
+                        yield self
+                    finally:
+                        self._nursery = None
+                        nursery.cancel_scope.cancel()
+            finally:
+                self._closing = True  # the write-back task flushes what waits, then ends
+                self._writeback_wake.set()
+                if self._writeback_wait is not None:
+                    self._writeback_wait.cancel()
+        self._writes = None
 
     def spawn(self, fn: Callable, *args: object) -> None:
         """Run `fn(*args)` in the background; its failure is logged and counted, never fatal."""
@@ -140,9 +154,10 @@ class ChunkFetcher:
         if flight is None:
             claimed = self._claim([chunk, *self._neighbours(layer, chunk, after, before)])
             flight = claimed[0][1]
-            await self._resolve(layer, claimed, Priority.FOREGROUND, account)
-        else:
-            await flight.event.wait()
+            flight.urgent = True
+            self._resolve_soon(layer, claimed, account)
+        flight.urgent = True
+        await flight.event.wait()
         if flight.error is not None:
             raise _fresh(flight.error)
         assert flight.data is not None
@@ -158,8 +173,17 @@ class ChunkFetcher:
         if self._nursery is None or d in self.memory or d in self._inflight:
             return False
         claimed = self._claim([chunk, *self._neighbours(layer, chunk, after, before)])
-        self._nursery.start_soon(self._resolve_quietly, layer, claimed, account)
+        claimed[0][1].urgent = True
+        self._resolve_soon(layer, claimed, account)
         return True
+
+    def _resolve_soon(self, layer: RemoteLayer, claimed: list[tuple[Chunk, _Flight]],
+                      account: Account | None) -> None:
+        """Resolve a demand miss in its own task: each reader waits on its chunk's flight only,
+        so it is served as soon as that chunk is verified, not when the whole range is."""
+        if self._nursery is None:
+            raise RuntimeError("ChunkFetcher used outside `running()`")
+        self._nursery.start_soon(self._resolve_quietly, layer, claimed, account)
 
     async def _resolve_quietly(self, layer: RemoteLayer, claimed: list[tuple[Chunk, _Flight]],
                                account: Account | None) -> None:
@@ -177,9 +201,9 @@ class ChunkFetcher:
         missing = [c for c in chunks if c.digest not in self.memory and c.digest not in self._inflight]
         if missing:
             claimed = self._claim([*missing, *self._neighbours(layer, chunks[-1], after, before)])
-            async with trio.open_nursery() as n:
-                n.start_soon(self._resolve, layer, claimed, Priority.FOREGROUND, account)
-                return [await self.get(layer, c, account, k) for c, k in zip(chunks, u)]
+            for _, f in claimed[:len(missing)]:
+                f.urgent = True
+            self._resolve_soon(layer, claimed, account)
         return [await self.get(layer, c, account, k) for c, k in zip(chunks, u)]
 
     def _served(self, tier: Tier, nbytes: int, seconds: float, account: Account | None) -> None:
@@ -202,9 +226,18 @@ class ChunkFetcher:
             return []
         return following(layer.chunks, layer.offsets, chunk, budget, self._wanted)
 
+    def would_fetch(self, c: Chunk) -> bool:
+        """True when reading `c` now would go past the node's caches (nothing local or in flight)."""
+        return self._wanted(c)
+
     def _wanted(self, c: Chunk) -> bool:
         d = c.digest
-        return d not in self.memory and d not in self._inflight and (self.disk is None or d not in self.disk)
+        return (d not in self.memory and d not in self._inflight and d not in self._unwritten
+                and (self.disk is None or d not in self.disk))
+
+    def unwritten(self, digest: str) -> bytes | None:
+        """A fetched chunk still waiting for the disk cache (see `_writeback`)."""
+        return self._unwritten.get(digest)
 
     def _claim(self, chunks: Iterable[Chunk]) -> list[tuple[Chunk, _Flight]]:
         out = []
@@ -218,16 +251,18 @@ class ChunkFetcher:
 
     # -- prefetch and background fill -------------------------------------------------------
     async def prefetch(self, layer: RemoteLayer, chunks: Iterable[Chunk], account: Account | None = None,
-                       priority: Priority = Priority.PREFETCH, into_memory: bool = False) -> None:
+                       priority: Priority = Priority.PREFETCH, into_memory: bool = False,
+                       max_request: int | None = None) -> None:
         """Fetch whatever of `chunks` is not local yet, in parallel; errors are only counted.
-        `into_memory`: also load chunks the disk cache holds (readahead of a file being read)."""
+        `into_memory`: also load chunks the disk cache holds (readahead of a file being read).
+        `max_request`: cap on one range GET (default `config.max_request`)."""
         if into_memory:
             wanted = [c for c in chunks if c.digest not in self.memory and c.digest not in self._inflight]
         else:
             wanted = [c for c in chunks if self._wanted(c)]
         claimed = self._claim(wanted)
         if claimed:
-            await self._resolve(layer, claimed, priority, account, keep_going=True)
+            await self._resolve(layer, claimed, priority, account, keep_going=True, max_request=max_request)
 
     async def fill(self, layer: RemoteLayer, account: Account | None = None) -> None:
         """Background fill: fetch every chunk of `layer` not yet cached, at low priority (each
@@ -257,7 +292,7 @@ class ChunkFetcher:
 
     # -- the tiers -------------------------------------------------------------------------
     async def _resolve(self, layer: RemoteLayer, claimed: list[tuple[Chunk, _Flight]], priority: Priority,
-                       account: Account | None, keep_going: bool = False) -> None:
+                       account: Account | None, keep_going: bool = False, max_request: int | None = None) -> None:
         """Completes every claimed flight (with bytes or an error), whatever happens."""
         pending = {c.digest: (c, f) for c, f in claimed}
         try:
@@ -266,7 +301,7 @@ class ChunkFetcher:
             if self.peers is not None and pending and len(pending) <= 64:
                 await self._from_peers(layer, pending, priority, account)
             if pending:
-                await self._from_registry(layer, pending, priority, account)
+                await self._from_registry(layer, pending, priority, account, max_request)
         except BaseException as exc:  # noqa: BLE001 - flights must complete even on cancellation
             err = exc if isinstance(exc, RollstackError) else RegistryUnavailable(f"fetch failed: {exc!r}")
             for c, f in pending.values():
@@ -289,6 +324,10 @@ class ChunkFetcher:
     async def _from_disk(self, pending: dict[str, tuple[Chunk, _Flight]]) -> None:
         disk = self.disk
         assert disk is not None
+        for c, _ in list(pending.values()):
+            data = self._unwritten.get(c.digest)
+            if data is not None:
+                self._complete(pending, c, data, Tier.DISK)
         local = [c for c, _ in pending.values() if c.digest in disk]
         if not local:
             return
@@ -316,15 +355,15 @@ class ChunkFetcher:
                 account.record_transfer(Tier.PEER, priority, len(raw))
             if c.digest in pending:
                 self._complete(pending, c, data, Tier.PEER)
-                self._write_disk(c, data)
+                self._write_disk_many([(c, data)])
 
         async with trio.open_nursery() as n:
             for c, _ in list(pending.values()):
                 n.start_soon(one, c)
 
     async def _from_registry(self, layer: RemoteLayer, pending: dict, priority: Priority,
-                             account: Account | None) -> None:
-        plan = coalesce([c for c, _ in pending.values()], max_request=self.config.max_request)
+                             account: Account | None, max_request: int | None = None) -> None:
+        plan = coalesce([c for c, _ in pending.values()], max_request=max_request or self.config.max_request)
         deadline = trio.current_time() + self.config.deadline
         limiter = self._limiters[priority]
         demand = priority is not Priority.BACKGROUND
@@ -351,16 +390,30 @@ class ChunkFetcher:
 
     async def _fetch_range(self, layer: RemoteLayer, req: RangeRequest, pending: dict, priority: Priority,
                            account: Account | None, deadline: float) -> None:
+        """One range GET. The chunks a read is blocked on are decoded and handed over first; the
+        rest of the range (neighbours) is decoded after, in a second worker-thread call."""
         persist = priority is Priority.BACKGROUND and self.disk is not None
-        good, bad = await self._with_retries(layer, req.offset, req.length, list(req.chunks), deadline, persist)
-        self._transferred(layer, req.length, [c.digest for c in req.chunks], priority, account)
+        chunks = list(req.chunks)
+        urgent = {c.digest for c in chunks if c.digest in pending and pending[c.digest][1].urgent}
+        first = [c for c in chunks if c.digest in urgent] if urgent and len(urgent) < len(chunks) else chunks
+        good, bad, raw = await self._with_retries(layer, req.offset, req.length, first, deadline, persist)
+        self._transferred(layer, req.length, [c.digest for c in chunks], priority, account)
+        await self._landed(layer, good, bad, pending, priority, account, deadline, persist)
+        if first is not chunks:
+            rest = [c for c in chunks if c.digest not in urgent and c.digest in pending]
+            good, bad = await trio.to_thread.run_sync(self._decode_range, raw, req.offset, rest, persist,
+                                                      limiter=self._threads)
+            await self._landed(layer, good, bad, pending, priority, account, deadline, persist)
+
+    async def _landed(self, layer: RemoteLayer, good: list[tuple[Chunk, bytes]], bad: list[Chunk], pending: dict,
+                      priority: Priority, account: Account | None, deadline: float, persist: bool) -> None:
         landed = [(c, data) for c, data in good if c.digest in pending]
         for c, data in landed:
             self._land(pending, c, data, persist)
         if not persist:
             self._write_disk_many(landed)  # one thread hop for the whole range, not one per chunk
         for c in bad:  # one refetch of that chunk alone, then give up on it
-            again, still_bad = await self._with_retries(layer, c.blob_offset, c.blob_size, [c], deadline, persist)
+            again, still_bad, _ = await self._with_retries(layer, c.blob_offset, c.blob_size, [c], deadline, persist)
             self._transferred(layer, c.blob_size, [c.digest], priority, account)
             if again and c.digest in pending:
                 self._land(pending, c, again[0][1], persist)
@@ -390,8 +443,10 @@ class ChunkFetcher:
             account.record_transfer(Tier.REGISTRY, priority, nbytes)
 
     async def _with_retries(self, layer: RemoteLayer, offset: int, length: int, chunks: list[Chunk],
-                            deadline: float, persist: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
-        """Read + decode one range, retrying transient failures until `deadline`."""
+                            deadline: float, persist: bool = False
+                            ) -> tuple[list[tuple[Chunk, bytes]], list[Chunk], bytes]:
+        """Read one range and decode `chunks` of it, retrying transient failures until `deadline`;
+        (good, bad, the raw range)."""
         delay = self.config.retry_initial
         attempt = 0
         while True:
@@ -415,12 +470,18 @@ class ChunkFetcher:
                 delay = min(delay * 2, self.config.retry_max)
 
     def _read_decode(self, layer: RemoteLayer, offset: int, length: int, chunks: list[Chunk],
-                     persist: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
-        """Worker thread: one range GET, every chunk verified; `persist`: also written to the
-        disk cache here (background fill: no per-chunk work comes back to the trio thread)."""
+                     persist: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk], bytes]:
+        """Worker thread: one range GET, then `_decode_range` of `chunks`."""
         raw = layer.read_range(offset, length)
         if len(raw) != length:
             raise RegistryUnavailable(f"short read from {layer.digest}: {len(raw)} of {length} bytes")
+        return (*self._decode_range(raw, offset, chunks, persist), raw)
+
+    def _decode_range(self, raw: bytes, offset: int, chunks: list[Chunk],
+                      persist: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:
+        """Worker thread: every chunk of `raw` (stored bytes from blob `offset`) verified;
+        `persist`: also written to the disk cache here (background fill: no per-chunk work comes
+        back to the trio thread)."""
         good, bad = [], []
         view = memoryview(raw)
         for c in chunks:
@@ -438,34 +499,47 @@ class ChunkFetcher:
         return good, bad
 
     def _write_disk_many(self, items: list[tuple[Chunk, bytes]]) -> None:
+        """Queue verified chunks for the disk cache (written by `_writeback`)."""
         if self.disk is None or self._writes is None or not items:
             return
+        for c, data in items:
+            if c.digest not in self._unwritten:
+                self._unwritten[c.digest] = data
+                self._unwritten_bytes += len(data)
+        self._writeback_wake.set()
+
+    async def _writeback(self) -> None:
+        """Writes queued chunks to the disk cache once the foreground has been quiet for
+        `writeback_quiet` seconds (or at once past `writeback_max` queued bytes), in one worker
+        thread call per batch. On exit (daemon stop) it flushes everything first. A crash loses
+        at most the queue: those chunks are fetched again."""
         disk = self.disk
+        while True:
+            await self._writeback_wake.wait()
+            self._writeback_wake = trio.Event()
+            quiet = self.config.writeback_quiet
+            if quiet > 0 and not self._closing and self._unwritten_bytes < self.config.writeback_max:
+                with trio.move_on_after(quiet * 20) as self._writeback_wait:  # never starve for long
+                    await self.gate.wait_quiet(quiet)
+                self._writeback_wait = None
+            if self._unwritten and disk is not None:
+                batch = list(self._unwritten.items())
 
-        def put_all() -> None:
-            for c, data in items:
-                disk.put(c.digest, data)
+                def put_all() -> None:
+                    for digest, data in batch:
+                        disk.put(digest, data)
 
-        async def write() -> None:
-            try:
-                await trio.to_thread.run_sync(put_all, limiter=self._threads)
-            except OSError as exc:  # a full or failing disk degrades to memory-only, never fails a read
-                self.metrics.event("disk_cache_error", error=repr(exc)[:200])
-
-        self._writes.start_soon(write)
-
-    def _write_disk(self, chunk: Chunk, data: bytes) -> None:
-        if self.disk is None or self._writes is None:
-            return
-        disk = self.disk
-
-        async def write() -> None:
-            try:
-                await trio.to_thread.run_sync(disk.put, chunk.digest, data, limiter=self._threads)
-            except OSError as exc:  # a full or failing disk degrades to memory-only, never fails a read
-                self.metrics.event("disk_cache_error", error=repr(exc)[:200])
-
-        self._writes.start_soon(write)
+                try:
+                    await trio.to_thread.run_sync(put_all, limiter=self._threads)
+                except OSError as exc:  # a full or failing disk degrades to memory-only, never fails a read
+                    self.metrics.event("disk_cache_error", error=repr(exc)[:200])
+                for digest, data in batch:
+                    if self._unwritten.pop(digest, None) is not None:
+                        self._unwritten_bytes -= len(data)
+                if self._unwritten:
+                    self._writeback_wake.set()
+            if self._closing and not self._unwritten:
+                return
 
 
 def leaf_error(exc: BaseException) -> BaseException:

@@ -52,7 +52,8 @@ class LazyStoreClient:
               log_path: str | os.PathLike[str] | None = None, background_grace: float | None = None,
               background_quiet: float | None = None, background_share: float | None = None,
               link_rate: float | None = None, fetch_on_open: bool = False,
-              neighbor_same_dir: bool = False, share_traces: bool = True) -> "LazyStoreClient":
+              neighbor_same_dir: bool = False, share_traces: bool = True,
+              dir_prefetch_bytes: int | None = None, writeback_quiet: float | None = None) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -64,7 +65,8 @@ class LazyStoreClient:
                             ("--listen", listen), ("--deadline", deadline), ("--neighbor-bytes", neighbor_bytes),
                             ("--neighbor-back-bytes", neighbor_back_bytes), ("--trace-window", trace_window),
                             ("--background-grace", background_grace), ("--background-quiet", background_quiet),
-                            ("--background-share", background_share), ("--link-rate", link_rate)):
+                            ("--background-share", background_share), ("--link-rate", link_rate),
+                            ("--dir-prefetch-bytes", dir_prefetch_bytes), ("--writeback-quiet", writeback_quiet)):
             if value is not None:
                 argv += [flag, str(value)]
         for p in peers:

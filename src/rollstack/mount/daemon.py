@@ -4,6 +4,7 @@
         [--cache-budget BYTES] [--memory-budget BYTES] [--peer URL ...]
         [--control unix:SOCK] [--listen 127.0.0.1:PORT] [--deadline SECONDS]
         [--background-grace S] [--background-quiet S] [--background-share F] [--link-rate BYTES/S]
+        [--dir-prefetch-bytes BYTES] [--writeback-quiet S]
         [--fetch-on-open] [--neighbor-same-dir] [--no-share-traces]
 
 Mounts one read-only FUSE filesystem at M (clearing a dead predecessor's stale mount first),
@@ -48,6 +49,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
     p.add_argument("--deadline", type=float, default=FetchConfig.deadline)
     p.add_argument("--neighbor-bytes", type=int, default=FetchConfig.neighbor_bytes)
     p.add_argument("--neighbor-back-bytes", type=int, default=FetchConfig.neighbor_back_bytes)
+    p.add_argument("--dir-prefetch-bytes", type=int, default=FetchConfig.dir_prefetch_bytes,
+                   help="on a registry miss, prefetch this many stored bytes of the directory's small files (0: off)")
+    p.add_argument("--writeback-quiet", type=float, default=FetchConfig.writeback_quiet,
+                   help="seconds of foreground quiet before fetched chunks are written to the disk cache (0: at once)")
     p.add_argument("--trace-window", type=float, default=FetchConfig.trace_window)
     p.add_argument("--background-grace", type=float, default=FetchConfig.background_grace)
     p.add_argument("--background-quiet", type=float, default=FetchConfig.background_quiet)
@@ -63,6 +68,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
     ctl = Path(a.control.removeprefix("unix:")) if a.control else None
     fetch = FetchConfig(memory_budget=a.memory_budget, disk_budget=a.cache_budget, deadline=a.deadline,
                         neighbor_bytes=a.neighbor_bytes, neighbor_back_bytes=a.neighbor_back_bytes,
+                        dir_prefetch_bytes=a.dir_prefetch_bytes, writeback_quiet=a.writeback_quiet,
                         trace_window=a.trace_window, background_grace=a.background_grace,
                         background_quiet=a.background_quiet, background_share=a.background_share,
                         link_rate=a.link_rate, fetch_on_open=a.fetch_on_open,

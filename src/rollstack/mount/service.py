@@ -118,6 +118,7 @@ class LazyStoreService:
         self._loading: dict[str, trio.Event] = {}
         self.files: dict[int, OpenFile] = {}
         self._next_fh = 1
+        self._dirs_prefetched: set[tuple[str, str]] = set()  # (layer digest, directory path)
         self.started = time.time()
         self.fs_ops: dict[str, int] = {}  # filled in by the FUSE layer
         self.shared = {"hits": 0, "misses": 0, "errors": 0, "published": 0, "publish_errors": 0}
@@ -237,6 +238,8 @@ class LazyStoreService:
         same_dir = self.config.fetch.neighbor_same_dir
         after = index.chunks_after(of.ino, chunks[-1].offset, same_dir)
         before = index.chunks_before(of.ino, same_dir) if chunks[0].offset == 0 else None
+        if self.config.fetch.dir_prefetch_bytes and self.fetcher.would_fetch(chunks[0]):
+            self._dir_prefetch(of, acct)
         datas = await self.fetcher.get_many(of.layer.remote, chunks, acct, used, after, before)
         if env is not None and env.recorder is not None:
             for c in chunks:
@@ -251,6 +254,26 @@ class LazyStoreService:
         for c, data in zip(chunks, datas):
             parts.append(data[max(off, c.offset) - c.offset:min(end, c.offset + c.size) - c.offset])
         return b"".join(parts)
+
+    def _dir_prefetch(self, of: OpenFile, acct: Any) -> None:
+        """A registry miss in a directory not prefetched before: fetch the directory's other
+        small files in parallel, beside the demand request (which claims its chunks first: the
+        prefetch task starts at the next checkpoint). Once per (layer, directory) per daemon."""
+        cfg = self.config.fetch
+        key = (of.layer.digest, of.entry.path.rpartition("/")[0])
+        if key in self._dirs_prefetched:
+            return
+        self._dirs_prefetched.add(key)
+        siblings = of.layer.index.sibling_chunks(of.ino, cfg.dir_prefetch_file_max)
+        picked, stored = [], 0
+        for c in siblings:
+            if stored + c.blob_size > cfg.dir_prefetch_bytes:
+                break
+            picked.append(c)
+            stored += c.blob_size
+        if picked:
+            self.fetcher.spawn(self.fetcher.prefetch, of.layer.remote, picked, acct, Priority.PREFETCH, False,
+                               cfg.dir_prefetch_request)
 
     def _readahead(self, of: OpenFile, off: int, last: Chunk, acct: Any) -> None:
         """Sequential reader of a multi-chunk file: keep the next `readahead_bytes` of it in
@@ -282,7 +305,7 @@ class LazyStoreService:
 
     async def chunk_bytes(self, digest: str) -> bytes | None:
         """A chunk we hold (memory or disk), for peers."""
-        data = self.memory.get(digest)
+        data = self.memory.get(digest) or self.fetcher.unwritten(digest)
         if data is None and digest in self.disk:
             data = await trio.to_thread.run_sync(self.disk.get, digest)
         return data

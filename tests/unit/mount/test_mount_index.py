@@ -115,3 +115,21 @@ def test_neighbour_walks_can_stay_in_the_parent_directory_subtree():
     assert [x.blob_offset for x in idx.chunks_before(b, same_dir=True)] == [10]
     top = idx.find("p.txt")  # at the root: no parent directory to stay in, the whole blob is fair
     assert [x.blob_offset for x in idx.chunks_after(top, 0, same_dir=True)] == [10, 20, 30, 40]
+
+
+def test_sibling_chunks_are_the_small_regular_files_of_the_same_directory():
+    from rollstack.format.toc import Chunk
+
+    def reg(path: str, stored: int, at: int) -> TocEntry:
+        c = Chunk(offset=0, size=stored, blob_offset=at, blob_size=stored, digest=f"sha256:{at:064x}")
+        return TocEntry(path, EntryType.REG, size=stored, chunks=[c])
+
+    es = [TocEntry("", EntryType.DIR), TocEntry("p", EntryType.DIR), reg("p/a.pyc", 10, 0),
+          TocEntry("p/sub", EntryType.DIR), reg("p/sub/deep.pyc", 10, 10), reg("p/b.pyc", 10, 20),
+          reg("p/big.so", 5000, 30), TocEntry("p/link", EntryType.SYMLINK, link="a.pyc"), reg("p.txt", 10, 5030),
+          reg("q", 10, 5040)]
+    idx = LayerIndex(D, Toc(es), base=100)
+    a = idx.find("p/a.pyc")
+    assert [c.blob_offset for c in idx.sibling_chunks(a, file_max=100)] == [20]  # b.pyc: not itself, not deeper, not big
+    assert [c.blob_offset for c in idx.sibling_chunks(a, file_max=10_000)] == [20, 30]
+    assert [c.blob_offset for c in idx.sibling_chunks(idx.find("q"), file_max=100)] == [5030]  # top level
