@@ -40,6 +40,11 @@ class NodeConfig(BaseModel):
     """Seconds a resolved tag stays cached."""
     cache_budget: int = 20 << 30
     """Bytes of the lazy store's disk chunk cache."""
+    materialize_after: int = Field(default=2, ge=0)
+    """A layer used by this many environments is copied out of the lazy store into a local
+    directory that later environments stack instead (no FUSE round trips); 0 = never."""
+    materialize_budget: int = 32 << 30
+    """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     peers: list[str] = Field(default_factory=list)
     """Peer nodes' chunk endpoints (the lazy store asks them before the registry)."""
     exec_output_limit: int = 16 << 20
@@ -67,6 +72,10 @@ class NodeConfig(BaseModel):
     @property
     def lazy_dir(self) -> Path:
         return self.root / "lazy"
+
+    @property
+    def materialized_dir(self) -> Path:
+        return self.root / "layers"
 
     @property
     def resolve_cache(self) -> Path:

@@ -49,6 +49,7 @@ class Stages:
         self.lazy: Any = None
         self.runtime: Any = None
         self.provisioner: Any = None
+        self.materializer: Any = None
         self.recovered: Any = None
         self.adopted: list[Any] = []
 
@@ -84,6 +85,11 @@ class Stages:
             self.lazy = old_daemon  # its mounts hold the adopted environments' lower dirs
         else:
             self.lazy = self._start_lazy(spec)
+        if cfg.materialize_after:
+            from rollstack.node.materialize import LayerMaterializer
+
+            self.materializer = LayerMaterializer(cfg.materialized_dir, self.lazy, after=cfg.materialize_after,
+                                                  budget=cfg.materialize_budget).start()
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)
             for env, doc in self.adopted:
@@ -131,7 +137,7 @@ class Stages:
 
     def stop(self) -> None:
         adopted_daemon = self.lazy is not None and getattr(self.lazy, "process", None) is None
-        for name in ("provisioner", "lazy"):
+        for name in ("provisioner", "materializer", "lazy"):
             part = getattr(self, name)
             if part is None:
                 continue
@@ -174,7 +180,7 @@ class Stages:
         if plan.fetch.eager:
             self.lazy.fetch_all(refs)
         self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager)
-        lowers = [Path(self.lazy.layer_dir(r.digest)) for r in reversed(refs)]  # top first
+        lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
         timings.toc = round(time.perf_counter() - t, 6)
 
         params = SpecParams(
@@ -194,9 +200,16 @@ class Stages:
             # Admission is checked again here, under the provisioner's lock: concurrent creates
             # that all passed `admit` cannot over-commit the node together.
             self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
+        if self.materializer is not None:
+            self.materializer.used(refs)
         fetch = self._fetch_stats(rec.id)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
         return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch)
+
+    def _lower(self, digest: str) -> Path:
+        """The layer's local copy when it has one (`node.materialize`), else its FUSE directory."""
+        local = self.materializer.lower_for(digest) if self.materializer is not None else None
+        return local if local is not None else Path(self.lazy.layer_dir(digest))
 
     def _fetch_stats(self, env_id: str) -> dict[str, int]:
         try:
@@ -317,6 +330,9 @@ class Stages:
             except Exception:  # noqa: BLE001 - metrics never fail a scrape
                 stats = {}
             for key, value in _flatten(stats, "lazy"):
+                out[key] = value
+        if self.materializer is not None:
+            for key, value in _flatten(self.materializer.stats(), "materialized"):
                 out[key] = value
         out["agent_rss_bytes"] = float(_rss())
         return out
