@@ -64,7 +64,7 @@ def system_summary(runs: Sequence[Creation], stack_bytes: int) -> dict[str, Any]
     from rollstack.bench.report import init_summary, percentile
 
     cold = [r for r in runs if r.cold]
-    warm = [r for r in runs if not r.cold]
+    warm = [r for r in runs if not r.cold and not r.fuse_lowers]
     s: dict[str, Any] = init_summary([r.first_cmd_s for r in cold], [r.first_cmd_s for r in warm],
                                      [r.fetched_bytes for r in cold], stack_bytes)
     s["cold_ready_p50"] = percentile([r.ready_s for r in cold], 50)
@@ -75,6 +75,10 @@ def system_summary(runs: Sequence[Creation], stack_bytes: int) -> dict[str, Any]
     node = [r.node_fetched_bytes for r in cold if r.node_fetched_bytes >= 0]
     if node:
         s["cold_node_fetched_bytes_p50"] = percentile(node, 50)
+    fuse = [r for r in runs if r.fuse_lowers]
+    if fuse:
+        s["warm_fuse_lowers_init_s"] = fuse[0].first_cmd_s
+        s["warm_fuse_lowers_ready_s"] = fuse[0].ready_s
     s["stack_bytes"] = stack_bytes
     s["failures"] = sum(1 for r in runs if r.exit_code != 0)
     return s
@@ -245,9 +249,19 @@ def _run_rollstack(name: str, rig: Any, cfg: InitConfig, plans: list[dict[str, A
         if not cfg.cold:
             system.start()
             system.create(plans[0], cmd, False)
+        if cfg.warm:
+            # The stack's second environment on this node: warm caches, FUSE lowers; it makes the
+            # layers hot, so the node materializes them (node.materialize) before the warm runs.
+            first = system.create(plans[next(seq) % len(plans)], cmd, False)
+            first.fuse_lowers = True
+            runs.append(first)
+            t0 = time.perf_counter()
+            system.settle()
+            cfg.log(f"{name} warm on FUSE lowers: {first.first_cmd_s:.3f}s; layers materialized in "
+                    f"{time.perf_counter() - t0:.1f}s")
         for k in _rounds(cfg.warm, cfg.concurrency):
             runs += _parallel(lambda i: system.create(plans[next(seq) % len(plans)], cmd, False), k)
-        cfg.log(f"{name} warm: " + ", ".join(f"{r.first_cmd_s:.3f}s" for r in runs if not r.cold))
+        cfg.log(f"{name} warm: " + ", ".join(f"{r.first_cmd_s:.3f}s" for r in runs if not r.cold and not r.fuse_lowers))
     finally:
         system.stop()
     return runs
@@ -258,7 +272,8 @@ def _run_rollstack(name: str, rig: Any, cfg: InitConfig, plans: list[dict[str, A
 def write_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
     from rollstack.bench.report import write_results
 
-    cdf = {f"{n} {'cold' if cold else 'warm'}": [s["first_cmd_s"] for s in runs if s["cold"] == cold]
+    cdf = {f"{n} {'cold' if cold else 'warm'}": [s["first_cmd_s"] for s in runs
+                                                   if s["cold"] == cold and not s.get("fuse_lowers")]
            for n, runs in doc["samples"].items() for cold in (True, False)}
     cdf = {k: v for k, v in cdf.items() if v}
     notes = [f"stack {doc['stack']['name']}: {doc['stack']['bytes'] / 1e9:.2f} GB, {doc['stack']['files']} files; "

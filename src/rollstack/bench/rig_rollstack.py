@@ -53,6 +53,8 @@ class Creation:
     output: str = ""
     node_fetched_bytes: int = -1
     """rollstack only: the node's own `fetch.fetched_bytes` (eager mode's full fetch is not in it)"""
+    fuse_lowers: bool = False
+    """rollstack, warm: the environment stacked FUSE directories (its layers not materialized yet)"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,10 +153,15 @@ class RollstackSystem:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def settle(self, timeout: float = 600.0) -> bool:
+        """Wait until the node has materialized the layers it found hot (`node.materialize`)."""
+        m = self.node.service.stages.materializer if self.node is not None else None
+        return m is None or m.wait_idle(timeout)
+
     def clear(self) -> None:
         """Cold start: stop the node, forget every cached chunk/TOC/trace/tag, drop the page cache."""
         self.stop()
-        for d in (self.root / "lazy" / "state", self.root / "resolve-cache"):
+        for d in (self.root / "lazy" / "state", self.root / "resolve-cache", self.root / "layers"):
             shutil.rmtree(d, ignore_errors=True)
         drop_page_cache()
         self.start()
