@@ -162,9 +162,11 @@ class LazyStoreClient:
     def layer_dir(self, digest: str) -> Path:
         return self.mountpoint / "layers" / digest.partition(":")[2]
 
-    def fetch_all(self, refs: Iterable[Any]) -> dict[str, Any]:
-        """Eagerly fetch every chunk of these layers (the rollstack-eager baseline)."""
-        return self._call("POST", "/v1/fetch_all", {"layers": [_ref_doc(r) for r in refs]})
+    def fetch_all(self, refs: Iterable[Any], background: bool = False) -> dict[str, Any]:
+        """Fetch every chunk of these layers not local yet: now (the rollstack-eager mode), or
+        `background`: as gated background fill (yields to demand reads, bounded link share)."""
+        return self._call("POST", "/v1/fetch_all", {"layers": [_ref_doc(r) for r in refs], "background": background},
+                          timeout=None if not background else 24 * 3600.0)
 
     def begin_env(self, env_id: str, layer_refs: Iterable[Any], trace_key: str | None = None,
                   background: bool = True) -> dict[str, Any]:

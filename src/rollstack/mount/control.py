@@ -4,7 +4,7 @@ JSON in, JSON out; errors as `{"error": {"code", "message"}}` with the error's H
 
     GET  /healthz                      {"ok": true, "mountpoint": ...}
     POST /v1/layers                    {"layers": [{repo, digest}]} -> add_layers timings
-    POST /v1/fetch_all                 {"layers": [...]} -> {"seconds", "fetched_bytes", "stack_bytes"}
+    POST /v1/fetch_all                 {"layers": [...], "background": bool} -> {"seconds", "fetched_bytes", "stack_bytes"}
     POST /v1/envs/<id>                 {"layers": [...], "trace_key": k|null, "background": bool}
     GET  /v1/envs/<id>                 env stats
     DELETE /v1/envs/<id>               end env -> final stats
@@ -79,7 +79,7 @@ class ControlApi:
         if path == "/v1/layers" and method == "POST":
             return _json(200, await svc.add_layers(_layers(doc)))
         if path == "/v1/fetch_all" and method == "POST":
-            return _json(200, await svc.fetch_all(_layers(doc)))
+            return _json(200, await svc.fetch_all(_layers(doc), background=bool(doc.get("background", False))))
         if path == "/v1/drop_caches" and method == "POST":
             svc.drop_caches()
             return _json(200, {"ok": True})

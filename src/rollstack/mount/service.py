@@ -311,13 +311,19 @@ class LazyStoreService:
         return data
 
     # -- eager fetch -----------------------------------------------------------------------
-    async def fetch_all(self, refs: Iterable[Any]) -> dict[str, Any]:
+    async def fetch_all(self, refs: Iterable[Any], background: bool = False) -> dict[str, Any]:
+        """Every chunk of these layers made local: at prefetch priority, or `background`: as
+        gated background fill (`ChunkFetcher.fill`, one layer after the other)."""
         t0 = time.perf_counter()
         added = await self.add_layers(refs)
         before = self.metrics.snapshot()["transferred_bytes"].get("registry", 0)
-        async with trio.open_nursery() as n:
+        if background:
             for doc in added["layers"]:
-                n.start_soon(self._fetch_layer, self._loaded(doc["digest"]))
+                await self.fetcher.fill(self._loaded(doc["digest"]).remote)
+        else:
+            async with trio.open_nursery() as n:
+                for doc in added["layers"]:
+                    n.start_soon(self._fetch_layer, self._loaded(doc["digest"]))
         after = self.metrics.snapshot()["transferred_bytes"].get("registry", 0)
         return {"seconds": round(time.perf_counter() - t0, 6), "fetched_bytes": after - before,
                 "stack_bytes": sum(d["blob_size"] for d in added["layers"])}

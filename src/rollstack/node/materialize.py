@@ -5,7 +5,8 @@ read and (for each new overlay mount) every extended-attribute probe overlayfs m
 cannot let the kernel cache directory listings, symlinks or skip opens. For the first
 environments of a stack that is the price of starting from metadata alone. Once a layer is hot
 (used by `after` environments on this node), it is worth having locally: the materializer fetches
-it whole (`fetch_all`), copies the FUSE view of it with `cp -a` (contents, modes, owners,
+it whole (`fetch_all(background=True)`: gated like background fill, after a `grace` period,
+so running environments' reads go first), copies the FUSE view of it with `cp -a` (contents, modes, owners,
 timestamps, hardlinks, symlinks, xattrs incl. `trusted.overlay.opaque`, whiteout devices) into
 `<root>/<hex>.tmp`, and renames it to `<root>/<hex>` when the copy is complete. New
 environments stack the local directory instead of the FUSE one; running ones keep theirs.
@@ -65,7 +66,7 @@ def mounted_paths() -> str:
 class LayerMaterializer:
     def __init__(self, root: Path, lazy: Any, *, after: int = 2, budget: int = 32 << 30,
                  copier: Copier = copy_tree, retry_after: float = 300.0,
-                 in_use: Callable[[], str] = mounted_paths) -> None:
+                 in_use: Callable[[], str] = mounted_paths, grace: float = 5.0) -> None:
         self.root = root
         self.lazy = lazy
         self.after = after
@@ -73,6 +74,7 @@ class LayerMaterializer:
         self.copier = copier
         self.retry_after = retry_after
         self.in_use = in_use
+        self.grace = grace
         self._lock = threading.Lock()
         self._uses: dict[str, int] = {}
         self._ready: dict[str, Path] = {}
@@ -168,7 +170,8 @@ class LayerMaterializer:
         final, tmp = self.root / hexd, self.root / f"{hexd}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.perf_counter()
-        self.lazy.fetch_all([ref])
+        time.sleep(self.grace)  # the environment that made the layer hot runs its first command alone
+        self.lazy.fetch_all([ref], background=True)
         try:
             self.copier(Path(self.lazy.layer_dir(ref.digest)), tmp)
         except subprocess.CalledProcessError as exc:

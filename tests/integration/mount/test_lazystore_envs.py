@@ -145,3 +145,17 @@ def test_fetch_all_makes_the_stack_local(tmp_path, oci_store, lazy_factory):
         assert (lazy.layer_dir(digest) / rel).read_bytes() == (tree / rel).read_bytes()
     assert lazy.stats()["fetch"]["transferred_bytes"]["registry"] == before
     assert lazy.fetch_all([ref])["fetched_bytes"] == 0  # already local
+
+
+def test_fetch_all_in_the_background_makes_the_stack_local_as_gated_fill(tmp_path, oci_store, lazy_factory):
+    tree = build_tree(tmp_path / "src")
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/eager-bg")
+    ref = {"repo": "test/eager-bg", "digest": digest}
+    lazy = lazy_factory(oci_store.url, background_quiet=0.0, background_share=0.0)
+    doc = lazy.fetch_all([ref], background=True)
+    moved = lazy.stats()["fetch"]["transferred_bytes"]
+    assert doc["fetched_bytes"] > 0 and moved.get("background", 0) == moved["registry"]  # all of it as fill
+    assert lazy.stats()["background"]["admitted"] >= 1
+    for rel in FILES:
+        assert (lazy.layer_dir(digest) / rel).read_bytes() == (tree / rel).read_bytes()
+    assert lazy.stats()["fetch"]["transferred_bytes"]["registry"] == moved["registry"]

@@ -96,7 +96,7 @@ def lazy(tmp_path: Path, oci_store):
 
 
 def materialize(lazy: LazyStoreClient, root: Path, refs: list[Ref]) -> LayerMaterializer:
-    m = LayerMaterializer(root, lazy, after=1).start()
+    m = LayerMaterializer(root, lazy, after=1, grace=0.0).start()
     m.used(refs)
     assert m.wait_idle(120)
     assert m.stats()["failures"] == 0

@@ -23,7 +23,8 @@ class FakeLazy:
         self.root = root
         self.fetched: list[str] = []
 
-    def fetch_all(self, refs):
+    def fetch_all(self, refs, background=False):
+        assert background  # materializing must never compete with demand reads
         self.fetched += [r.digest for r in refs]
 
     def layer_dir(self, digest: str) -> Path:
@@ -42,7 +43,7 @@ def make(tmp_path: Path, **kw):
         (dst / "payload").write_bytes(b"x" * 10_000)
 
     lazy = FakeLazy(tmp_path / "fuse")
-    m = LayerMaterializer(tmp_path / "layers", lazy, copier=copier, **kw).start()
+    m = LayerMaterializer(tmp_path / "layers", lazy, copier=copier, grace=0.0, **kw).start()
     return m, lazy, copies, fail
 
 
