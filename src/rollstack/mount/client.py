@@ -169,9 +169,10 @@ class LazyStoreClient:
                           timeout=None if not background else 24 * 3600.0)
 
     def begin_env(self, env_id: str, layer_refs: Iterable[Any], trace_key: str | None = None,
-                  background: bool = True) -> dict[str, Any]:
+                  background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
         return self._call("POST", f"/v1/envs/{env_id}", {"layers": [_ref_doc(r) for r in layer_refs],
-                                                         "trace_key": trace_key, "background": background})
+                                                         "trace_key": trace_key, "background": background,
+                                                         "fallback_key": fallback_key})
 
     def env_stats(self, env_id: str) -> dict[str, Any]:
         """{fetched_bytes, from_cache_bytes, from_peer_bytes, stall_seconds, critical_path_bytes, ...}"""

@@ -5,7 +5,7 @@ JSON in, JSON out; errors as `{"error": {"code", "message"}}` with the error's H
     GET  /healthz                      {"ok": true, "mountpoint": ...}
     POST /v1/layers                    {"layers": [{repo, digest}]} -> add_layers timings
     POST /v1/fetch_all                 {"layers": [...], "background": bool} -> {"seconds", "fetched_bytes", "stack_bytes"}
-    POST /v1/envs/<id>                 {"layers": [...], "trace_key": k|null, "background": bool}
+    POST /v1/envs/<id>                 {"layers": [...], "trace_key": k|null, "fallback_key": k|null, "background": bool}
     GET  /v1/envs/<id>                 env stats
     DELETE /v1/envs/<id>               end env -> final stats
     POST /v1/prefetch                  {"trace_key": k, "env_id": id|null} -> prefetch a stored trace
@@ -99,8 +99,9 @@ class ControlApi:
         if m:
             env_id = m.group(1)
             if method == "POST":
-                return _json(200, await svc.begin_env(env_id, _layers(doc), doc.get("trace_key"),
-                                                      bool(doc.get("background", True))))
+                return _json(200, await svc.begin_env(env_id, _layers(doc), _opt_str(doc, "trace_key"),
+                                                      bool(doc.get("background", True)),
+                                                      _opt_str(doc, "fallback_key")))
             if method == "GET":
                 return _json(200, svc.env_stats(env_id))
             if method == "DELETE":
@@ -124,6 +125,13 @@ def _body(body: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidRequest("body must be a JSON object")
     return doc
+
+
+def _opt_str(doc: dict[str, Any], name: str) -> str | None:
+    value = doc.get(name)
+    if value is not None and (not isinstance(value, str) or not value or len(value) > 1024):
+        raise InvalidRequest(f"{name} must be a non-empty string of at most 1024 characters")
+    return value
 
 
 def _layers(doc: dict[str, Any]) -> list[Any]:

@@ -27,6 +27,7 @@ class Env:
     layers: list[str]  # layer digests, as given
     trace_key: str | None = None
     account: Account = field(default_factory=Account)
+    fallback_key: str | None = None
     recorder: TraceRecorder | None = None
     started: float = field(default_factory=time.monotonic)
     prefetch_chunks: int = 0

@@ -334,37 +334,50 @@ class LazyStoreService:
 
     # -- environments ----------------------------------------------------------------------
     async def begin_env(self, env_id: str, refs: Iterable[Any], trace_key: str | None = None,
-                        background: bool = True) -> dict[str, Any]:
+                        background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
+        """Register an environment on these layers. `trace_key` names its work (stack + task):
+        the trace of that key (this node's, else one another node published) is prefetched at
+        once; without one, `fallback_key`'s (the stack's: what any task's first seconds read) is,
+        and this environment's own reads are recorded under `trace_key` (and merged into
+        `fallback_key`'s) for the environments after it."""
         if not env_id or "/" in env_id:
             raise InvalidRequest(f"bad environment id {env_id!r}")
         added = await self.add_layers(refs)
         old = self.envs.envs.pop(env_id, None)
         if old is not None:
             old.cancel.cancel()
-        env = Env(env_id, [d["digest"] for d in added["layers"]], trace_key)
+        env = Env(env_id, [d["digest"] for d in added["layers"]], trace_key, fallback_key=fallback_key)
         self.envs.envs[env_id] = env
         self.envs.forget_pids()
         fc = self.config.fetch
         source = None
         if trace_key:
-            trace = self.traces.load(trace_key)
-            if not trace and self.config.share_traces:
-                trace = await self._shared_trace(trace_key, added["layers"])
-                if trace:
-                    source = "shared"
-                    self.traces.put(trace_key, trace, fc.trace_max_chunks)
-            elif trace:
-                source = "local"
+            trace, source = await self._find_trace(trace_key, added["layers"])
+            if not trace and fallback_key:
+                trace, found = await self._find_trace(fallback_key, added["layers"])
+                source = f"stack-{found}" if found else None
             if trace:
                 env.prefetch_chunks = len(trace)
                 self.fetcher.spawn(self._run_in_env, env, self._trace_prefetch, env, trace)
-            else:
+            if source is None or source.startswith("stack-"):  # no trace of this task yet: record one
                 env.recorder = TraceRecorder(trace_key, fc.trace_window, fc.trace_max_chunks)
                 self.fetcher.spawn(self._save_trace_later, env)
         if background:
             self.fetcher.spawn(self._run_in_env, env, self._background_fill, env)
         return {"env_id": env_id, "layers": added, "trace_prefetch_chunks": env.prefetch_chunks,
                 "trace_source": source}
+
+    async def _find_trace(self, key: str, layers: list[dict[str, Any]]) -> tuple[list[tuple[str, dict]], str | None]:
+        """(trace, "local" | "shared" | None): this node's trace of `key`, else a published one."""
+        trace = self.traces.load(key)
+        if trace:
+            return trace, "local"
+        if self.config.share_traces:
+            trace = await self._shared_trace(key, layers)
+            if trace:
+                self.traces.put(key, trace, self.config.fetch.trace_max_chunks)
+                return trace, "shared"
+        return [], None
 
     async def _shared_trace(self, key: str, layers: list[dict[str, Any]]) -> list[tuple[str, dict]]:
         """The trace another node published for `key`, validated against this stack; [] when
@@ -434,10 +447,14 @@ class LazyStoreService:
         if rec is not None and rec.chunks:
             self.traces.save(rec)
             env.recorder = None
+            keys = [rec.key]
+            if env.fallback_key:
+                self.traces.put(env.fallback_key, self.traces.load(rec.key), self.config.fetch.trace_max_chunks)
+                keys.append(env.fallback_key)
             if self.config.share_traces:
-                entries = self.traces.load(rec.key)
-                threading.Thread(target=self._publish_trace, args=(rec.key, entries), daemon=True,
-                                 name="publish-trace").start()
+                for key in keys:
+                    threading.Thread(target=self._publish_trace, args=(key, self.traces.load(key)), daemon=True,
+                                     name="publish-trace").start()
 
     def _publish_trace(self, key: str, entries: list[tuple[str, dict]]) -> None:
         """Worker thread, best effort: a store that refuses or fails only loses the sharing."""

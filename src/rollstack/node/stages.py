@@ -11,6 +11,7 @@ mounts over their paths), then the lazy store, then the provisioner. Stop is the
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -179,7 +180,9 @@ class Stages:
         self.lazy.add_layers(refs)
         if plan.fetch.eager:
             self.lazy.fetch_all(refs)
-        self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager)
+        trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
+        self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
+                            trace_key=trace_key, fallback_key=stack_key)
         lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
         timings.toc = round(time.perf_counter() - t, 6)
 
@@ -336,6 +339,16 @@ class Stages:
                 out[key] = value
         out["agent_rss_bytes"] = float(_rss())
         return out
+
+
+def trace_keys(stack_digest: str | None, plan: Any) -> tuple[str | None, str | None]:
+    """(task key, stack key) of the lazy store's access traces: the rollouts of one task (same
+    stack, plan name and mutation: a GRPO group) share the first; every task on the stack, the
+    second (what the first seconds of any environment of that stack read)."""
+    if not stack_digest:
+        return None, None
+    task = hashlib.sha256(f"{plan.name}\0{plan.mutation_text or ''}".encode()).hexdigest()[:24]
+    return f"{stack_digest}/task/{task}", f"{stack_digest}/stack"
 
 
 def _mutator(plan: Any) -> Callable[[Path], None] | None:

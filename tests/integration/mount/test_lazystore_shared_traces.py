@@ -93,3 +93,32 @@ def test_sharing_can_be_turned_off(tmp_path, oci_store, lazy_factory, env_cgroup
     s = b.stats()
     assert s["shared_trace_misses"] == 0 and s["shared_traces_published"] == 0
     assert not oci_store.has_manifest(shared_traces.REPO, shared_traces.trace_tag(key))
+
+
+def test_a_new_task_on_a_known_stack_prefetches_the_stack_trace_and_records_its_own(
+        tmp_path, oci_store, lazy_factory, env_cgroups):
+    tree = build_tree(tmp_path / "src")
+    digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/stacktrace")
+    refs = [{"repo": "test/stacktrace", "digest": digest}]
+    want = b"".join((tree / f).read_bytes() for f in FILES)
+    stack = f"stack-{uuid.uuid4().hex[:6]}"
+
+    a = lazy_factory(oci_store.url, "a", neighbor_bytes=0)
+    ea = f"a-{uuid.uuid4().hex[:6]}"
+    began = a.begin_env(ea, refs, trace_key=f"{stack}/task/one", fallback_key=f"{stack}/stack", background=False)
+    assert began["trace_source"] is None
+    assert run_in(env_cgroups(ea), ["cat", *[str(a.layer_dir(digest) / f) for f in FILES]]) == want
+    a.end_env(ea)
+    wait_for(lambda: a.stats()["shared_traces_published"] == 2)  # the task's trace and the stack's
+    assert a.stats()["shared_traces_published"] == 2
+
+    b = lazy_factory(oci_store.url, "b", neighbor_bytes=0)  # another node, another task of the stack
+    eb = f"b-{uuid.uuid4().hex[:6]}"
+    began = b.begin_env(eb, refs, trace_key=f"{stack}/task/two", fallback_key=f"{stack}/stack", background=False)
+    assert began["trace_source"] == "stack-shared" and began["trace_prefetch_chunks"] >= len(FILES)
+    assert b.env_stats(eb)["trace_recording"]  # task two gets a trace of its own
+    wait_for(lambda: b.env_stats(eb)["prefetch_bytes"] > 0 and b.stats()["fetch"]["inflight"] == 0)
+    assert run_in(env_cgroups(eb), ["cat", *[str(b.layer_dir(digest) / f) for f in FILES]]) == want
+    assert b.end_env(eb)["critical_path_bytes"] == 0
+    wait_for(lambda: b.stats()["shared_traces_published"] == 2)
+    assert oci_store.has_manifest(shared_traces.REPO, shared_traces.trace_tag(f"{stack}/task/two"))
