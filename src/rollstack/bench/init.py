@@ -24,7 +24,7 @@ from typing import Annotated, Any, Callable, Sequence
 
 import typer
 
-from rollstack.bench.rig_rollstack import ROLLSTACK_SYSTEMS, SYSTEM_NAMES, Creation
+from rollstack.bench.rig_rollstack import ROLLSTACK_SYSTEMS, SYSTEM_NAMES, Creation, forget_shared_traces
 from rollstack.errors import InvalidRequest
 
 DEFAULT_OUT = Path("results/init")
@@ -75,6 +75,12 @@ def system_summary(runs: Sequence[Creation], stack_bytes: int) -> dict[str, Any]
     node = [r.node_fetched_bytes for r in cold if r.node_fetched_bytes >= 0]
     if node:
         s["cold_node_fetched_bytes_p50"] = percentile(node, 50)
+    untraced = [r.first_cmd_s for r in cold if r.trace_prefetch_chunks == 0]
+    traced = [r.first_cmd_s for r in cold if r.trace_prefetch_chunks > 0]
+    if untraced:
+        s["cold_first_ever_init_p50"] = percentile(untraced, 50)
+    if traced:
+        s["cold_stack_trace_init_p50"] = percentile(traced, 50)
     fuse = [r for r in runs if r.fuse_lowers]
     if fuse:
         s["warm_fuse_lowers_init_s"] = fuse[0].first_cmd_s
@@ -242,6 +248,10 @@ def _run_rollstack(name: str, rig: Any, cfg: InitConfig, plans: list[dict[str, A
     runs: list[Creation] = []
     seq = iter(range(1 << 30))
     try:
+        # The first cold start is a first-ever one (no access trace of this stack anywhere); the
+        # later ones are new tasks on a stack an earlier (cleared) node has run: they find its
+        # trace in the registry, as a second node of a cluster would.
+        forget_shared_traces(rig.registry.root / "data")
         for k in _rounds(cfg.cold, cfg.concurrency):
             system.clear()
             runs += _parallel(lambda i: system.create(plans[next(seq) % len(plans)], cmd, True), k)

@@ -55,6 +55,8 @@ class Creation:
     """rollstack only: the node's own `fetch.fetched_bytes` (eager mode's full fetch is not in it)"""
     fuse_lowers: bool = False
     """rollstack, warm: the environment stacked FUSE directories (its layers not materialized yet)"""
+    trace_prefetch_chunks: int = -1
+    """rollstack: chunks prefetched from an access trace at create (0: none found, a first-ever start)"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +113,17 @@ def publish_components(corpus_root: Path, components: Sequence[str], store_url: 
     return [p.to_dict() for p in published]
 
 
+def forget_shared_traces(registry_data: Path) -> bool:
+    """Remove every access trace nodes published to the bench registry (its filesystem storage;
+    docker-registry keeps no cache of it here), so the next cold start is a first-ever one."""
+    from rollstack.fetch.shared_traces import REPO
+
+    repo = registry_data / "docker" / "registry" / "v2" / "repositories" / REPO
+    existed = repo.is_dir()
+    shutil.rmtree(repo, ignore_errors=True)
+    return existed
+
+
 def seed_layer_cache(mine: Path, other: Path) -> None:
     """Hard-link another bench work dir's gzip layers into ours (content-addressed: never rewritten)."""
     for sub in ("layers", "layer-meta"):
@@ -153,6 +166,12 @@ class RollstackSystem:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _trace_prefetch_chunks(self, env_id: str) -> int:
+        try:
+            return int(self.node.service.stages.lazy.env_stats(env_id).get("trace_prefetch_chunks", 0))
+        except Exception:  # noqa: BLE001 - a statistic only
+            return -1
+
     def settle(self, timeout: float = 600.0) -> bool:
         """Wait until the node has materialized the layers it found hot (`node.materialize`)."""
         m = self.node.service.stages.materializer if self.node is not None else None
@@ -181,6 +200,7 @@ class RollstackSystem:
         env = self.node.create(self.plan(plan))
         try:
             ready = time.perf_counter() - t0
+            traced = self._trace_prefetch_chunks(env.id)
             # The link's counter is the instrument every system is measured with (the node's
             # `fetched_bytes` leaves out eager mode's full fetch and the TOCs).
             rx_ready = (self.link.rx_bytes() - rx0) if self.link is not None else -1
@@ -193,6 +213,7 @@ class RollstackSystem:
             link = (self.link.rx_bytes() - rx0) if self.link is not None else 0
             fetched = rx_ready if rx_ready >= 0 else int(fetch.fetched_bytes)
             return Creation(self.name, cold, ready, done, fetched, link, res.exit_code, phases,
-                            ((res.stdout or "") + (res.stderr or ""))[-500:], int(fetch.fetched_bytes))
+                            ((res.stdout or "") + (res.stderr or ""))[-500:], int(fetch.fetched_bytes),
+                            trace_prefetch_chunks=traced)
         finally:
             env.destroy()
