@@ -159,6 +159,13 @@ def chroot_run(root: Path, env_id: str | None = None, command: str = COMMAND) ->
     return dt
 
 
+def wait_written(lazy: Any, timeout: float = 30.0) -> None:
+    """Until the daemon's write-back queue is empty (it writes once reads go quiet)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and lazy.stats()["disk_cache"].get("writeback_chunks", 0):
+        time.sleep(0.05)
+
+
 def read_seq(path: Path, block: int = 1 << 20) -> float:
     """MB/s of one sequential read of `path`."""
     t0 = time.perf_counter()
@@ -214,7 +221,7 @@ class Bench:
                                   "command_seconds": round(cmd, 4), "toc_bytes": added["bytes"],
                                   "registry_requests": stats["requests"].get("registry", 0) + added["requests"],
                                   "chunk_bytes": stats["transferred_bytes"].get("registry", 0)}
-                    time.sleep(0.5)  # let disk-cache writes land
+                    wait_written(lazy)  # warm = every fetched chunk in the node's disk cache
                     drop_page_cache(self.registry_data)
                     warm_node.append(chroot_run(root))
                     warm_page.append(min(chroot_run(root) for _ in range(5)))
@@ -254,7 +261,7 @@ class Bench:
             path = lazy.layer_dir(big_ref["digest"]) / "big.bin"
             drop_page_cache(self.registry_data)
             uncached = read_seq(path)
-            time.sleep(1.0)
+            wait_written(lazy, timeout=120.0)
             drop_page_cache(self.registry_data)
             disk = read_seq(path)
             page = read_seq(path)

@@ -235,6 +235,10 @@ class ChunkFetcher:
         return (d not in self.memory and d not in self._inflight and d not in self._unwritten
                 and (self.disk is None or d not in self.disk))
 
+    def writeback_queue(self) -> dict[str, int]:
+        """Fetched chunks still waiting for the disk cache."""
+        return {"writeback_chunks": len(self._unwritten), "writeback_bytes": self._unwritten_bytes}
+
     def unwritten(self, digest: str) -> bytes | None:
         """A fetched chunk still waiting for the disk cache (see `_writeback`)."""
         return self._unwritten.get(digest)

@@ -277,12 +277,14 @@ def test_disk_writes_wait_for_the_foreground_to_go_quiet(tmp_path):
                 await f.get(layer, c)
                 await trio.sleep(0.05)  # a program between two misses
             assert len(f.disk) == 0  # still quiet-waiting
+            assert f.writeback_queue()["writeback_chunks"] == len(blob.chunks)
             f.memory.clear()  # evicted from memory while queued: still local
             assert not f.would_fetch(blob.chunks[0])
             assert await f.get(layer, blob.chunks[0]) == blob.plain[0]
             await trio.sleep(0.6)
             assert len(f.disk) == len(blob.chunks)
             assert f.unwritten(blob.chunks[0].digest) is None
+            assert f.writeback_queue() == {"writeback_chunks": 0, "writeback_bytes": 0}
 
     run(main)
     assert len(blob.requests) == len(blob.chunks)
