@@ -94,6 +94,7 @@ class ChunkFetcher:
         self._writes: trio.Nursery | None = None
         self._unwritten: dict[str, bytes] = {}  # fetched, verified, not yet in the disk cache
         self._unwritten_bytes = 0
+        self._writeback_generation = 0  # bumped by drop_queued: a batch being written stops
         self._writeback_wake = trio.Event()
         self._writeback_wait: trio.CancelScope | None = None
         self._closing = False
@@ -234,6 +235,13 @@ class ChunkFetcher:
         d = c.digest
         return (d not in self.memory and d not in self._inflight and d not in self._unwritten
                 and (self.disk is None or d not in self.disk))
+
+    def drop_queued(self) -> None:
+        """Forget the chunks waiting for the disk cache (and stop a batch being written): with
+        `drop_caches`, the node forgets every chunk it fetched."""
+        self._writeback_generation += 1
+        self._unwritten.clear()
+        self._unwritten_bytes = 0
 
     def writeback_queue(self) -> dict[str, int]:
         """Fetched chunks still waiting for the disk cache."""
@@ -528,9 +536,12 @@ class ChunkFetcher:
                 self._writeback_wait = None
             if self._unwritten and disk is not None:
                 batch = list(self._unwritten.items())
+                generation = self._writeback_generation
 
                 def put_all() -> None:
                     for digest, data in batch:
+                        if self._writeback_generation != generation:
+                            return  # the caches were dropped meanwhile
                         disk.put(digest, data)
 
                 try:
@@ -538,7 +549,8 @@ class ChunkFetcher:
                 except OSError as exc:  # a full or failing disk degrades to memory-only, never fails a read
                     self.metrics.event("disk_cache_error", error=repr(exc)[:200])
                 for digest, data in batch:
-                    if self._unwritten.pop(digest, None) is not None:
+                    if self._unwritten.get(digest) is data:  # not re-queued after a drop_queued
+                        del self._unwritten[digest]
                         self._unwritten_bytes -= len(data)
                 if self._unwritten:
                     self._writeback_wake.set()

@@ -500,6 +500,7 @@ class LazyStoreService:
         }
 
     def drop_caches(self) -> None:
+        self.fetcher.drop_queued()
         self.memory.clear()
         self.disk.clear()
 

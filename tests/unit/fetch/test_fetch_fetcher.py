@@ -303,3 +303,22 @@ def test_queued_disk_writes_are_flushed_when_the_fetcher_stops(tmp_path):
     layer = blob.layer()
     run(main)
     assert len(DiskChunkCache(tmp_path / "disk", 1 << 30)) == len(blob.chunks)
+
+
+def test_dropping_the_queue_forgets_chunks_not_yet_written(tmp_path):
+    blob = FakeBlob(n=4)
+    f = make(tmp_path, neighbor_bytes=0, writeback_quiet=60.0)
+    layer = blob.layer()
+
+    async def main():
+        async with f.running():
+            for c in blob.chunks:
+                await f.get(layer, c)
+            f.drop_queued()
+            f.memory.clear()
+            assert f.would_fetch(blob.chunks[0]) and f.writeback_queue()["writeback_chunks"] == 0
+            assert await f.get(layer, blob.chunks[0]) == blob.plain[0]  # fetched again
+
+    run(main)
+    assert len(blob.requests) == len(blob.chunks) + 1
+    assert len(DiskChunkCache(tmp_path / "disk", 1 << 30)) == 1  # only the re-fetched chunk was queued at stop
