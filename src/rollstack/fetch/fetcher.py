@@ -375,7 +375,9 @@ class ChunkFetcher:
 
     async def _from_registry(self, layer: RemoteLayer, pending: dict, priority: Priority,
                              account: Account | None, max_request: int | None = None) -> None:
-        plan = coalesce([c for c, _ in pending.values()], max_request=max_request or self.config.max_request)
+        gap = self.config.prefetch_gap if priority is Priority.PREFETCH else 0
+        plan = coalesce([c for c, _ in pending.values()], max_request=max_request or self.config.max_request,
+                        max_gap=gap)
         deadline = trio.current_time() + self.config.deadline
         limiter = self._limiters[priority]
         demand = priority is not Priority.BACKGROUND

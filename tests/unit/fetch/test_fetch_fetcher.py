@@ -322,3 +322,19 @@ def test_dropping_the_queue_forgets_chunks_not_yet_written(tmp_path):
     run(main)
     assert len(blob.requests) == len(blob.chunks) + 1
     assert len(DiskChunkCache(tmp_path / "disk", 1 << 30)) == 1  # only the re-fetched chunk was queued at stop
+
+
+def test_prefetch_bridges_small_gaps_in_one_request_demand_reads_do_not():
+    blob = FakeBlob(n=6)
+    layer = blob.layer()
+    sparse = blob.chunks[::2]  # 0, 2, 4: gaps of one chunk (~25 KB stored) between them
+
+    async def main(f):
+        async with f.running():
+            await f.prefetch(layer, sparse)
+
+    run(lambda: main(make(neighbor_bytes=0, prefetch_gap=64 << 10)))
+    assert len(blob.requests) == 1  # one GET spanning the gaps
+    blob.requests.clear()
+    run(lambda: main(make(neighbor_bytes=0, prefetch_gap=0)))
+    assert len(blob.requests) == 3
