@@ -85,6 +85,7 @@ class LayerMaterializer:
         self._queue: "queue.Queue[Any]" = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.materialized = 0
         self.evicted = 0
@@ -107,6 +108,7 @@ class LayerMaterializer:
 
     def stop(self) -> None:
         if self._thread is not None:
+            self._stopping.set()
             self._queue.put(None)
             self._thread.join(timeout=60)
             self._thread = None
@@ -150,7 +152,7 @@ class LayerMaterializer:
             pass
         while True:
             ref = self._queue.get()
-            if ref is None:
+            if ref is None or self._stopping.is_set():
                 return
             try:
                 self._materialize(ref)
@@ -170,7 +172,8 @@ class LayerMaterializer:
         final, tmp = self.root / hexd, self.root / f"{hexd}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.perf_counter()
-        time.sleep(self.grace)  # the environment that made the layer hot runs its first command alone
+        if self._stopping.wait(self.grace):  # the environment that made the layer hot runs alone first
+            return
         self.lazy.fetch_all([ref], background=True)
         try:
             self.copier(Path(self.lazy.layer_dir(ref.digest)), tmp)
