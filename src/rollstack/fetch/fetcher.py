@@ -331,7 +331,16 @@ class ChunkFetcher:
     def _complete(self, pending: dict, chunk: Chunk, data: bytes, tier: Tier) -> None:
         _, flight = pending.pop(chunk.digest)
         self.memory.put(chunk.digest, data)
-        flight.done(data, tier)
+        self._finish(chunk, flight, data, tier)
+
+    def _finish(self, chunk: Chunk, flight: _Flight, data: bytes, tier: Tier) -> None:
+        """A chunk is verified and cached: hand its bytes to the readers waiting on the flight
+        and retire the flight now, not when the whole fetch ends. Only a flight a reader waits on
+        (`urgent`, set before anyone awaits it) keeps the bytes: a whole-layer prefetch must not
+        hold every chunk it fetched in memory until its last request lands."""
+        flight.done(data if flight.urgent else None, tier)
+        if self._inflight.get(chunk.digest) is flight:
+            del self._inflight[chunk.digest]
 
     async def _from_disk(self, pending: dict[str, tuple[Chunk, _Flight]]) -> None:
         disk = self.disk
@@ -406,7 +415,10 @@ class ChunkFetcher:
                            account: Account | None, deadline: float) -> None:
         """One range GET. The chunks a read is blocked on are decoded and handed over first; the
         rest of the range (neighbours) is decoded after, in a second worker-thread call."""
-        persist = priority is Priority.BACKGROUND and self.disk is not None
+        # background fill, and anything fetched while the write-back queue is over its bound,
+        # is written to the disk cache by the worker thread itself (back-pressure on the fetch)
+        persist = self.disk is not None and (priority is Priority.BACKGROUND
+                                             or self._unwritten_bytes >= self.config.writeback_max)
         chunks = list(req.chunks)
         urgent = {c.digest for c in chunks if c.digest in pending and pending[c.digest][1].urgent}
         first = [c for c in chunks if c.digest in urgent] if urgent and len(urgent) < len(chunks) else chunks
@@ -446,7 +458,7 @@ class ChunkFetcher:
         written to disk by the worker thread and skip the memory cache."""
         if persisted:
             _, flight = pending.pop(chunk.digest)
-            flight.done(data, Tier.REGISTRY)
+            self._finish(chunk, flight, data, Tier.REGISTRY)
             return
         self._complete(pending, chunk, data, Tier.REGISTRY)
 
@@ -521,6 +533,8 @@ class ChunkFetcher:
                 self._unwritten[c.digest] = data
                 self._unwritten_bytes += len(data)
         self._writeback_wake.set()
+        if self._unwritten_bytes >= self.config.writeback_max and self._writeback_wait is not None:
+            self._writeback_wait.cancel()  # too much waits in memory: write now, quiet or not
 
     async def _writeback(self) -> None:
         """Writes queued chunks to the disk cache once the foreground has been quiet for

@@ -338,3 +338,47 @@ def test_prefetch_bridges_small_gaps_in_one_request_demand_reads_do_not():
     blob.requests.clear()
     run(lambda: main(make(neighbor_bytes=0, prefetch_gap=0)))
     assert len(blob.requests) == 3
+
+
+def test_the_write_back_queue_is_written_at_once_past_its_bound(tmp_path):
+    """A long burst (a whole-layer prefetch keeps the foreground busy) must not pile fetched
+    chunks up in memory: past `writeback_max` the queue is written without waiting for quiet."""
+    blob = FakeBlob(n=12, size=100_000)
+    f = make(tmp_path, neighbor_bytes=0, writeback_quiet=60.0, writeback_max=250_000)
+    layer = blob.layer()
+
+    async def main():
+        async with f.running():
+            f.gate.foreground_started()  # the foreground never goes quiet during this test
+            for c in blob.chunks:
+                await f.get(layer, c)
+                await trio.sleep(0.02)
+            await trio.sleep(0.3)
+            assert f.writeback_queue()["writeback_bytes"] < 250_000 + 100_000
+            assert len(f.disk) >= len(blob.chunks) - 3
+            f.gate.foreground_finished()
+
+    run(main)
+
+
+def test_a_long_prefetch_retires_each_chunk_as_it_lands():
+    """Flights of a whole-layer prefetch end chunk by chunk (no bytes held until the last
+    request lands); a reader that joins a flight still gets the bytes."""
+    blob = FakeBlob(n=12)
+    blob.delay = 0.1  # 6 requests of 2 chunks, one at a time: 0.6 s in all
+    f = make(neighbor_bytes=0, max_request=60_000, foreground_requests=3)  # prefetch: 1 request at a time
+    layer = blob.layer()
+    seen = []
+
+    async def main():
+        async with f.running():
+            async with trio.open_nursery() as n:
+                n.start_soon(f.prefetch, layer, blob.chunks)
+                await trio.sleep(0.02)
+                assert await f.get(layer, blob.chunks[0]) == blob.plain[0]  # joins the first flight
+                await trio.sleep(0.2)
+                seen.append(len(f._inflight))  # noqa: SLF001
+            seen.append(len(f._inflight))  # noqa: SLF001
+
+    run(main)
+    assert 0 < seen[0] < len(blob.chunks) and seen[1] == 0
