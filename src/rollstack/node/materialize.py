@@ -11,7 +11,8 @@ timestamps, hardlinks, symlinks, xattrs incl. `trusted.overlay.opaque`, whiteout
 `<root>/<hex>.tmp`, and renames it to `<root>/<hex>` when the copy is complete. New
 environments stack the local directory instead of the FUSE one; running ones keep theirs.
 
-- One layer at a time, in a background thread at the lowest CPU and I/O priority.
+- One layer at a time, in a background thread at the lowest CPU and I/O priority; never while
+  the filesystem under `root` has less than `min_free` bytes free (8 GiB).
 - `budget`: bytes of materialized layers kept; past it the least recently used directories that
   no mounted overlay references (checked in /proc/self/mountinfo) are removed.
 - Crash safety: only complete directories are renamed into place; `*.tmp` leftovers are removed
@@ -66,7 +67,8 @@ def mounted_paths() -> str:
 class LayerMaterializer:
     def __init__(self, root: Path, lazy: Any, *, after: int = 2, budget: int = 32 << 30,
                  copier: Copier = copy_tree, retry_after: float = 300.0,
-                 in_use: Callable[[], str] = mounted_paths, grace: float = 5.0) -> None:
+                 in_use: Callable[[], str] = mounted_paths, grace: float = 5.0,
+                 min_free: int = 8 << 30, disk_free: Callable[[Path], int] | None = None) -> None:
         self.root = root
         self.lazy = lazy
         self.after = after
@@ -75,6 +77,8 @@ class LayerMaterializer:
         self.retry_after = retry_after
         self.in_use = in_use
         self.grace = grace
+        self.min_free = min_free
+        self.disk_free = disk_free or (lambda p: shutil.disk_usage(p).free)
         self._lock = threading.Lock()
         self._uses: dict[str, int] = {}
         self._ready: dict[str, Path] = {}
@@ -90,6 +94,7 @@ class LayerMaterializer:
         self.materialized = 0
         self.evicted = 0
         self.failures = 0
+        self.skipped_no_space = 0
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "LayerMaterializer":
@@ -142,7 +147,8 @@ class LayerMaterializer:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             return {"layers": len(self._ready), "bytes": sum(self._sizes.values()), "queued": len(self._queued),
-                    "materialized": self.materialized, "evicted": self.evicted, "failures": self.failures}
+                    "materialized": self.materialized, "evicted": self.evicted, "failures": self.failures,
+                    "skipped_no_space": self.skipped_no_space}
 
     # -- the worker -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -173,6 +179,12 @@ class LayerMaterializer:
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.perf_counter()
         if self._stopping.wait(self.grace):  # the environment that made the layer hot runs alone first
+            return
+        if self.disk_free(self.root) < self.min_free:  # never fill the node's disk for a speed-up
+            with self._lock:
+                self.skipped_no_space += 1
+                self._failed[ref.digest] = time.time()  # try again after retry_after
+            log.warning("not materializing %s: less than %d bytes free under %s", ref.digest, self.min_free, self.root)
             return
         self.lazy.fetch_all([ref], background=True)
         try:

@@ -110,3 +110,17 @@ def test_restart_keeps_complete_copies_and_drops_interrupted_ones(tmp_path):
         assert not partial.exists()
     finally:
         m.stop()
+
+
+def test_a_full_disk_is_never_filled_with_copies(tmp_path):
+    copies: list = []
+    lazy = FakeLazy(tmp_path / "fuse")
+    m = LayerMaterializer(tmp_path / "layers", lazy, after=1, grace=0.0, min_free=1 << 30,
+                          disk_free=lambda p: 100 << 20, copier=lambda s, d: copies.append(s)).start()
+    try:
+        m.used([ref(9)])
+        assert m.wait_idle(5)
+        assert copies == [] and lazy.fetched == [] and m.stats()["skipped_no_space"] == 1
+        assert m.lower_for(ref(9).digest) is None
+    finally:
+        m.stop()
