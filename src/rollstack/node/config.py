@@ -45,6 +45,8 @@ class NodeConfig(BaseModel):
     directory that later environments stack instead (no FUSE round trips); 0 = never."""
     materialize_budget: int = 32 << 30
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
+    materialize_min_free: int = 8 << 30
+    """No layer is materialized while the node's filesystem has less than this free."""
     peers: list[str] = Field(default_factory=list)
     """Peer nodes' chunk endpoints (the lazy store asks them before the registry)."""
     exec_output_limit: int = 16 << 20

@@ -90,7 +90,8 @@ class Stages:
             from rollstack.node.materialize import LayerMaterializer
 
             self.materializer = LayerMaterializer(cfg.materialized_dir, self.lazy, after=cfg.materialize_after,
-                                                  budget=cfg.materialize_budget).start()
+                                                  budget=cfg.materialize_budget,
+                                                  min_free=cfg.materialize_min_free).start()
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)
             for env, doc in self.adopted:

@@ -96,7 +96,7 @@ def lazy(tmp_path: Path, oci_store):
 
 
 def materialize(lazy: LazyStoreClient, root: Path, refs: list[Ref]) -> LayerMaterializer:
-    m = LayerMaterializer(root, lazy, after=1, grace=0.0).start()
+    m = LayerMaterializer(root, lazy, after=1, grace=0.0, min_free=0).start()
     m.used(refs)
     assert m.wait_idle(120)
     assert m.stats()["failures"] == 0
@@ -159,7 +159,8 @@ def test_a_node_stacks_the_local_copy_once_the_layer_is_hot(tmp_path):
             pytest.skip(f"{tool} not installed")
     store = publish_corpus(tmp_path / "store", tmp_path / "build")
     root = tmp_path / "node"
-    service = NodeService(NodeConfig(root=root, store=store, materialize_after=1, reap_interval=0.5))
+    service = NodeService(NodeConfig(root=root, store=store, materialize_after=1, materialize_min_free=0,
+                                      reap_interval=0.5))
     service.start()
     try:
         first = service.create(plan())
