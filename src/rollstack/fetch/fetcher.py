@@ -155,8 +155,7 @@ class ChunkFetcher:
         if flight is None:
             claimed = self._claim([chunk, *self._neighbours(layer, chunk, after, before)])
             flight = claimed[0][1]
-            flight.urgent = True
-            self._resolve_soon(layer, claimed, account)
+            self._resolve_soon(layer, claimed, account)  # starts at the next checkpoint
         flight.urgent = True
         await flight.event.wait()
         if flight.error is not None:

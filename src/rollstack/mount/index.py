@@ -167,21 +167,11 @@ class LayerIndex:
 
     def sibling_chunks(self, ino: int, file_max: int) -> list[Chunk]:
         """Chunks of the regular files beside `ino` in its directory (`ino` left out, each file
-        at most `file_max` stored bytes), in blob order."""
-        i = ino - self.base - self._shift
-        if i < 0:
-            return []
-        parent, _, _ = self.paths[i].rpartition("/")
-        prefix = parent + "/" if parent else ""
-        paths, n = self.paths, len(prefix)
-        lo = bisect.bisect_left(paths, prefix) if prefix else 0
-        hi = bisect.bisect_left(paths, parent + "0") if prefix else len(paths)
+        at most `file_max` stored bytes), in blob order (= name order)."""
         out: list[Chunk] = []
-        for k in range(lo, hi):
-            if k == i or "/" in paths[k][n:] or not paths[k][n:]:
-                continue
-            e = self.toc._at(k)  # noqa: SLF001
-            if e.type is EntryType.REG and e.chunks and sum(c.blob_size for c in e.chunks) <= file_max:
+        for _, child in self.children(self.parent(ino)):
+            e = self.entry(child)
+            if child != ino and e.type is EntryType.REG and e.chunks and sum(c.blob_size for c in e.chunks) <= file_max:
                 out.extend(e.chunks)
         return out
 

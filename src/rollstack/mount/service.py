@@ -305,7 +305,9 @@ class LazyStoreService:
 
     async def chunk_bytes(self, digest: str) -> bytes | None:
         """A chunk we hold (memory or disk), for peers."""
-        data = self.memory.get(digest) or self.fetcher.unwritten(digest)
+        data = self.memory.get(digest)
+        if data is None:
+            data = self.fetcher.unwritten(digest)
         if data is None and digest in self.disk:
             data = await trio.to_thread.run_sync(self.disk.get, digest)
         return data

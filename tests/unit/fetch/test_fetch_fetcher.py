@@ -363,22 +363,42 @@ def test_the_write_back_queue_is_written_at_once_past_its_bound(tmp_path):
 
 def test_a_long_prefetch_retires_each_chunk_as_it_lands():
     """Flights of a whole-layer prefetch end chunk by chunk (no bytes held until the last
-    request lands); a reader that joins a flight still gets the bytes."""
+    request lands); a reader that joins a flight still gets the bytes. The registry answers one
+    request per `gate.release()`, so nothing here depends on timing."""
     blob = FakeBlob(n=12)
-    blob.delay = 0.1  # 6 requests of 2 chunks, one at a time: 0.6 s in all
+    gate = threading.Semaphore(0)
+    read = blob.read
+
+    def gated_read(off: int, n: int) -> bytes:
+        assert gate.acquire(timeout=10), "the test never released this request"
+        return read(off, n)
+
+    blob.read = gated_read  # type: ignore[method-assign]
     f = make(neighbor_bytes=0, max_request=60_000, foreground_requests=3)  # prefetch: 1 request at a time
     layer = blob.layer()
     seen = []
+
+    got = []
+
+    async def reader():
+        got.append(await f.get(layer, blob.chunks[0]))  # joins chunk 0's prefetch flight
 
     async def main():
         async with f.running():
             async with trio.open_nursery() as n:
                 n.start_soon(f.prefetch, layer, blob.chunks)
-                await trio.sleep(0.02)
-                assert await f.get(layer, blob.chunks[0]) == blob.plain[0]  # joins the first flight
-                await trio.sleep(0.2)
+                await trio.sleep(0.05)
+                assert len(f._inflight) == len(blob.chunks)  # noqa: SLF001 - all claimed, none landed
+                n.start_soon(reader)
+                gate.release()  # one request (two chunks; which one is up to trio's scheduler) lands
+                for _ in range(500):
+                    if len(f._inflight) < len(blob.chunks):  # noqa: SLF001
+                        break
+                    await trio.sleep(0.01)
                 seen.append(len(f._inflight))  # noqa: SLF001
+                gate.release(len(blob.chunks))
             seen.append(len(f._inflight))  # noqa: SLF001
 
     run(main)
     assert 0 < seen[0] < len(blob.chunks) and seen[1] == 0
+    assert got == [blob.plain[0]]
