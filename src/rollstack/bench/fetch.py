@@ -371,6 +371,16 @@ class Bench:
             lazy.stop()
         return out
 
+    def traced_command(self, lazy: Any, env: str, key: str) -> tuple[dict[str, Any], float, float, dict[str, Any]]:
+        """`begin_env` with trace `key` (no background fill), overlay, the workload in `env`'s
+        cgroup, `end_env`: (begin_env's answer, command seconds, total seconds, end_env's stats)."""
+        t0 = time.perf_counter()
+        began = lazy.begin_env(env, self.refs, trace_key=key, background=False)
+        with overlay(self.lowers(lazy), self.work) as root:
+            cmd = chroot_run(root, env)
+        total = time.perf_counter() - t0
+        return began, cmd, total, lazy.end_env(env)
+
     def shared_trace(self, runs: int) -> dict[str, Any]:
         """Cold node (fresh state dir, empty caches, no local trace) with vs without an access
         trace another node published to the store; interleaved, one fresh key per run."""
@@ -379,11 +389,7 @@ class Bench:
             key = f"bench-shared-{uuid.uuid4().hex[:8]}"
             seed = self.start(f"seed{i}")
             try:  # another node runs the stack once and publishes its trace
-                env = f"seed-{i}-{uuid.uuid4().hex[:6]}"
-                seed.begin_env(env, self.refs, trace_key=key, background=False)
-                with overlay(self.lowers(seed), self.work) as root:
-                    chroot_run(root, env)
-                seed.end_env(env)
+                self.traced_command(seed, f"seed-{i}-{uuid.uuid4().hex[:6]}", key)
                 for _ in range(100):
                     if seed.stats()["shared_traces_published"]:
                         break
@@ -394,13 +400,7 @@ class Bench:
                 lazy = self.start(f"shared-{mode}{i}", share_traces=mode == "with")
                 try:
                     drop_page_cache(self.registry_data)
-                    env = f"shared-{mode}-{i}-{uuid.uuid4().hex[:6]}"
-                    t0 = time.perf_counter()
-                    began = lazy.begin_env(env, self.refs, trace_key=key, background=False)
-                    with overlay(self.lowers(lazy), self.work) as root:
-                        cmd = chroot_run(root, env)
-                    total = time.perf_counter() - t0
-                    s = lazy.end_env(env)
+                    began, cmd, total, s = self.traced_command(lazy, f"shared-{mode}-{i}-{uuid.uuid4().hex[:6]}", key)
                     fetch = lazy.stats()["fetch"]
                     rows[mode].append({"seconds": round(total, 4), "command_seconds": round(cmd, 4),
                                        "trace_source": began.get("trace_source"),
@@ -431,13 +431,7 @@ class Bench:
             for i in range(n):
                 lazy.drop_caches()
                 drop_page_cache(self.registry_data)
-                env = f"grpo-{i}-{uuid.uuid4().hex[:6]}"
-                t0 = time.perf_counter()
-                began = lazy.begin_env(env, self.refs, trace_key=key, background=False)
-                with overlay(self.lowers(lazy), self.work) as root:
-                    cmd = chroot_run(root, env)
-                total = time.perf_counter() - t0
-                s = lazy.end_env(env)
+                began, cmd, total, s = self.traced_command(lazy, f"grpo-{i}-{uuid.uuid4().hex[:6]}", key)
                 rows.append({"rollout": i + 1, "seconds": round(total, 4), "command_seconds": round(cmd, 4),
                              "critical_path_bytes": s["critical_path_bytes"], "prefetch_bytes": s["prefetch_bytes"],
                              "stall_seconds": s["stall_seconds"], "trace_chunks": began["trace_prefetch_chunks"]})

@@ -216,24 +216,9 @@ def rollstack_rollout(node: Any, plan: dict[str, Any], task: dict[str, Any], k: 
 
 def rollstack_plan(task: dict[str, Any], groups: Any, k: int) -> dict[str, Any]:
     """demo's rollout plan, its evaluator scoring the task file installed in the evaluator group."""
-    from rollstack.demo.plans import RESOURCES
+    from rollstack.demo.plans import rollout_plan
 
-    repo = groups.repo(task["repo"])
-    return {
-        "name": f"{task['instance_id']}-r{k}",
-        "groups": [groups.os, repo, groups.harness],
-        "mutation_text": task["patch"],
-        "workdir": task["workdir"],
-        "resources": dict(RESOURCES),
-        "timeout": 1800,
-        "fetch": {"background": False},
-        "evaluator": {
-            "groups": [groups.os, repo, groups.evaluator],
-            "command": [f"{EVAL_DIR}/score", f"{EVAL_DIR}/tasks/{task['instance_id']}.json"],
-            "reward": "exit_code",
-            "timeout": 600,
-        },
-    }
+    return rollout_plan(task, groups, k, evaluator=[f"{EVAL_DIR}/score", f"{EVAL_DIR}/tasks/{task['instance_id']}.json"])
 
 
 # -- docker-equivalent ---------------------------------------------------------------------------

@@ -74,12 +74,14 @@ def evaluator_command(task: dict[str, Any]) -> str:
 
 
 def rollout_plan(task: dict[str, Any], groups: StackGroups, rollout: int, *,
-                 background_fill: bool = False) -> dict[str, Any]:
+                 background_fill: bool = False, evaluator: str | list[str] | None = None) -> dict[str, Any]:
     """The plan of rollout `rollout` of `task` (a dict in the corpus's task schema).
 
     Background fill is off by default: the scripted agent reads ~3% of the stack, and filling the
     rest (a 700 MB harness) in the background competes with the tests for this machine's 2 cores
-    (measured: a cold `python3 -m pytest --version` 1.2 s without, 9.8 s with; docs/demo.md)."""
+    (measured: a cold `python3 -m pytest --version` 1.2 s without, 9.8 s with; docs/demo.md).
+    `evaluator`: the scorer command (default: `evaluator_command(task)`, the task file written by
+    the command itself)."""
     repo = groups.repo(task["repo"])
     return {
         "name": f"{task['instance_id']}-r{rollout}",
@@ -91,7 +93,7 @@ def rollout_plan(task: dict[str, Any], groups: StackGroups, rollout: int, *,
         "fetch": {"background": background_fill},
         "evaluator": {
             "groups": [groups.os, repo, groups.evaluator],
-            "command": evaluator_command(task),
+            "command": evaluator if evaluator is not None else evaluator_command(task),
             "reward": "exit_code",
             "timeout": 600,
         },

@@ -107,3 +107,11 @@ def test_the_demo_refuses_to_run_without_root(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(runner.os, "geteuid", lambda: 1000)
     with pytest.raises(InvalidRequest, match="needs root"):
         runner.run_demo(DemoConfig())
+
+
+def test_the_evaluator_command_can_be_given():
+    argv = ["/opt/rollstack-eval/score", "/opt/rollstack-eval/tasks/x.json"]
+    plan = load_plan(rollout_plan(TASK, stack_groups(COMPONENTS), 3, evaluator=argv))
+    default = load_plan(rollout_plan(TASK, stack_groups(COMPONENTS), 3))
+    assert plan.evaluator.command == argv
+    assert plan.model_dump(exclude={"evaluator"}) == default.model_dump(exclude={"evaluator"})
