@@ -16,7 +16,8 @@ environments stack the local directory instead of the FUSE one; running ones kee
 - `budget`: bytes of materialized layers kept; past it the least recently used directories that
   no mounted overlay references (checked in /proc/self/mountinfo) are removed.
 - Crash safety: only complete directories are renamed into place; `*.tmp` leftovers are removed
-  at start. A layer whose copy fails is tried again after `retry_after` seconds.
+  at start. Each copy's disk use is recorded beside it (`<hex>.bytes`), so a restart does not
+  walk every copy again. A layer whose copy fails is tried again after `retry_after` seconds.
 """
 
 from __future__ import annotations
@@ -54,6 +55,21 @@ def tree_bytes(root: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+SIZE_SUFFIX = ".bytes"
+
+
+def _size_file(copy: Path) -> Path:
+    """`<root>/<hex>.bytes`: the disk use of the copy `<root>/<hex>`, written when it was made."""
+    return copy.with_name(copy.name + SIZE_SUFFIX)
+
+
+def _recorded_bytes(copy: Path) -> int:
+    try:
+        return int(_size_file(copy).read_text())
+    except (OSError, ValueError):
+        return tree_bytes(copy)
 
 
 def mounted_paths() -> str:
@@ -105,8 +121,10 @@ class LayerMaterializer:
             elif p.is_dir():
                 digest = "sha256:" + p.name
                 self._ready[digest] = p
-                self._sizes[digest] = tree_bytes(p)
+                self._sizes[digest] = _recorded_bytes(p)
                 self._last_used[digest] = p.stat().st_mtime
+            elif p.suffix == SIZE_SUFFIX and not p.with_suffix("").is_dir():
+                p.unlink(missing_ok=True)  # the size of a copy that is gone
         self._thread = threading.Thread(target=self._run, name="materializer", daemon=True)
         self._thread.start()
         return self
@@ -197,6 +215,7 @@ class LayerMaterializer:
             raise
         size = tree_bytes(tmp)
         self._make_room(size)
+        _size_file(final).write_text(str(size))  # a restart need not walk the copy again
         os.rename(tmp, final)
         with self._lock:
             self._ready[ref.digest] = final
@@ -223,5 +242,6 @@ class LayerMaterializer:
                 del self._ready[d]  # new environments stop using it before it is removed
                 size = self._sizes.pop(d, 0)
             shutil.rmtree(path, ignore_errors=True)
+            _size_file(path).unlink(missing_ok=True)
             total -= size
             self.evicted += 1

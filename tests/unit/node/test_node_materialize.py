@@ -58,6 +58,7 @@ def test_a_layer_is_copied_once_it_is_hot(tmp_path):
         local = m.lower_for(a.digest)
         assert local == tmp_path / "layers" / a.digest.partition(":")[2]
         assert (local / "payload").exists() and not list((tmp_path / "layers").glob("*.tmp"))
+        assert int((tmp_path / "layers" / (local.name + ".bytes")).read_text()) == m.stats()["bytes"] > 0
         assert lazy.fetched == [a.digest] and copies[0][0] == lazy.layer_dir(a.digest)
         m.used([a])  # already local: nothing more
         assert m.wait_idle(5) and len(copies) == 1
@@ -94,6 +95,7 @@ def test_the_budget_removes_least_recently_used_unmounted_copies(tmp_path):
         assert m.lower_for(a.digest) is not None and m.lower_for(c.digest) is not None
         assert m.lower_for(b.digest) is None and m.stats()["evicted"] == 1
         assert not (tmp_path / "layers" / b.digest.partition(":")[2]).exists()
+        assert not (tmp_path / "layers" / (b.digest.partition(":")[2] + ".bytes")).exists()
     finally:
         m.stop()
 
@@ -104,10 +106,14 @@ def test_restart_keeps_complete_copies_and_drops_interrupted_ones(tmp_path):
     done.mkdir(parents=True)
     (done / "f").write_bytes(b"1")
     partial.mkdir()
+    (root / (("ab" * 32) + ".bytes")).write_text("12345")  # recorded when the copy was made
+    orphan = root / (("ef" * 32) + ".bytes")  # the size of a copy that is gone
+    orphan.write_text("7")
     m = LayerMaterializer(root, FakeLazy(tmp_path), copier=lambda s, d: None).start()
     try:
         assert m.lower_for("sha256:" + "ab" * 32) == done
-        assert not partial.exists()
+        assert not partial.exists() and not orphan.exists()
+        assert m.stats()["bytes"] == 12345  # read back, not walked
     finally:
         m.stop()
 
