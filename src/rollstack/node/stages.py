@@ -344,11 +344,12 @@ class Stages:
 
 def trace_keys(stack_digest: str | None, plan: Any) -> tuple[str | None, str | None]:
     """(task key, stack key) of the lazy store's access traces: the rollouts of one task (same
-    stack, plan name and mutation: a GRPO group) share the first; every task on the stack, the
-    second (what the first seconds of any environment of that stack read)."""
+    stack and mutation: a GRPO group; plan names usually differ per rollout, so they are left
+    out) share the first; every task on the stack, the second (what the first seconds of any
+    environment of that stack read)."""
     if not stack_digest:
         return None, None
-    task = hashlib.sha256(f"{plan.name}\0{plan.mutation_text or ''}".encode()).hexdigest()[:24]
+    task = hashlib.sha256((plan.mutation_text or "").encode()).hexdigest()[:24]
     return f"{stack_digest}/task/{task}", f"{stack_digest}/stack"
 
 
