@@ -50,14 +50,24 @@ def test_reads_are_attributed_and_traces_prefetch(tmp_path, oci_store, lazy_fact
     assert s2["from_cache_bytes"] == len(want)
 
 
+def stored_chunk_bytes(blob: Path) -> int:
+    """Stored bytes of every distinct chunk of a layer blob: what a complete fill transfers."""
+    from rollstack.format.reader import open_toc
+    from rollstack.format.source import FileBlobSource
+
+    chunks = {c.blob_offset: c.blob_size for e in open_toc(FileBlobSource(blob)).entries for c in e.chunks}
+    return sum(chunks.values())
+
+
 def test_background_fill_fetches_the_rest(tmp_path, oci_store, lazy_factory):
     tree = build_tree(tmp_path / "src")
     digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/fill")
     lazy = lazy_factory(oci_store.url, background_grace=0.0)
     env = f"fill-{uuid.uuid4().hex[:6]}"
     lazy.begin_env(env, [{"repo": "test/fill", "digest": digest}], background=True)
-    for _ in range(200):
-        if lazy.env_stats(env)["background_bytes"] > 0 and lazy.stats()["fetch"]["inflight"] == 0:
+    total = stored_chunk_bytes(tmp_path / "layer.blob")
+    for _ in range(200):  # "no fetch in flight" also holds between two fill requests: wait for all bytes
+        if lazy.env_stats(env)["background_bytes"] >= total and lazy.stats()["fetch"]["inflight"] == 0:
             break
         time.sleep(0.05)
     before = lazy.stats()["fetch"]["transferred_bytes"].get("registry", 0)
