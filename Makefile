@@ -8,11 +8,13 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup-system.sh
+$(STAMP): pyproject.toml scripts/setup-system.sh third_party/pyfuse3/build.sh third_party/pyfuse3/rollstack.patch
 	bash scripts/setup-system.sh
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip==24.3.1
+	bash third_party/pyfuse3/build.sh $(BIN)
 	$(BIN)/pip install -q -e '.[dev,minisweagent]'
+	$(BIN)/python -c 'import pyfuse3; assert pyfuse3.ROLLSTACK_PATCH, "the patched pyfuse3 is not installed"'
 	touch $(STAMP)
 
 demo: setup

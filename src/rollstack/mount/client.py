@@ -53,7 +53,8 @@ class LazyStoreClient:
               background_quiet: float | None = None, background_share: float | None = None,
               link_rate: float | None = None, fetch_on_open: bool = False,
               neighbor_same_dir: bool = False, share_traces: bool = True,
-              dir_prefetch_bytes: int | None = None, writeback_quiet: float | None = None) -> "LazyStoreClient":
+              dir_prefetch_bytes: int | None = None, writeback_quiet: float | None = None,
+              no_open: bool = True) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -77,6 +78,8 @@ class LazyStoreClient:
             argv.append("--neighbor-same-dir")
         if not share_traces:
             argv.append("--no-share-traces")
+        if not no_open:
+            argv.append("--kernel-open")
         log = open(log_path or state_dir / "daemon.log", "ab")
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         log.close()

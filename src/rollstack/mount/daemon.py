@@ -64,6 +64,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                    help="start a file's first fetch at open(), not at its first read")
     p.add_argument("--no-share-traces", dest="share_traces", action="store_false", default=True,
                    help="neither publish access traces to the store nor look them up there")
+    p.add_argument("--kernel-open", dest="no_open", action="store_false", default=True,
+                   help="serve OPEN/RELEASE/OPENDIR requests (default: no-open mode with the patched pyfuse3)")
     a = p.parse_args(argv)
     ctl = Path(a.control.removeprefix("unix:")) if a.control else None
     fetch = FetchConfig(memory_budget=a.memory_budget, disk_budget=a.cache_budget, deadline=a.deadline,
@@ -75,7 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                         neighbor_same_dir=a.neighbor_same_dir)
     return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
                         fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen,
-                        share_traces=a.share_traces)
+                        share_traces=a.share_traces, no_open=a.no_open)
 
 
 def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:

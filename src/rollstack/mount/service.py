@@ -22,7 +22,7 @@ from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import (ChunkFetcher, DiskChunkCache, FetchConfig, FetchMetrics, MemoryChunkCache, PeerClient,
                              Priority, RemoteLayer, TraceRecorder, TraceStore)
 from rollstack.fetch import shared_traces
-from rollstack.format.toc import Chunk, Compression, TocEntry
+from rollstack.format.toc import Chunk, Compression, EntryType, TocEntry
 from rollstack.mount.envs import Env, EnvTable
 from rollstack.mount.index import LayerIndex
 from rollstack.mount.tocs import TocCache
@@ -31,6 +31,7 @@ log = logging.getLogger("rollstack.mount.service")
 
 FIRST_LAYER_INODE = 1000
 READAHEAD_BATCH = 4 << 20  # stored bytes: the smallest readahead top-up
+UNOPENED_STATES = 4096  # no-open mode: per-inode read states kept (sequential-read detection)
 TRACE_WAVE = 512 << 10  # stored bytes per trace-prefetch wave
 SHARED_TRACE_TIMEOUT = 2.0  # seconds begin_env waits at most for a shared trace lookup
 SMALL_LAYER = 5000
@@ -49,9 +50,13 @@ class DaemonConfig:
     listen: str | None = None
     """Optional TCP address (127.0.0.1:PORT) serving the same API, for peers."""
     entry_timeout: float = 86400.0
+    """Seconds the kernel may cache entries, attributes and negative lookups of layer content."""
     share_traces: bool = True
     """Publish new access traces to the artifact store and look them up on a local miss."""
-    """Seconds the kernel may cache entries, attributes and negative lookups of layer content."""
+    no_open: bool = True
+    """Answer the first OPEN and OPENDIR with ENOSYS, so the kernel stops sending OPEN, RELEASE,
+    OPENDIR and RELEASEDIR and caches directory listings (needs the patched pyfuse3,
+    third_party/pyfuse3; without it the daemon serves opens as before)."""
 
     @property
     def control_socket(self) -> Path:
@@ -118,9 +123,12 @@ class LazyStoreService:
         self._loading: dict[str, trio.Event] = {}
         self.files: dict[int, OpenFile] = {}
         self._next_fh = 1
+        self._unopened: dict[int, OpenFile] = {}  # no-open mode: read state per inode, LRU
         self._dirs_prefetched: set[tuple[str, str]] = set()  # (layer digest, directory path)
         self.started = time.time()
+        self.layers_changed_ns = int(self.started * 1e9)  # mtime of /layers (kernel listing caches)
         self.fs_ops: dict[str, int] = {}  # filled in by the FUSE layer
+        self.fs_mode: dict[str, bool] = {}  # filled in by the FUSE layer
         self.shared = {"hits": 0, "misses": 0, "errors": 0, "published": 0, "publish_errors": 0}
 
     # -- layers ----------------------------------------------------------------------------
@@ -161,6 +169,7 @@ class LazyStoreService:
                     "dir": str(self.layer_dir(digest))}
             layer = LoadedLayer(repo, digest, index, remote, opened.blob_size, info)
             self.layers[hexd] = layer
+            self.layers_changed_ns = time.time_ns()
             i = bisect.bisect(self._bases, base)
             self._bases.insert(i, base)
             self._base_layers.insert(i, layer)
@@ -220,6 +229,26 @@ class LazyStoreService:
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         of = self.files[fh]
+        return await self._read(of, of.env, off, size)
+
+    async def read_unopened(self, ino: int, off: int, size: int, pid: int) -> bytes:
+        """A read in no-open mode: the kernel sent no OPEN, so the read state is kept per inode
+        (the most recent UNOPENED_STATES of them) and the environment is the reader's."""
+        of = self._unopened.pop(ino, None)
+        if of is None:
+            layer = self.layer_of(ino)
+            if layer is None:
+                raise NotFound(f"inode {ino}")
+            entry = layer.index.entry(ino)
+            if entry.type is not EntryType.REG:
+                raise InvalidRequest(f"inode {ino} is not a regular file")
+            of = OpenFile(layer, ino, entry, None)
+            if len(self._unopened) >= UNOPENED_STATES:
+                del self._unopened[next(iter(self._unopened))]
+        self._unopened[ino] = of  # most recent last
+        return await self._read(of, self.envs.for_pid(pid), off, size)
+
+    async def _read(self, of: OpenFile, env: Env | None, off: int, size: int) -> bytes:
         e = of.entry
         if off >= e.size or size <= 0:
             return b""
@@ -231,7 +260,6 @@ class LazyStoreService:
             chunks = e.chunks[max(lo, 0):bisect.bisect_left(of.chunk_offsets, end)]
         else:
             chunks = e.chunks
-        env = of.env
         acct = env.account if env is not None else None
         used = [min(end, c.offset + c.size) - max(off, c.offset) for c in chunks]
         index = of.layer.index
@@ -486,6 +514,7 @@ class LazyStoreService:
             "layers": len(self.layers),
             "environments": len(self.envs.envs),
             "open_files": len(self.files),
+            "unopened_read_states": len(self._unopened),
             "memory_cache": {"bytes": self.memory.bytes, "budget": self.memory.budget, "chunks": len(self.memory)},
             "disk_cache": {"bytes": self.disk.bytes, "budget": self.disk.budget, "chunks": len(self.disk),
                            "evictions": self.disk.evictions, "rejected": self.disk.rejected,
@@ -495,6 +524,7 @@ class LazyStoreService:
             "fetch": self.metrics.snapshot(),
             "background": self.fetcher.gate.snapshot(),
             "fuse_ops": dict(self.fs_ops),
+            "fuse_mode": dict(self.fs_mode),
             "shared_trace_hits": self.shared["hits"], "shared_trace_misses": self.shared["misses"],
             "shared_trace_errors": self.shared["errors"], "shared_traces_published": self.shared["published"],
             "shared_trace_publish_errors": self.shared["publish_errors"],
