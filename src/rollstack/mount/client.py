@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 import httpx
 
 from rollstack.errors import NodeUnavailable, RollstackError, from_dict
+from rollstack.mount import holder
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
 
 
@@ -54,12 +55,13 @@ class LazyStoreClient:
               link_rate: float | None = None, fetch_on_open: bool = False,
               neighbor_same_dir: bool = False, share_traces: bool = True,
               dir_prefetch_bytes: int | None = None, writeback_quiet: float | None = None,
-              no_open: bool = True) -> "LazyStoreClient":
+              no_open: bool = True, holder_grace: float | None = None) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
         sock = state_dir / "control.sock"
-        clear_stale(mountpoint)
+        if holder.ping(state_dir) is None:  # a held connection is not stale: the new daemon takes it
+            clear_stale(mountpoint)
         argv = [sys.executable, "-m", "rollstack.mount.daemon", "--mountpoint", str(mountpoint),
                 "--state-dir", str(state_dir), "--store", store_url, "--control", f"unix:{sock}"]
         for flag, value in (("--cache-budget", cache_budget), ("--memory-budget", memory_budget),
@@ -67,7 +69,8 @@ class LazyStoreClient:
                             ("--neighbor-back-bytes", neighbor_back_bytes), ("--trace-window", trace_window),
                             ("--background-grace", background_grace), ("--background-quiet", background_quiet),
                             ("--background-share", background_share), ("--link-rate", link_rate),
-                            ("--dir-prefetch-bytes", dir_prefetch_bytes), ("--writeback-quiet", writeback_quiet)):
+                            ("--dir-prefetch-bytes", dir_prefetch_bytes), ("--writeback-quiet", writeback_quiet),
+                            ("--holder-grace", holder_grace)):
             if value is not None:
                 argv += [flag, str(value)]
         for p in peers:
@@ -107,7 +110,9 @@ class LazyStoreClient:
             return False
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Unmount and end the daemon; never leaves a hung mount behind."""
+        """Unmount and end the daemon; never leaves a hung mount behind. Idempotent."""
+        if self._http.is_closed:
+            return
         try:
             self._http.post("/v1/shutdown", timeout=2.0)
         except httpx.HTTPError:

@@ -5,9 +5,11 @@
         [--control unix:SOCK] [--listen 127.0.0.1:PORT] [--deadline SECONDS]
         [--background-grace S] [--background-quiet S] [--background-share F] [--link-rate BYTES/S]
         [--dir-prefetch-bytes BYTES] [--writeback-quiet S]
-        [--fetch-on-open] [--neighbor-same-dir] [--no-share-traces]
+        [--fetch-on-open] [--neighbor-same-dir] [--no-share-traces] [--kernel-open]
+        [--holder-grace S]
 
-Mounts one read-only FUSE filesystem at M (clearing a dead predecessor's stale mount first),
+Mounts one read-only FUSE filesystem at M (clearing a dead predecessor's stale mount first), or,
+when an fd-holder (mount/holder.py) keeps a dead predecessor's connection, takes that over,
 serves the control API on a unix socket (default D/control.sock) and optionally on TCP (for
 peers), and runs until SIGTERM/SIGINT or `POST /v1/shutdown`, then unmounts.
 """
@@ -26,9 +28,9 @@ import pyfuse3
 import trio
 
 from rollstack.fetch import FetchConfig
-from rollstack.mount import control
+from rollstack.mount import control, holder
 from rollstack.mount.fs import LazyFS
-from rollstack.mount.recovery import clear_stale, mounted_at
+from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
 from rollstack.mount.service import DaemonConfig, LazyStoreService
 
 log = logging.getLogger("rollstack.mount.daemon")
@@ -64,6 +66,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                    help="start a file's first fetch at open(), not at its first read")
     p.add_argument("--no-share-traces", dest="share_traces", action="store_false", default=True,
                    help="neither publish access traces to the store nor look them up there")
+    p.add_argument("--holder-grace", type=float, default=DaemonConfig.holder_grace,
+                   help="seconds the fd-holder keeps the FUSE connection for a successor after this "
+                        "daemon dies (0: no holder; a death then aborts the connection at once)")
     p.add_argument("--kernel-open", dest="no_open", action="store_false", default=True,
                    help="serve OPEN/RELEASE/OPENDIR requests (default: no-open mode with the patched pyfuse3)")
     a = p.parse_args(argv)
@@ -77,29 +82,58 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                         neighbor_same_dir=a.neighbor_same_dir)
     return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
                         fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen,
-                        share_traces=a.share_traces, no_open=a.no_open)
+                        share_traces=a.share_traces, no_open=a.no_open, holder_grace=a.holder_grace)
 
 
 def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:
-    """Blocking: mount, serve, unmount. `store` is any ArtifactStore."""
+    """Blocking: mount (or take the connection over from the fd-holder), serve, unmount.
+    `store` is any ArtifactStore."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    config.mountpoint.mkdir(parents=True, exist_ok=True)
-    if clear_stale(config.mountpoint):
-        log.warning("removed a stale mount at %s (a previous daemon died)", config.mountpoint)
-    if mounted_at(config.mountpoint) is not None:
-        raise SystemExit(f"{config.mountpoint} is already mounted (is another daemon running?)")
+    handover = config.holder_grace > 0 and getattr(pyfuse3, "ROLLSTACK_PATCH", 0) >= 2
+    taken = holder.take(config.state_dir) if handover else None
     service = LazyStoreService(config, store, decode=decode)
     fs = LazyFS(service)
-    pyfuse3.init(fs, str(config.mountpoint), set(FUSE_OPTIONS))
+    owner = None
+    if taken is not None:
+        fd, owner = taken
+        log.warning("taking over the FUSE connection at %s from the fd-holder", config.mountpoint)
+        pyfuse3.init(fs, f"/dev/fd/{fd}", set(FUSE_OPTIONS))
+        pyfuse3.assume_init(holder.init_request())  # the kernel sent INIT to our predecessor
+    else:
+        config.mountpoint.mkdir(parents=True, exist_ok=True)
+        if clear_stale(config.mountpoint):
+            log.warning("removed a stale mount at %s (a previous daemon died)", config.mountpoint)
+        if mounted_at(config.mountpoint) is not None:
+            raise SystemExit(f"{config.mountpoint} is already mounted (is another daemon running?)")
+        service.forget_recorded_layers()
+        pyfuse3.init(fs, str(config.mountpoint), set(FUSE_OPTIONS))
+        if handover:
+            owner = holder.spawn(config.state_dir, pyfuse3.connection_fd(), config.holder_grace)
+        elif config.holder_grace > 0:
+            log.warning("no fd-holder: pyfuse3 lacks the rollstack patch (level 2); a restart will break "
+                        "running environments' uncached reads")
+    service.fs_mode["takeover"] = taken is not None
+    service.fs_mode["fd_holder"] = owner is not None
     try:
-        trio.run(_main, service)
+        trio.run(_main, service, taken[0] if taken else None)
     finally:
-        pyfuse3.close(unmount=True)
+        if owner is not None:
+            holder.release(owner)  # stopping on purpose: the connection ends with the unmount
+        pyfuse3.close(unmount=taken is None)  # libfuse did not mount a /dev/fd/N session
+        if taken is not None:
+            lazy_unmount(config.mountpoint)
         log.info("unmounted %s", config.mountpoint)
 
 
-async def _main(service: LazyStoreService) -> None:
+async def _main(service: LazyStoreService, taken_fd: int | None = None) -> None:
     config = service.config
+    if taken_fd is not None:
+        # the kernel holds inode numbers of our predecessor's layers: load them at the same
+        # bases before the first request is read, then have the requests it had read but not
+        # answered queued again
+        restored = await service.restore_layers()
+        log.info("restored %d layers in %.3fs", len(restored["layers"]), restored["seconds"])
+        holder.resend_pending(taken_fd)
 
     def shutdown() -> None:
         pyfuse3.terminate()

@@ -9,7 +9,9 @@ Runs on the daemon's trio loop; blocking work goes to threads.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,6 +59,9 @@ class DaemonConfig:
     """Answer the first OPEN and OPENDIR with ENOSYS, so the kernel stops sending OPEN, RELEASE,
     OPENDIR and RELEASEDIR and caches directory listings (needs the patched pyfuse3,
     third_party/pyfuse3; without it the daemon serves opens as before)."""
+    holder_grace: float = 30.0
+    """Seconds an fd-holder process keeps the FUSE connection alive for a successor after the
+    daemon dies (mount/holder.py); 0: no holder."""
 
     @property
     def control_socket(self) -> Path:
@@ -120,6 +125,7 @@ class LazyStoreService:
         self._bases: list[int] = []
         self._base_layers: list[LoadedLayer] = []
         self._next_base = FIRST_LAYER_INODE
+        self._kept_bases: dict[str, int] = {}  # layer hex -> inode base to reuse (takeover)
         self._loading: dict[str, trio.Event] = {}
         self.files: dict[int, OpenFile] = {}
         self._next_fh = 1
@@ -157,9 +163,9 @@ class LazyStoreService:
             opened = await trio.to_thread.run_sync(
                 self.tocs.open, digest, lambda: store.blob_size(repo, digest),
                 lambda off, n: store.read_blob(repo, digest, off, n))
-            base = self._next_base
+            base = self._kept_bases.get(hexd, self._next_base)
             index = LayerIndex(digest, opened.toc, base)
-            self._next_base += index.size + 16
+            self._next_base = max(self._next_base, base + index.size + 16)
             toc = opened.toc
             remote = RemoteLayer(repo, digest, lambda off, n: store.read_blob(repo, digest, off, n),
                                  lambda: (c for e in toc for c in e.chunks))
@@ -173,6 +179,7 @@ class LazyStoreService:
             i = bisect.bisect(self._bases, base)
             self._bases.insert(i, base)
             self._base_layers.insert(i, layer)
+            self._record_layers()
             results[digest] = info
             if len(toc) <= SMALL_LAYER:
                 index.hardlinks()  # a few ms: exact link counts from the first getattr on
@@ -181,6 +188,36 @@ class LazyStoreService:
         finally:
             del self._loading[hexd]
             done.set()
+
+    # -- inode continuity across a daemon takeover (mount/holder.py) ------------------------
+    @property
+    def _layers_file(self) -> Path:
+        return self.config.state_dir / "layers.json"
+
+    def _record_layers(self) -> None:
+        """The loaded layers and their inode bases: the kernel knows the inodes, so a daemon
+        that takes the connection over must serve the same numbers."""
+        doc = [{"repo": la.repo, "digest": la.digest, "base": la.index.base} for la in self._base_layers]
+        tmp = self._layers_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self._layers_file)
+
+    def forget_recorded_layers(self) -> None:
+        """A fresh mount: inode numbers start over."""
+        self._layers_file.unlink(missing_ok=True)
+
+    async def restore_layers(self) -> dict[str, Any]:
+        """Load the layers a previous daemon served on this connection, at the same inode
+        bases (TOCs come from the TOC cache on disk)."""
+        try:
+            doc = json.loads(self._layers_file.read_text())
+            kept = {_hex(d["digest"]): (d["repo"], d["digest"], int(d["base"])) for d in doc}
+        except FileNotFoundError:
+            return {"layers": [], "seconds": 0.0, "bytes": 0, "requests": 0}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidRequest(f"{self._layers_file}: unreadable layer record ({exc})") from None
+        self._kept_bases = {h: base for h, (_, _, base) in kept.items()}
+        return await self.add_layers({"repo": r, "digest": d} for r, d, _ in kept.values())
 
     async def _prepare(self, layer: LoadedLayer) -> None:
         """Off the critical path: hardlink counts of a big layer (materialises every entry, ~0.1 s

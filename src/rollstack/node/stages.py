@@ -114,13 +114,15 @@ class Stages:
 
     def _start_lazy(self, spec: str) -> Any:
         from rollstack.mount.client import LazyStoreClient
+        from rollstack.mount import holder
         from rollstack.mount.recovery import clear_stale
 
         lazy = self.config.lazy_dir
         mountpoint = lazy / "mnt"
         end_orphan_daemon(mountpoint, lazy / "state")
-        clear_stale(mountpoint)  # a killed daemon leaves ENOTCONN behind: even mkdir's stat fails on it
-        mountpoint.mkdir(parents=True, exist_ok=True)
+        if holder.ping(lazy / "state") is None:  # else the new daemon takes the held connection over
+            clear_stale(mountpoint)  # a killed daemon leaves ENOTCONN behind: even mkdir's stat fails on it
+            mountpoint.mkdir(parents=True, exist_ok=True)
         cfg = self.config
         return LazyStoreClient.start(mountpoint, lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers)
 

@@ -172,7 +172,8 @@ def test_layers_listing_follows_added_layers(tmp_path, tree, oci_store, lazy_fac
 def test_restart_keeps_disk_cache_and_clears_stale_mount(tmp_path, tree, oci_store, lazy_factory):
     digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/restart")
     ref = {"repo": "test/restart", "digest": digest}
-    lazy = lazy_factory(oci_store.url)
+    lazy = lazy_factory(oci_store.url, holder_grace=0)  # no fd-holder: a death aborts at once
+    # (the handover with a holder: test_lazystore_handover.py)
     lazy.add_layers([ref])
     first = {p: (lazy.layer_dir(digest) / p).read_bytes() for p in ("big.bin", "etc/hostname", "usr/lib/python3/json/decoder.py")}
     held = open(lazy.layer_dir(digest) / "big.bin", "rb")  # an fd open across the daemon's death
