@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Build and install pyfuse3 3.5.0 with rollstack's patch (rollstack.patch beside this file)
 # into the virtualenv whose bin/ directory is $1 (without its dependency trio: the project's
-# own install brings that, pinned). The patch adds, in 27 lines:
+# own install brings that, pinned). The patch adds:
 #   - no-open mode: when `open` answers ENOSYS the kernel stops sending OPEN and RELEASE
 #     (and keeps the page cache); pyfuse3 then calls `read_unopened(inode, off, size, ctx)`;
 #   - no-opendir mode: when `opendir` answers ENOSYS the kernel stops sending OPENDIR and
 #     RELEASEDIR and caches directory listings; `readdir` then gets the inode as its fh;
-#   - `enable_cache_symlinks`: asks the kernel to cache symlink targets.
-# rollstack works on an unpatched pyfuse3 too (it checks `pyfuse3.ROLLSTACK_PATCH`), only with
-# three FUSE requests more per opened file. docs/lazy-store.md has the measurements.
+#   - `enable_cache_symlinks`: asks the kernel to cache symlink targets;
+#   - `connection_fd()` and `assume_init(request)`: a restarted daemon takes a held /dev/fuse
+#     connection over (src/rollstack/mount/holder.py).
+# rollstack works on an unpatched pyfuse3 too (it checks `pyfuse3.ROLLSTACK_PATCH`), with three
+# FUSE requests more per opened file and no handover. docs/lazy-store.md has the measurements.
 set -euo pipefail
 BIN=${1:?usage: build.sh VENV/bin}
 VERSION=3.5.0

@@ -15,6 +15,8 @@ Measured (each against the same registry, in one run):
   the page cache
 - GRPO group of 8 with access traces: critical-path bytes of rollouts 2-8 vs rollout 1 (node
   caches dropped between rollouts, as if each landed on another node; the trace store is kept)
+- handover: the daemon is SIGKILLed under a running environment and restarted; the environment's
+  command (page cache dropped) runs meanwhile, with the fd-holder and without
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from contextlib import ExitStack, contextmanager
@@ -454,12 +458,65 @@ class Bench:
                 "reduction": round(first / rest, 1) if rest else None,
                 "note": "node caches dropped between rollouts (each as if on a fresh node); the trace store is kept"}
 
+    def handover(self, runs: int) -> dict[str, Any]:
+        """A running environment across a daemon SIGKILL + restart, with and without the fd-holder:
+        the environment's overlay runs the command (page cache dropped, so it needs the daemon)
+        while no daemon runs; with the holder it waits for the successor, without one it fails."""
+        from rollstack.mount.client import LazyStoreClient
+
+        out: dict[str, Any] = {}
+        for mode, grace in (("holder", 60.0), ("no-holder", 0.0)):
+            rows = []
+            for i in range(runs):
+                state = self.work / "runs" / f"handover-{mode}"
+                shutil.rmtree(state, ignore_errors=True)
+                lazy = LazyStoreClient.start(state / "mnt", state / "state", self.store_url, holder_grace=grace)
+                successor = None
+                try:
+                    lazy.add_layers(self.refs)
+                    with overlay(self.lowers(lazy), self.work) as root:
+                        chroot_run(root)
+                        wait_written(lazy)
+                        os.kill(lazy.process.pid, signal.SIGKILL)
+                        lazy.process.wait()
+                        drop_page_cache(self.registry_data)
+                        t0 = time.perf_counter()
+                        result: dict[str, Any] = {}
+
+                        def command() -> None:
+                            try:
+                                result["seconds"] = chroot_run(root)
+                            except RuntimeError as exc:
+                                result["error"] = str(exc)[-300:]
+
+                        th = threading.Thread(target=command)
+                        th.start()
+                        successor = LazyStoreClient.start(state / "mnt", state / "state", self.store_url,
+                                                          holder_grace=grace)
+                        ready = time.perf_counter() - t0
+                        th.join(120)
+                        mode_now = successor.stats()["fuse_mode"]
+                        rows.append({"ok": "seconds" in result, "successor_ready_seconds": round(ready, 4),
+                                     "command_seconds": result.get("seconds"), "error": result.get("error"),
+                                     "takeover": mode_now.get("takeover", False),
+                                     "command_after_successor": round(chroot_run(root), 4) if "seconds" in result else None})
+                finally:
+                    for c in (successor, lazy):
+                        if c is not None:
+                            c.stop()
+            ok = [r for r in rows if r["ok"]]
+            out[mode] = {"runs": rows, "env_survived": f"{len(ok)}/{len(rows)}",
+                         "successor_ready_p50": round(statistics.median(r["successor_ready_seconds"] for r in rows), 4),
+                         "command_p50": round(statistics.median(r["command_seconds"] for r in ok), 4) if ok else None}
+        return out
+
 
 def _summary(xs: list[float]) -> dict[str, float]:
     return {"p50": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4), "n": len(xs)}
 
 
-SECTIONS = ("cold", "ablation", "overhead", "background", "overlay-options", "throughput", "grpo", "sharedtrace")
+SECTIONS = ("cold", "ablation", "overhead", "background", "overlay-options", "throughput", "grpo", "sharedtrace",
+            "handover")
 ABLATION = {"default": {}, "dir-prefetch-2m": {"dir_prefetch_bytes": 2 << 20},
             "neighbours-512k": {"neighbor_bytes": 512 << 10}, "writeback-now": {"writeback_quiet": 0.0},
             "kernel-open": {"no_open": False}}
@@ -522,6 +579,9 @@ def run_bench(corpus: Path, work: Path, profile: str, runs: int, rollouts: int, 
         if "sharedtrace" in only:
             _log("cold node with vs without a shared trace")
             doc["shared_trace"] = bench.shared_trace(runs)
+        if "handover" in only:
+            _log("daemon restart under a running environment, with and without the fd-holder")
+            doc["handover"] = bench.handover(max(1, min(runs, 3)))
     doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return doc
 

@@ -114,7 +114,10 @@ def test_overlay_on_top(tmp_path, tree, oci_store, lazy_factory):
 def test_setup_installs_the_patched_pyfuse3():
     # `make setup` builds pyfuse3 with third_party/pyfuse3/rollstack.patch; without it the store
     # still works, three FUSE requests slower per opened file, so say so instead of skipping
+    import pyfuse3
+
     assert PATCHED, "pyfuse3 is not the patched build: run `make setup` (third_party/pyfuse3/build.sh)"
+    assert pyfuse3.ROLLSTACK_PATCH >= 2  # the fd-holder handover (test_lazystore_handover.py)
 
 
 def _read_all(top: Path, tree: Path) -> int:
