@@ -114,26 +114,26 @@ def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:
                         "running environments' uncached reads")
     service.fs_mode["takeover"] = taken is not None
     service.fs_mode["fd_holder"] = owner is not None
+    stopped = False
     try:
         trio.run(_main, service, taken[0] if taken else None)
+        stopped = True
     finally:
-        if owner is not None:
-            holder.release(owner)  # stopping on purpose: the connection ends with the unmount
-        pyfuse3.close(unmount=taken is None)  # libfuse did not mount a /dev/fd/N session
-        if taken is not None:
-            lazy_unmount(config.mountpoint)
-        log.info("unmounted %s", config.mountpoint)
+        if owner is not None and not stopped:
+            # a failure, not a stop: the holder keeps the connection for a successor
+            log.error("daemon failed: the fd-holder keeps %s for a successor", config.mountpoint)
+            pyfuse3.close(unmount=False)
+        else:
+            if owner is not None:
+                holder.release(owner)  # stopping on purpose: the connection ends with the unmount
+            pyfuse3.close(unmount=taken is None)  # libfuse did not mount a /dev/fd/N session
+            if taken is not None:
+                lazy_unmount(config.mountpoint)
+            log.info("unmounted %s", config.mountpoint)
 
 
 async def _main(service: LazyStoreService, taken_fd: int | None = None) -> None:
     config = service.config
-    if taken_fd is not None:
-        # the kernel holds inode numbers of our predecessor's layers: load them at the same
-        # bases before the first request is read, then have the requests it had read but not
-        # answered queued again
-        restored = await service.restore_layers()
-        log.info("restored %d layers in %.3fs", len(restored["layers"]), restored["seconds"])
-        holder.resend_pending(taken_fd)
 
     def shutdown() -> None:
         pyfuse3.terminate()
@@ -143,6 +143,13 @@ async def _main(service: LazyStoreService, taken_fd: int | None = None) -> None:
     if config.listen:
         listeners.append(await control.tcp_listener(config.listen))
     async with service.fetcher.running():
+        if taken_fd is not None:
+            # the kernel holds inode numbers of our predecessor's layers: load them at the same
+            # bases before the first request is read, then have the requests it had read but
+            # not answered queued again
+            restored = await service.restore_layers()
+            log.info("restored %d layers in %.3fs", len(restored["layers"]), restored["seconds"])
+            holder.resend_pending(taken_fd)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_signals, shutdown)
             await nursery.start(control.serve, listeners, api.handle)

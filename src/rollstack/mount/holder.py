@@ -147,6 +147,21 @@ def _connect(path: Path, timeout: float = 2.0) -> socket.socket | None:
     return s
 
 
+def pids(state_dir: Path) -> list[int]:
+    """Pids of holder processes for `state_dir` (found by their command line)."""
+    needle = os.fsencode(str(socket_path(Path(state_dir).absolute())))
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"rollstack.mount.holder" in argv and needle in argv:
+                found.append(int(d.name))
+    return found
+
+
 def ping(state_dir: Path) -> str | None:
     """'owned' / 'orphaned' for a live holder, None if there is none."""
     s = _connect(socket_path(state_dir))

@@ -67,7 +67,8 @@ class NodeService:
         self._reaper: threading.Thread | None = None
         self.stages: Stages | None = None
         self.started_at = time.time()
-        self.counters = {"created": 0, "destroyed": 0, "create_failures": 0, "execs": 0, "evaluations": 0, "reaped": 0}
+        self.counters = {"created": 0, "destroyed": 0, "create_failures": 0, "execs": 0, "evaluations": 0, "reaped": 0,
+                         "lazy_daemon_restarts": 0}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -408,8 +409,23 @@ class NodeService:
     # -- reaper -------------------------------------------------------------------------------
 
     def _reap_loop(self) -> None:
-        while not self._stopping.wait(self.config.reap_interval):
-            self.reap_expired()
+        """Every second: restart a dead lazy store daemon; every `reap_interval`: reap."""
+        next_reap = time.monotonic() + self.config.reap_interval
+        while not self._stopping.wait(min(1.0, self.config.reap_interval)):
+            self.watch_lazy()
+            if time.monotonic() >= next_reap:
+                self.reap_expired()
+                next_reap = time.monotonic() + self.config.reap_interval
+
+    def watch_lazy(self) -> None:
+        stages = self.stages
+        if stages is None or self._stopping.is_set():
+            return
+        try:
+            if stages.ensure_lazy():
+                self.counters["lazy_daemon_restarts"] += 1
+        except Exception:  # noqa: BLE001 - retried on the next tick
+            log.exception("restarting the lazy store daemon failed")
 
     def reap_expired(self) -> list[str]:
         """Destroy every environment past its timeout; returns their ids."""

@@ -24,6 +24,7 @@ from rollstack.errors import InsufficientCapacity, InvalidRequest
 from rollstack.node.config import NodeConfig
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
+from rollstack.mount import holder
 from rollstack.node import recovery
 from rollstack.node.recovery import end_orphan_daemon
 
@@ -73,18 +74,23 @@ class Stages:
         cfg = self.config
         cfg.root.mkdir(parents=True, exist_ok=True)
         self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root))
-        spec = cfg.store or default_store_spec()
+        spec = self._spec = cfg.store or default_store_spec()
         self.store = open_store(spec)
         self.resolver = Resolver(self.store, cfg.resolve_cache, cfg.resolve_ttl)
         old_daemon = self._live_daemon() if cfg.adopt else None
+        # the old daemon died but its fd-holder keeps the FUSE connection: a new daemon takes it
+        # over, and the environments stacked on it have working lower dirs again
+        held = cfg.adopt and old_daemon is None and holder.ping(cfg.lazy_dir / "state") == "orphaned"
+        if held:
+            self.lazy = self._start_lazy(spec)
         self.adopted, self.recovered = recovery.adopt_or_clean(
-            self.runtime, recovery.load_records(cfg.root), can_adopt=old_daemon is not None
+            self.runtime, recovery.load_records(cfg.root), can_adopt=old_daemon is not None or held
         )
         if not self.recovered.empty():
             log.warning("previous run left %s; re-adopted %s", self.recovered, [e.id for e, _ in self.adopted])
-        if self.adopted:
+        if self.adopted and not held:
             self.lazy = old_daemon  # its mounts hold the adopted environments' lower dirs
-        else:
+        elif not held:
             self.lazy = self._start_lazy(spec)
         if cfg.materialize_after:
             from rollstack.node.materialize import LayerMaterializer
@@ -112,9 +118,21 @@ class Stages:
         client = LazyStoreClient.connect(lazy / "mnt", lazy / "state")
         return client if client.healthy() else None
 
+    def ensure_lazy(self) -> bool:
+        """Restart the lazy store daemon if it died. Its fd-holder keeps the FUSE connection, so
+        the new daemon takes it over under the running environments (mount/holder.py). True if
+        a daemon was restarted."""
+        proc = getattr(self.lazy, "process", None)
+        if proc is None or proc.poll() is None:
+            return False
+        log.error("lazy store daemon exited with %s; starting a successor", proc.returncode)
+        self.lazy = self._start_lazy(self._spec)
+        if self.materializer is not None:
+            self.materializer.lazy = self.lazy
+        return True
+
     def _start_lazy(self, spec: str) -> Any:
         from rollstack.mount.client import LazyStoreClient
-        from rollstack.mount import holder
         from rollstack.mount.recovery import clear_stale
 
         lazy = self.config.lazy_dir

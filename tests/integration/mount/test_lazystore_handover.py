@@ -24,8 +24,13 @@ def tree(tmp_path: Path) -> Path:
 
 
 def _kill(lazy) -> None:
+    """SIGKILL the daemon; return once its holder has seen it go."""
     os.kill(lazy.process.pid, signal.SIGKILL)
     lazy.process.wait()
+    state = lazy.socket_path.parent
+    deadline = time.monotonic() + 5
+    while holder.ping(state) == "owned" and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _wait_gone(state: Path, timeout: float = 10.0) -> bool:

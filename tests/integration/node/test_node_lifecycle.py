@@ -243,11 +243,81 @@ def test_restart_readopts_a_crashed_runs_environments(corpus: str, tmp_path: Pat
     assert daemon_pids(root / "lazy" / "mnt") == []
 
 
+def test_dead_lazy_daemon_is_replaced_under_running_environments(corpus: str, tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from rollstack.node.recovery import daemon_pids
+
+    root = tmp_path / "watchdog"
+    node = NodeService(NodeConfig(root=root, store=corpus))
+    node.start()
+    try:
+        doc = node.create(plan())
+        (old,) = daemon_pids(root / "lazy" / "mnt")
+        os.kill(old, signal.SIGKILL)
+        # the environment's next command needs the daemon (drop the kernel's caches); it waits for
+        # the successor the node starts within about a second, instead of failing
+        Path("/proc/sys/vm/drop_caches").write_text("3")
+        r = node.exec(doc.id, ExecRequest(command="cat hello.txt && ls /bin | wc -l", timeout=60))
+        assert r.exit_code == 0 and r.stdout.startswith("bug\n") and int(r.stdout.split()[-1]) > 10, r
+        deadline = time.monotonic() + 10
+        while node.counters["lazy_daemon_restarts"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert node.counters["lazy_daemon_restarts"] == 1
+        assert daemon_pids(root / "lazy" / "mnt") not in ([], [old])
+        fresh = node.create(plan())
+        assert node.exec(fresh.id, ExecRequest(command="cat hello.txt")).stdout == "bug\n"
+    finally:
+        node.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+
+
+def test_restart_adopts_through_the_fd_holder_after_the_daemon_died(corpus: str, tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from rollstack.mount import holder
+    from rollstack.node.recovery import daemon_pids
+
+    root = tmp_path / "crash-held"
+    first = NodeService(NodeConfig(root=root, store=corpus))
+    first.start()
+    doc = first.create(plan())
+    remember(root, doc.id)
+    first.exec(doc.id, ExecRequest(command="echo kept > state.txt"))
+    _crash(first)
+    for pid in daemon_pids(root / "lazy" / "mnt"):  # the daemon died; its fd-holder did not
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while daemon_pids(root / "lazy" / "mnt") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while holder.ping(root / "lazy" / "state") != "orphaned" and time.monotonic() < deadline:
+        time.sleep(0.05)  # the holder sees the daemon's socket close a moment after it exits
+    assert holder.ping(root / "lazy" / "state") == "orphaned"
+    second = NodeService(NodeConfig(root=root, store=corpus))
+    second.start()
+    try:
+        assert [e.id for e in second.list()] == [doc.id]  # its lowers work again: adopted
+        r = second.exec(doc.id, ExecRequest(command="cat state.txt hello.txt && ls /bin | wc -l"))
+        assert r.stdout.startswith("kept\nbug\n") and int(r.stdout.split()[-1]) > 10
+        fresh = second.create(plan())
+        remember(root, fresh.id)
+        assert second.exec(fresh.id, ExecRequest(command="cat hello.txt")).stdout == "bug\n"
+    finally:
+        second.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+    assert daemon_pids(root / "lazy" / "mnt") == [] and holder.pids(root / "lazy" / "state") == []
+
+
 def test_restart_cleans_up_what_it_cannot_adopt(corpus: str, tmp_path: Path) -> None:
     import os
     import signal
     import time
 
+    from rollstack.mount import holder
     from rollstack.node.recovery import daemon_pids
 
     root = tmp_path / "crash"
@@ -256,10 +326,11 @@ def test_restart_cleans_up_what_it_cannot_adopt(corpus: str, tmp_path: Path) -> 
     doc = first.create(plan())
     remember(root, doc.id)
     _crash(first)
-    for pid in daemon_pids(root / "lazy" / "mnt"):  # the daemon died too: lowers are gone
+    # the daemon died too, and so did its fd-holder: the lowers are gone
+    for pid in daemon_pids(root / "lazy" / "mnt") + holder.pids(root / "lazy" / "state"):
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while daemon_pids(root / "lazy" / "mnt") and time.monotonic() < deadline:
+    while (daemon_pids(root / "lazy" / "mnt") or holder.pids(root / "lazy" / "state")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert leftovers(root)["envs"] == [doc.id]
     second = NodeService(NodeConfig(root=root, store=corpus))
