@@ -25,7 +25,6 @@ from typing import Any, Iterable, Sequence
 import httpx
 
 from rollstack.errors import NodeUnavailable, RollstackError, from_dict
-from rollstack.mount import holder
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
 
 
@@ -60,6 +59,8 @@ class LazyStoreClient:
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
         sock = state_dir / "control.sock"
+        from rollstack.mount import holder  # not at import: `python -m rollstack.mount.holder` runs it
+
         if holder.ping(state_dir) is None:  # a held connection is not stale: the new daemon takes it
             clear_stale(mountpoint)
         argv = [sys.executable, "-m", "rollstack.mount.daemon", "--mountpoint", str(mountpoint),

@@ -47,7 +47,7 @@ FUSE_INIT = 26
 # the INIT flags offered to libfuse on a takeover (linux/fuse.h): pyfuse3 requires READDIRPLUS,
 # MAX_PAGES keeps libfuse's 1 MiB receive buffer, EXPORT_SUPPORT and CACHE_SYMLINKS as at mount
 _TAKEOVER_FLAGS = (1 << 4) | (1 << 13) | (1 << 22) | (1 << 23)
-_TAKEOVER_UNIQUE = (1 << 62) + 1  # odd: never a kernel request id, so the INIT reply is dropped
+_TAKEOVER_UNIQUE = 1 << 62  # far above any id the kernel issues (counted up from 0): the reply is dropped
 
 
 def socket_path(state_dir: Path) -> Path:
