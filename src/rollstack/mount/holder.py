@@ -26,7 +26,6 @@ Protocol: one line each way; the fd travels with the holder's `FD` answer.
 from __future__ import annotations
 
 import argparse
-import array
 import logging
 import os
 import select
@@ -149,17 +148,9 @@ def _connect(path: Path, timeout: float = 2.0) -> socket.socket | None:
 
 def pids(state_dir: Path) -> list[int]:
     """Pids of holder processes for `state_dir` (found by their command line)."""
-    needle = os.fsencode(str(socket_path(Path(state_dir).absolute())))
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"rollstack.mount.holder" in argv and needle in argv:
-                found.append(int(d.name))
-    return found
+    from rollstack.mount.recovery import pids_running
+
+    return pids_running(b"rollstack.mount.holder", os.fsencode(str(socket_path(Path(state_dir).absolute()))))
 
 
 def ping(state_dir: Path) -> str | None:

@@ -16,6 +16,20 @@ import subprocess
 from pathlib import Path
 
 
+def pids_running(*words: bytes) -> list[int]:
+    """Pids of the processes whose command line has every one of `words` as an argument."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if all(w in argv for w in words):
+                pids.append(int(d.name))
+    return pids
+
+
 def mounted_at(mountpoint: Path) -> str | None:
     """The filesystem type mounted exactly at `mountpoint` (from /proc/self/mountinfo), or None."""
     target = os.path.realpath(mountpoint)

@@ -14,22 +14,14 @@ import signal
 import time
 from pathlib import Path
 
+from rollstack.mount.recovery import pids_running
+
 log = logging.getLogger(__name__)
 
 
 def daemon_pids(mountpoint: Path) -> list[int]:
     """Pids of lazy store daemons serving `mountpoint` (found by their command line)."""
-    needle = os.fsencode(str(Path(mountpoint).absolute()))
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"rollstack.mount.daemon" in argv and needle in argv:
-                pids.append(int(d.name))
-    return pids
+    return pids_running(b"rollstack.mount.daemon", os.fsencode(str(Path(mountpoint).absolute())))
 
 
 def end_orphan_daemon(mountpoint: Path, state_dir: Path, wait: float = 10.0) -> None:

@@ -215,24 +215,52 @@ def _crash(service: NodeService) -> None:
         service.stages.provisioner.stop()  # the provisioner thread would have died with the process
 
 
-def test_restart_readopts_a_crashed_runs_environments(corpus: str, tmp_path: Path) -> None:
+def _crashed_node(corpus: str, root: Path, *, kill: tuple[str, ...] = ()) -> str:
+    """A node with one environment, crashed; `kill` names what dies with it ("daemon", "holder").
+    Returns the environment's id."""
+    import os
+    import signal
+    import time
+
+    from rollstack.mount import holder
     from rollstack.node.recovery import daemon_pids
 
-    root = tmp_path / "adopt"
     first = NodeService(NodeConfig(root=root, store=corpus))
     first.start()
     doc = first.create(plan())
     remember(root, doc.id)
     first.write_file(doc.id, "/work/app/state.txt", b"kept\n")
     _crash(first)
+    mnt, state = root / "lazy" / "mnt", root / "lazy" / "state"
+
+    def victims() -> list[int]:
+        return (daemon_pids(mnt) if "daemon" in kill else []) + (holder.pids(state) if "holder" in kill else [])
+
+    for pid in victims():
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while victims() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if kill == ("daemon",):  # the holder sees the daemon's socket close a moment after it exits
+        while holder.ping(state) != "orphaned" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert holder.ping(state) == "orphaned"
+    return doc.id
+
+
+def test_restart_readopts_a_crashed_runs_environments(corpus: str, tmp_path: Path) -> None:
+    from rollstack.node.recovery import daemon_pids
+
+    root = tmp_path / "adopt"
+    env_id = _crashed_node(corpus, root)
     orphans = daemon_pids(root / "lazy" / "mnt")
     assert len(orphans) == 1
     second = NodeService(NodeConfig(root=root, store=corpus))
     second.start()
     try:
-        assert [e.id for e in second.list()] == [doc.id]
-        assert second.exec(doc.id, ExecRequest(command="cat state.txt hello.txt")).stdout == "kept\nbug\n"
-        assert "state.txt" in second.diff(doc.id)
+        assert [e.id for e in second.list()] == [env_id]
+        assert second.exec(env_id, ExecRequest(command="cat state.txt hello.txt")).stdout == "kept\nbug\n"
+        assert "state.txt" in second.diff(env_id)
         assert daemon_pids(root / "lazy" / "mnt") == orphans  # the old daemon still serves it
         fresh = second.create(plan())
         remember(root, fresh.id)
@@ -275,33 +303,16 @@ def test_dead_lazy_daemon_is_replaced_under_running_environments(corpus: str, tm
 
 
 def test_restart_adopts_through_the_fd_holder_after_the_daemon_died(corpus: str, tmp_path: Path) -> None:
-    import os
-    import signal
-    import time
-
     from rollstack.mount import holder
     from rollstack.node.recovery import daemon_pids
 
     root = tmp_path / "crash-held"
-    first = NodeService(NodeConfig(root=root, store=corpus))
-    first.start()
-    doc = first.create(plan())
-    remember(root, doc.id)
-    first.exec(doc.id, ExecRequest(command="echo kept > state.txt"))
-    _crash(first)
-    for pid in daemon_pids(root / "lazy" / "mnt"):  # the daemon died; its fd-holder did not
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while daemon_pids(root / "lazy" / "mnt") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    while holder.ping(root / "lazy" / "state") != "orphaned" and time.monotonic() < deadline:
-        time.sleep(0.05)  # the holder sees the daemon's socket close a moment after it exits
-    assert holder.ping(root / "lazy" / "state") == "orphaned"
+    env_id = _crashed_node(corpus, root, kill=("daemon",))  # its fd-holder lives on
     second = NodeService(NodeConfig(root=root, store=corpus))
     second.start()
     try:
-        assert [e.id for e in second.list()] == [doc.id]  # its lowers work again: adopted
-        r = second.exec(doc.id, ExecRequest(command="cat state.txt hello.txt && ls /bin | wc -l"))
+        assert [e.id for e in second.list()] == [env_id]  # its lowers work again: adopted
+        r = second.exec(env_id, ExecRequest(command="cat state.txt hello.txt && ls /bin | wc -l"))
         assert r.stdout.startswith("kept\nbug\n") and int(r.stdout.split()[-1]) > 10
         fresh = second.create(plan())
         remember(root, fresh.id)
@@ -313,32 +324,15 @@ def test_restart_adopts_through_the_fd_holder_after_the_daemon_died(corpus: str,
 
 
 def test_restart_cleans_up_what_it_cannot_adopt(corpus: str, tmp_path: Path) -> None:
-    import os
-    import signal
-    import time
-
-    from rollstack.mount import holder
-    from rollstack.node.recovery import daemon_pids
-
     root = tmp_path / "crash"
-    first = NodeService(NodeConfig(root=root, store=corpus))
-    first.start()
-    doc = first.create(plan())
-    remember(root, doc.id)
-    _crash(first)
-    # the daemon died too, and so did its fd-holder: the lowers are gone
-    for pid in daemon_pids(root / "lazy" / "mnt") + holder.pids(root / "lazy" / "state"):
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while (daemon_pids(root / "lazy" / "mnt") or holder.pids(root / "lazy" / "state")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert leftovers(root)["envs"] == [doc.id]
+    env_id = _crashed_node(corpus, root, kill=("daemon", "holder"))  # the lowers are gone
+    assert leftovers(root)["envs"] == [env_id]
     second = NodeService(NodeConfig(root=root, store=corpus))
     second.start()
     try:
         assert second.list() == []
         assert not any(leftovers(root).values()), leftovers(root)
-        assert second.stages is not None and doc.id in second.stages.recovered.envs
+        assert second.stages is not None and env_id in second.stages.recovered.envs
         fresh = second.create(plan())
         remember(root, fresh.id)
         assert second.exec(fresh.id, ExecRequest(command="cat hello.txt")).stdout == "bug\n"
