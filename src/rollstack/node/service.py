@@ -423,6 +423,9 @@ class NodeService:
             return
         try:
             if stages.ensure_lazy():
+                with self._lock:
+                    live = [r for r in self._envs.values() if r.state in st.LIVE_STATES]
+                stages.reattach(live)
                 self.counters["lazy_daemon_restarts"] += 1
         except Exception:  # noqa: BLE001 - retried on the next tick
             log.exception("restarting the lazy store daemon failed")

@@ -131,6 +131,21 @@ class Stages:
             self.materializer.lazy = self.lazy
         return True
 
+    def reattach(self, recs: list[EnvRecord]) -> int:
+        """Register running environments with a restarted daemon, so their reads are attributed
+        again (no trace prefetch or background fill: those ran when they were created).
+        Returns how many were registered."""
+        n = 0
+        for rec in recs:
+            if not rec.refs:
+                continue
+            try:
+                self.lazy.begin_env(rec.id, rec.refs, background=False)
+                n += 1
+            except Exception:  # noqa: BLE001 - attribution only; the environment runs regardless
+                log.exception("re-registering environment %s with the lazy store failed", rec.id)
+        return n
+
     def _start_lazy(self, spec: str) -> Any:
         from rollstack.mount.client import LazyStoreClient
         from rollstack.mount.recovery import clear_stale

@@ -294,6 +294,7 @@ def test_dead_lazy_daemon_is_replaced_under_running_environments(corpus: str, tm
         while node.counters["lazy_daemon_restarts"] < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert node.counters["lazy_daemon_restarts"] == 1
+        assert "fetched_bytes" in node.stages.lazy.env_stats(doc.id)  # re-registered with the successor
         assert daemon_pids(root / "lazy" / "mnt") not in ([], [old])
         fresh = node.create(plan())
         assert node.exec(fresh.id, ExecRequest(command="cat hello.txt")).stdout == "bug\n"
