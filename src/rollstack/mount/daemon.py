@@ -29,7 +29,7 @@ import trio
 
 from rollstack.fetch import FetchConfig
 from rollstack.mount import control, holder
-from rollstack.mount.fs import LazyFS
+from rollstack.mount.fs import PATCH_LEVEL, LazyFS
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
 from rollstack.mount.service import DaemonConfig, LazyStoreService
 
@@ -89,7 +89,7 @@ def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:
     """Blocking: mount (or take the connection over from the fd-holder), serve, unmount.
     `store` is any ArtifactStore."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    handover = config.holder_grace > 0 and getattr(pyfuse3, "ROLLSTACK_PATCH", 0) >= 2
+    handover = config.holder_grace > 0 and PATCH_LEVEL >= 2
     taken = holder.take(config.state_dir) if handover else None
     service = LazyStoreService(config, store, decode=decode)
     fs = LazyFS(service)

@@ -47,7 +47,8 @@ ROOT = pyfuse3.ROOT_INODE
 LAYERS = 2
 OPAQUE_XATTR = b"trusted.overlay.opaque"
 _SHORT = 1.0
-PATCHED = getattr(pyfuse3, "ROLLSTACK_PATCH", 0) >= 1  # third_party/pyfuse3: no-open mode
+PATCH_LEVEL = getattr(pyfuse3, "ROLLSTACK_PATCH", 0)  # third_party/pyfuse3; 0: a stock pyfuse3
+PATCHED = PATCH_LEVEL >= 1  # no-open mode (level 2 adds the fd-holder handover, mount/daemon.py)
 
 
 def _errno_of(exc: BaseException) -> int:

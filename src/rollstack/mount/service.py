@@ -514,13 +514,13 @@ class LazyStoreService:
         if rec is not None and rec.chunks:
             self.traces.save(rec)
             env.recorder = None
-            keys = [rec.key]
+            saved = {rec.key: self.traces.load(rec.key)}
             if env.fallback_key:
-                self.traces.put(env.fallback_key, self.traces.load(rec.key), self.config.fetch.trace_max_chunks)
-                keys.append(env.fallback_key)
+                self.traces.put(env.fallback_key, saved[rec.key], self.config.fetch.trace_max_chunks)
+                saved[env.fallback_key] = self.traces.load(env.fallback_key)  # merged with earlier tasks'
             if self.config.share_traces:
-                for key in keys:
-                    threading.Thread(target=self._publish_trace, args=(key, self.traces.load(key)), daemon=True,
+                for key, entries in saved.items():
+                    threading.Thread(target=self._publish_trace, args=(key, entries), daemon=True,
                                      name="publish-trace").start()
 
     def _publish_trace(self, key: str, entries: list[tuple[str, dict]]) -> None:

@@ -88,10 +88,8 @@ class Stages:
         )
         if not self.recovered.empty():
             log.warning("previous run left %s; re-adopted %s", self.recovered, [e.id for e, _ in self.adopted])
-        if self.adopted and not held:
-            self.lazy = old_daemon  # its mounts hold the adopted environments' lower dirs
-        elif not held:
-            self.lazy = self._start_lazy(spec)
+        if self.lazy is None:  # the old daemon's mounts hold adopted environments' lower dirs
+            self.lazy = old_daemon if self.adopted else self._start_lazy(spec)
         if cfg.materialize_after:
             from rollstack.node.materialize import LayerMaterializer
 
@@ -147,17 +145,14 @@ class Stages:
         return n
 
     def _start_lazy(self, spec: str) -> Any:
+        """A daemon on the node's mountpoint: `LazyStoreClient.start` clears a dead predecessor's
+        stale mount, or the daemon takes a connection its fd-holder keeps over."""
         from rollstack.mount.client import LazyStoreClient
-        from rollstack.mount.recovery import clear_stale
 
         lazy = self.config.lazy_dir
-        mountpoint = lazy / "mnt"
-        end_orphan_daemon(mountpoint, lazy / "state")
-        if holder.ping(lazy / "state") is None:  # else the new daemon takes the held connection over
-            clear_stale(mountpoint)  # a killed daemon leaves ENOTCONN behind: even mkdir's stat fails on it
-            mountpoint.mkdir(parents=True, exist_ok=True)
+        end_orphan_daemon(lazy / "mnt", lazy / "state")
         cfg = self.config
-        return LazyStoreClient.start(mountpoint, lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers)
+        return LazyStoreClient.start(lazy / "mnt", lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers)
 
     def _start_provisioner(self, on_terminate: Callable[..., None]) -> Any:
         from rollstack.provision.backend import detect_backend
