@@ -180,6 +180,8 @@ def test_restart_keeps_disk_cache_and_clears_stale_mount(tmp_path, tree, oci_sto
     lazy.add_layers([ref])
     first = {p: (lazy.layer_dir(digest) / p).read_bytes() for p in ("big.bin", "etc/hostname", "usr/lib/python3/json/decoder.py")}
     held = open(lazy.layer_dir(digest) / "big.bin", "rb")  # an fd open across the daemon's death
+    assert held.read() == first["big.bin"]  # its pages, read twice, sit on the active LRU list
+    held.seek(0)
     time.sleep(0.3)  # disk writes happen just after the read returns
     assert lazy.stats()["disk_cache"]["chunks"] > 0
 
