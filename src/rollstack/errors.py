@@ -130,6 +130,12 @@ class ExecTimeout(RollstackError, TimeoutError):
     code, status = "exec_timeout", 504
 
 
+class CommandFailed(RollstackError, RuntimeError):
+    """A command run with `check=True` (adapters, e.g. slime's protocol) exited non-zero."""
+
+    code, status = "command_failed", 422
+
+
 class OomTerminated(RollstackError):
     code, status = "oom_terminated", 409
 
