@@ -94,6 +94,12 @@ class EnvironmentNotFound(NotFound):
     code = "environment_not_found"
 
 
+class TemplateNotFound(NotFound):
+    """A published plan (`NAME:TAG`, an E2B templateID) that is not in the store."""
+
+    code = "template_not_found"
+
+
 class FormatError(RollstackError, ValueError):
     code, status = "format_error", 422
 

@@ -9,7 +9,9 @@ import typer
 
 from rollstack.cli.output import emit, stdout
 
-app = typer.Typer(no_args_is_help=True, help="Environment plans: resolve, check.")
+app = typer.Typer(no_args_is_help=True, help="Environment plans: resolve, check, publish, ls.")
+
+STORE_HELP = "oci:PATH, a path, or http(s)://host:port (default: $ROLLSTACK_STORE or ~/.local/share/rollstack/store)"
 
 
 @app.command("resolve")
@@ -56,3 +58,51 @@ def check(
 
     p = load_plan(plan)
     emit(p.model_dump(mode="json"), as_json, lambda d: stdout.print(f"{p.name}: valid, {len(p.groups)} group(s)"))
+
+
+@app.command("publish")
+def publish(
+    name_tag: str = typer.Argument(..., metavar="NAME:TAG", help="e.g. tasks/attrs-0042:1 (an E2B templateID)"),
+    plan: Path = typer.Argument(..., metavar="PLAN_FILE", help="plan file (YAML or JSON); its mutation file is stored inline"),
+    store: Optional[str] = typer.Option(None, "--store", envvar="ROLLSTACK_STORE", help=STORE_HELP),
+    created: Optional[str] = typer.Option(None, "--created", help="creation time to record (default: now); fixes the manifest digest"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Store PLAN_FILE (with its mutation diff and evaluator) as NAME:TAG; `NAME:TAG` is then
+    accepted wherever a plan is (env create, run, the SDK, E2B's templateID)."""
+    from rollstack.plan.published import publish_plan
+    from rollstack.store import open_store
+
+    st = open_store(store)
+    try:
+        info = publish_plan(st, name_tag, plan, created=created)
+    finally:
+        st.close()
+    doc = {**info.to_dict(), "store": st.url}
+    emit(doc, as_json, lambda d: stdout.print(
+        f"{d['name']}:{d['tag']}  {d['digest']}" + ("  (unchanged)" if d["unchanged"] else "")))
+
+
+@app.command("ls")
+def ls(
+    store: Optional[str] = typer.Option(None, "--store", envvar="ROLLSTACK_STORE", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Published plans (templates): name, tag, digest, plan name, groups."""
+    from rollstack.plan.published import list_plans
+    from rollstack.store import open_store
+
+    st = open_store(store)
+    try:
+        plans = list_plans(st)
+    finally:
+        st.close()
+    doc = {"plans": [p.to_dict() for p in plans], "store": st.url}
+
+    def human(d: dict[str, Any]) -> None:
+        for p in d["plans"]:
+            extra = " ".join(x for x, on in (("mutation", p["has_mutation"]), ("evaluator", p["has_evaluator"])) if on)
+            stdout.print(f"{p['name']}:{p['tag']}  {p['digest'][:19]}  {p['plan_name']}  "
+                         f"{len(p['groups'])} group(s)  {extra}".rstrip())
+
+    emit(doc, as_json, human)

@@ -40,15 +40,21 @@ def default_token(root: Path | str | None = None) -> str | None:
         return None
 
 
-def plan_to_wire(plan: Any) -> dict[str, Any]:
-    """A plan given as a dict, a path to a YAML/JSON file, or a `Plan` -> the JSON the API takes.
+def plan_to_wire(plan: Any) -> dict[str, Any] | str:
+    """A plan given as a dict, a path to a YAML/JSON file, a `Plan`, or a published plan's
+    `NAME:TAG` -> the JSON the API takes.
 
     A file plan is validated here and its mutation file (relative to the plan file) is read and
     sent inline as `mutation_text`, since the node cannot see the caller's files. A dict goes as
-    is (the node validates it).
+    is (the node validates it). A string that is no existing file but spells `NAME[:TAG]` goes
+    as is: the node resolves it from its store (`rollstack plan publish`).
     """
     if isinstance(plan, dict):
         return plan
+    from rollstack.plan.published import is_plan_ref
+
+    if isinstance(plan, (str, Path)) and is_plan_ref(str(plan)):
+        return str(plan)
     if not isinstance(plan, (str, Path)) and getattr(plan, "model_dump", None) is None:
         raise InvalidRequest(f"a plan is a dict, a path or a Plan, not {type(plan).__name__}")
     from rollstack.plan.model import load_plan

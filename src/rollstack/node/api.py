@@ -54,6 +54,7 @@ def create_app(
     token: str | None,
     threads: int = DEFAULT_THREADS,
     max_body: int = 1 << 30,
+    e2b: bool = True,
 ) -> FastAPI:
     """The API over `service`. `token=None` disables auth (in-process tests only)."""
     state: dict[str, Any] = {}
@@ -165,6 +166,10 @@ def create_app(
     async def stats(env_id: str) -> Stats:
         return await call("stats", service.stats, env_id)
 
+    if e2b:  # the E2B-compatible API beside /v1 (rollstack.e2b; docs/e2b.md)
+        from rollstack.e2b import install
+
+        install(app, service, token)
     return app
 
 

@@ -17,10 +17,11 @@ class _Wire(BaseModel):
 
 
 class CreateRequest(BaseModel):
-    """`POST /v1/environments`: the plan (the YAML plan as JSON; a mutation may be inline)."""
+    """`POST /v1/environments`: the plan (the YAML plan as JSON; a mutation may be inline), or a
+    published plan's `NAME:TAG` (resolved from the node's store)."""
 
     model_config = ConfigDict(extra="forbid")
-    plan: dict[str, Any]
+    plan: dict[str, Any] | str
 
 
 class Timings(_Wire):

@@ -123,10 +123,13 @@ class NodeService:
     def create(self, plan: dict[str, Any] | Any) -> CreateResponse:
         return self._create(self._load(plan), internal=False)
 
-    @staticmethod
-    def _load(plan: dict[str, Any] | Any) -> Any:
+    def _load(self, plan: dict[str, Any] | Any) -> Any:
         from rollstack.plan.model import load_plan
 
+        if isinstance(plan, str):  # a published plan, NAME:TAG (never a path on the node's disk)
+            from rollstack.plan.published import load_published
+
+            return load_published(self._stages().store, plan)
         if isinstance(plan, dict) and plan.get("mutation") and plan.get("mutation_text") is None:
             # A mutation file path would be read on the node's disk: refuse; clients send it inline.
             text = str(plan["mutation"])
@@ -288,13 +291,13 @@ class NodeService:
         self.counters["execs"] += 1
         return stream(lambda on_output: self._exec(rec, request, on_output), to_wire, name=f"exec-{env_id}")
 
-    def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any) -> Any:
+    def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any, control: Any = None) -> Any:
         """Run the command; an OOM ending (provisioner or kernel) becomes OomTerminated."""
         stages = self._stages()
         kills = stages.oom_kills(rec)
         rec.execs += 1
         try:
-            result = stages.exec(rec, request, on_output)
+            result = stages.exec(rec, request, on_output, control)
         except (EnvironmentGone, RuntimeFailure):
             # runc cannot start a process in an environment being ended for lack of memory
             self._check_kernel_oom(rec, stages, kills)
@@ -305,6 +308,27 @@ class NodeService:
         self._check_kernel_oom(rec, stages, kills)
         self._raise_if_oom(rec)
         return result
+
+    def exec_attached(self, env_id: str, request: ExecRequest, on_output: Any, control: Any) -> ExecResult:
+        """A blocking exec whose caller holds `control` (`rollstack.run.execpump.ExecControl`):
+        stdin written while it runs, signals, its pid. For long-lived processes (the E2B API)."""
+        rec = self._running(env_id)
+        self.counters["execs"] += 1
+        return to_wire(self._exec(rec, request, on_output, control))
+
+    def set_timeout(self, env_id: str, seconds: float) -> EnvironmentInfo:
+        """From now on the environment lives `seconds` more (the reaper ends it then)."""
+        if not 0 < seconds < 10**9:
+            raise InvalidRequest(f"timeout must be a positive number of seconds, not {seconds}")
+        rec = self._running(env_id)
+        rec.timeout = rec.age() + float(seconds)
+        rec.event("timeout_set", seconds=float(seconds))
+        if not rec.internal:
+            recovery.save_record(self.config.root, rec.id, {
+                "plan": rec.plan.model_dump(mode="json", exclude_none=True),
+                "timeout": rec.timeout, "started_at": rec.started_at,
+            })
+        return rec.info(self._quotas(rec))
 
     def _check_kernel_oom(self, rec: EnvRecord, stages: Stages, kills_before: int) -> None:
         if rec.state == st.RUNNING and stages.oom_kills(rec) > kills_before:
@@ -355,6 +379,14 @@ class NodeService:
         with rec.lock:
             self._check_files(rec)
             return self._stages().diff(rec, binary)
+
+    def with_root(self, env_id: str, fn: Any) -> Any:
+        """`fn(root)` with the environment's merged root dir (a host path: wrap it in a
+        `rollstack.run.files.SafeRoot`), not racing destroy. For directory operations."""
+        rec = self._get(env_id)
+        with rec.lock:
+            self._check_files(rec)
+            return fn(rec.runtime.files.root)
 
     @staticmethod
     def _check_files(rec: EnvRecord) -> None:

@@ -273,7 +273,8 @@ class Stages:
 
     # -- use ----------------------------------------------------------------------------------
 
-    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: Any) -> Any:
+    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: Any, control: Any = None) -> Any:
+        extra = {} if control is None else {"control": control}
         return rec.runtime.exec(
             req.resolved_argv(),
             cwd=req.cwd,
@@ -282,6 +283,7 @@ class Stages:
             timeout=req.timeout,
             output_limit=self.config.exec_output_limit,
             on_output=on_output,
+            **extra,
         )
 
     def oom_kills(self, rec: EnvRecord) -> int:

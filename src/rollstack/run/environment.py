@@ -34,6 +34,7 @@ from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
+from rollstack.run.execpump import ExecControl
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -232,12 +233,14 @@ class Environment:
     def exec(self, cmd: Sequence[str] | str, *, cwd: str | None = None,
              env: Mapping[str, str] | None = None, stdin: bytes | None = None,
              timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
-             on_output: OnOutput | None = None) -> ExecResult:
-        """Run argv (or a shell string through `/bin/sh -c`) in the environment."""
+             on_output: OnOutput | None = None, control: ExecControl | None = None) -> ExecResult:
+        """Run argv (or a shell string through `/bin/sh -c`) in the environment.
+
+        `control`: a handle the caller keeps while it runs (open stdin, signals, pid)."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         return self.runtime.runc.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
                                       timeout=timeout, output_limit=output_limit,
-                                      on_output=on_output)
+                                      on_output=on_output, control=control)
 
     @property
     def files(self) -> SafeRoot:
