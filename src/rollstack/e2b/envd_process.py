@@ -102,7 +102,7 @@ class ProcessService(Envd):
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx: Any) -> pb.CloseStdinResponse:
         async with self.call(ctx) as box:
             proc = _select(box, request.process)
-            proc.control.close_stdin()
+            await self.run(proc.control.close_stdin)
             return pb.CloseStdinResponse()
 
     def _shell(self, box: Any, cmd: str, args: list[str]) -> tuple[str, list[str]]:

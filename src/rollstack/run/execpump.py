@@ -59,6 +59,8 @@ class ExecControl:
         self._lock = threading.Lock()
         self._stdin_w = -1
         self._pump: "ExecPump | None" = None
+        self.started = threading.Event()
+        """Set once runc is spawned (stdin usable) or the exec failed before that."""
         self.ended = threading.Event()
 
     def _attach(self, pump: "ExecPump", stdin_w: int) -> None:
@@ -66,6 +68,7 @@ class ExecControl:
             self._pump, self._stdin_w = pump, stdin_w
             if stdin_w >= 0:
                 os.set_blocking(stdin_w, False)
+        self.started.set()
 
     def _detach(self) -> None:
         with self._lock:
@@ -73,6 +76,7 @@ class ExecControl:
             if self._stdin_w >= 0:
                 _close(self._stdin_w)
                 self._stdin_w = -1
+        self.started.set()
         self.ended.set()
 
     def pid(self, wait: float = 2.0) -> int | None:
@@ -83,6 +87,7 @@ class ExecControl:
     def write_stdin(self, data: bytes, timeout: float = 30.0) -> bool:
         """Write all of `data` to the command's stdin; False if stdin is closed or the command
         ended. Raises InvalidRequest if the command does not read it within `timeout`."""
+        self.started.wait(timeout)
         with self._lock:
             fd = self._stdin_w
             if fd < 0:
@@ -104,6 +109,7 @@ class ExecControl:
             return True
 
     def close_stdin(self) -> bool:
+        self.started.wait(30.0)
         with self._lock:
             if self._stdin_w < 0:
                 return False
@@ -112,6 +118,7 @@ class ExecControl:
             return True
 
     def signal(self, sig: int) -> bool:
+        self.started.wait(30.0)
         pump = self._pump
         if pump is None:
             return False
