@@ -26,7 +26,7 @@ import anyio.to_thread
 from rollstack.e2b.control import create_control_app
 from rollstack.e2b.envd_fs import FilesystemService
 from rollstack.e2b.envd_process import ProcessService
-from rollstack.e2b.rpc import SANDBOX_HEADER, TOKEN_HEADER
+from rollstack.e2b.rpc import SANDBOX_HEADER, TOKEN_HEADER, codecs
 from rollstack.e2b.sandboxes import SandboxNotFound, SandboxTable
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,10 @@ class E2BApi:
         self.service, self.token = service, token
         self.table = SandboxTable(service)
         self.control = create_control_app(self.table, service, token)
-        self.process = ProcessASGIApplication(ProcessService(self.table, service, token), read_max_bytes=max_message)
+        self.process = ProcessASGIApplication(ProcessService(self.table, service, token),
+                                              read_max_bytes=max_message, codecs=codecs())
         self.filesystem = FilesystemASGIApplication(FilesystemService(self.table, service, token),
-                                                    read_max_bytes=max_message)
+                                                    read_max_bytes=max_message, codecs=codecs())
 
     def route(self, path: str) -> Any | None:
         """The app for an E2B path, or None for the node's own routes."""

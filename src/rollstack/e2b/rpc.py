@@ -35,6 +35,36 @@ SANDBOX_HEADER = "e2b-sandbox-id"
 TOKEN_HEADER = "x-access-token"
 
 
+class CheckedCodec:
+    """A codec whose decode failures are INVALID_ARGUMENT (connectrpc would answer UNKNOWN and
+    re-raise the decoder's exception into the ASGI server, which logs a traceback)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def name(self) -> str:
+        return str(self._inner.name())
+
+    def encode(self, message: Any) -> bytes:
+        return bytes(self._inner.encode(message))
+
+    def decode(self, data: bytes | bytearray, message_class: type[T]) -> T:
+        try:
+            return self._inner.decode(data, message_class)
+        except ConnectError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any decoder failure is the client's bad input
+            raise ConnectError(Code.INVALID_ARGUMENT,
+                               f"cannot decode {message_class.__name__}: {type(exc).__name__}: {exc}") from None
+
+
+def codecs() -> list[CheckedCodec]:
+    """Binary protobuf and JSON (what the SDK speaks; unknown fields ignored for newer SDKs)."""
+    from connectrpc.codec import proto_binary_codec, proto_json_codec
+
+    return [CheckedCodec(proto_binary_codec()), CheckedCodec(proto_json_codec(ignore_unknown_fields=True))]
+
+
 def unimplemented(message: str) -> ConnectError:
     return ConnectError(Code.UNIMPLEMENTED, message)
 

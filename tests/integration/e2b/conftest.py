@@ -9,6 +9,7 @@ restored afterwards.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -76,3 +77,28 @@ def e2b_node(tmp_path_factory: pytest.TempPathFactory):
             else:
                 os.environ[k] = v
         service.stop()
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def no_server_tracebacks():
+    """Every E2B test: the server logged no error (an unhandled exception in the ASGI app, a
+    handler's internal error) while it ran: bad input must be answered, never crash a request."""
+    handler = _Errors()
+    loggers = [logging.getLogger(n) for n in ("uvicorn.error", "rollstack")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+    assert not handler.records, [f"{r.name}: {r.getMessage()}" for r in handler.records]
