@@ -121,6 +121,9 @@ class ProcessTable:
             raise InvalidRequest("process.cmd must not be empty")
         if cwd is not None and not cwd.startswith("/"):
             raise InvalidRequest(f"cwd must be an absolute path, not {cwd!r}")
+        for key, value in envs.items():
+            if not key or "=" in key or "\x00" in key or "\x00" in value:
+                raise InvalidRequest(f"invalid environment variable {key!r}")
         try:
             request = ExecRequest(argv=[cmd, *args], cwd=cwd, env={**self.base_env, **envs},
                                   timeout=timeout if timeout and timeout > 0 else None)
