@@ -75,3 +75,33 @@ def test_close_mid_episode_destroys_the_environment(adapter_node) -> None:
     env.close()
     env.close()
     assert info["environment_id"] not in live(adapter_node)
+
+
+def test_adapters_demo_example(adapter_node, tmp_path) -> None:
+    """examples/adapters_demo.py: one scripted episode per adapter (slime, skyrl, verifiers)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "adapters_demo.py"
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(busybox_plan()))
+    (tmp_path / "fix.diff").write_text(FIX_HELLO)
+    base = [sys.executable, str(example), "--plan", str(tmp_path / "plan.yaml"), "--node", adapter_node.url,
+            "--token", adapter_node.token, "--command", "cat hello.txt"]
+    fixed = subprocess.run(base + ["--fix", str(tmp_path / "fix.diff"), "--json"], capture_output=True, text=True, timeout=300)
+    assert fixed.returncode == 0, fixed.stderr
+    doc = json.loads(fixed.stdout)
+    assert sorted(doc) == ["skyrl", "slime", "verifiers"]
+    assert {name: (r["output"], r["reward"]) for name, r in doc.items()} == {
+        name: ("bug\n", 1.0) for name in doc}
+    plain = subprocess.run(base + ["--only", "slime,skyrl"], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.splitlines()
+    assert len(lines) == 2 and all("reward 0.0" in line and "output bug" in line for line in lines)
+    bad = subprocess.run(base + ["--only", "nope"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "invalid_request" in bad.stderr
+    missing = subprocess.run(base[:3] + ["os/nope:1"] + base[4:] + ["--only", "slime"], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: ")
+    assert live(adapter_node).isdisjoint(r["environment"] for r in doc.values())
