@@ -154,6 +154,7 @@ class ProcessTable:
         except Exception as exc:  # noqa: BLE001 - the stream must end with a reason, never hang
             log.exception("process %d of sandbox %s failed", proc.pid, self.env_id)
             event = end_event(-1, False, proc.signalled, error=f"internal error: {type(exc).__name__}: {exc}")
+        proc.control.finish()  # an exec refused before it started never attached its control
         with self._lock:
             self._procs.pop(proc.pid, None)
         proc.emit(event)

@@ -79,6 +79,10 @@ class ExecControl:
         self.started.set()
         self.ended.set()
 
+    def finish(self) -> None:
+        """Mark the exec over (idempotent): for callers whose exec failed before it started."""
+        self._detach()
+
     def pid(self, wait: float = 2.0) -> int | None:
         """The host pid of the command's tini (None before it started or after it ended)."""
         pump = self._pump
@@ -158,6 +162,7 @@ class ExecPump:
                  drain_grace: float, container_id: str, control: ExecControl | None = None) -> None:
         self.cmd, self.pid_file, self.stdin, self.control = cmd, pid_file, stdin, control
         if control is not None and control.open_stdin and stdin is not None:
+            control.finish()
             raise InvalidRequest("stdin is either a buffer or an open stream, not both")
         self.timeout, self.limit, self.on_output = timeout, limit, on_output
         self.drain_grace, self.container_id = drain_grace, container_id
