@@ -111,3 +111,33 @@ def test_users_detached_commands_and_evaluator(adapter_node) -> None:
                 assert "b/home/agent/notes.txt" in d and "hello.txt" not in d
 
     run(go())
+
+
+def test_concurrent_sandboxes_share_one_async_client(adapter_node) -> None:
+    """slime runs many rollouts in one event loop: four sandboxes on one AsyncClient each block in
+    an exec until the test, over the same client, has seen all four start and released them."""
+    n = 4
+
+    async def go():
+        async with AsyncClient(adapter_node.url, adapter_node.token) as client:
+            boxes = [RollstackSandbox(busybox_plan(), client=client) for _ in range(n)]
+            await asyncio.gather(*(b.__aenter__() for b in boxes))
+            try:
+                wait = "echo up > /tmp/started; i=0; while [ ! -f /tmp/go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; cat /tmp/go"
+                runs = [asyncio.create_task(b.exec(wait, timeout=60)) for b in boxes]
+                for _ in range(200):
+                    if all([await b.read_file("/tmp/started") == "up\n" for b in boxes]):
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    pytest.fail("the four commands never ran at the same time")
+                assert not any(r.done() for r in runs)             # all four execs are in flight
+                await asyncio.gather(*(b.write_file("/tmp/go", f"go {i}\n") for i, b in enumerate(boxes)))
+                results = await asyncio.gather(*runs)
+                assert results == [(0, f"go {i}\n", "") for i in range(n)]
+                return {b.sandbox_id for b in boxes}
+            finally:
+                await asyncio.gather(*(b.__aexit__(None, None, None) for b in boxes))
+
+    ids = run(go())
+    assert len(ids) == n and ids.isdisjoint(run(live_ids(adapter_node)))
