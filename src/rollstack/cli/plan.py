@@ -16,7 +16,7 @@ STORE_HELP = "oci:PATH, a path, or http(s)://host:port (default: $ROLLSTACK_STOR
 
 @app.command("resolve")
 def resolve(
-    plan: Path = typer.Argument(..., metavar="PLAN", help="plan file (YAML or JSON)"),
+    plan: Path = typer.Argument(..., metavar="PLAN", help="plan file (YAML or JSON), or a published NAME:TAG"),
     store: Optional[str] = typer.Option(None, "--store", envvar="ROLLSTACK_STORE", help="oci:PATH, a path, or http(s)://host:port"),
     ttl: float = typer.Option(60.0, "--ttl", help="seconds a cached tag resolution stays fresh"),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="resolution cache (default: ~/.cache/rollstack)"),
@@ -24,13 +24,12 @@ def resolve(
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """The layer stack, bottom first: each layer's digest, size and the group it came from."""
-    from rollstack.plan.model import load_plan
     from rollstack.plan.resolve import Resolver, default_cache_dir
     from rollstack.store import open_store
 
-    p = load_plan(plan)
     st = open_store(store)
     try:
+        p = _load(plan, st)
         resolver = Resolver(st, None if no_cache else (cache_dir or default_cache_dir()), ttl=0.0 if no_cache else ttl)
         stack = resolver.resolve(p)
     finally:
@@ -46,6 +45,14 @@ def resolve(
             stdout.print(f"evaluator stack {ev['stack_digest']}  {len(ev['layers'])} layers  {ev['size']} bytes")
 
     emit(doc, as_json, human)
+
+
+def _load(plan: Path, store: Any) -> Any:
+    """A plan file, or (a string that is no file, spelled NAME[:TAG]) a published plan."""
+    from rollstack.plan.model import load_plan
+    from rollstack.plan.published import is_plan_ref, load_published
+
+    return load_published(store, str(plan)) if is_plan_ref(str(plan)) else load_plan(plan)
 
 
 @app.command("check")

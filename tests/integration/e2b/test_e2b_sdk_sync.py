@@ -71,10 +71,13 @@ def test_envs_cwd_and_sandbox_env_vars(e2b_node):
 
 
 def test_background_command_list_and_kill(sbx):
-    handle = sbx.commands.run("echo started; sleep 60", background=True)
+    handle = sbx.commands.run("echo started; touch /tmp/ready; sleep 60", background=True)
     procs = {p.pid: p for p in sbx.commands.list()}
     assert handle.pid in procs
-    assert procs[handle.pid].args[-1] == "echo started; sleep 60"
+    assert procs[handle.pid].args[-1] == "echo started; touch /tmp/ready; sleep 60"
+    deadline = time.monotonic() + 20
+    while not sbx.files.exists("/tmp/ready") and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert handle.kill() is True
     with pytest.raises(CommandExitException) as info:
         handle.wait()

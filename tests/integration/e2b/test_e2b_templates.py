@@ -25,6 +25,9 @@ def test_cli_and_sdk_create_from_a_template(e2b_node, capsys, tmp_path, monkeypa
     code = main(["env", "create", "tasks/absent:1", *opts])
     err = capsys.readouterr().err
     assert code != 0 and err.startswith("error: template_not_found:")
+    assert main(["plan", "resolve", e2b_node.template, "--store", e2b_node.store, "--no-cache", "--json"]) == 0
+    stack = json.loads(capsys.readouterr().out)
+    assert stack["plan"] == "app-task" and [x["group"] for x in stack["layers"]] == ["os/busybox:1", "repo/app:1"]
     with Client(e2b_node.url, token=e2b_node.token) as client, client.create(e2b_node.template) as env:
         assert env.exec("cat hello.txt").stdout == "bug\n"
         assert env.evaluate().reward == 0.0  # the published evaluator came along (the bug is not fixed)
