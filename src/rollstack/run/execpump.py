@@ -121,16 +121,21 @@ class ExecControl:
             self._stdin_w = -1
             return True
 
-    def signal(self, sig: int) -> bool:
+    def signal(self, sig: int, wait: float = 10.0) -> bool:
+        """Send `sig` (waiting up to `wait` s for the command to exist); False if it has ended."""
         self.started.wait(30.0)
-        pump = self._pump
-        if pump is None:
-            return False
+        deadline = time.monotonic() + wait
+        while True:
+            pump = self._pump
+            if pump is None:
+                return False
+            pid = pump._exec_pid(0.25)  # runc writes the pid file once the command is spawned
+            if pid is not None:
+                break
+            if time.monotonic() >= deadline:
+                return False
         if sig == signal.SIGKILL:
             return bool(pump._kill_tree())
-        pid = pump._exec_pid(2.0)
-        if pid is None:
-            return False
         try:
             os.kill(pid, sig)
         except ProcessLookupError:

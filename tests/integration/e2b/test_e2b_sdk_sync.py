@@ -106,9 +106,10 @@ def test_stdin_to_a_process_without_stdin_is_refused(sbx):
 
 
 def test_reconnect_to_a_background_command(sbx):
-    handle = sbx.commands.run("sleep 0.5; echo late; exit 4", background=True)
+    handle = sbx.commands.run("while [ ! -f /tmp/go ]; do sleep 0.05; done; echo late; exit 4", background=True)
     handle.disconnect()
     again = sbx.commands.connect(handle.pid)
+    sbx.files.write("/tmp/go", "")
     with pytest.raises(CommandExitException) as info:
         again.wait()
     assert info.value.exit_code == 4 and info.value.stdout == "late\n"
