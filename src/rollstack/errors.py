@@ -100,6 +100,18 @@ class TemplateNotFound(NotFound):
     code = "template_not_found"
 
 
+class SandboxNotFound(NotFound):
+    """No E2B sandbox with that id on this node (never created here, killed, expired)."""
+
+    code = "sandbox_not_found"
+
+
+class AlreadyExists(InvalidRequest):
+    """Creating what is there already (a directory in an environment)."""
+
+    code, status = "already_exists", 409
+
+
 class FormatError(RollstackError, ValueError):
     code, status = "format_error", 422
 

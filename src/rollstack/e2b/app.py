@@ -27,7 +27,8 @@ from rollstack.e2b.control import create_control_app
 from rollstack.e2b.envd_fs import FilesystemService
 from rollstack.e2b.envd_process import ProcessService
 from rollstack.e2b.rpc import SANDBOX_HEADER, TOKEN_HEADER, codecs
-from rollstack.e2b.sandboxes import SandboxNotFound, SandboxTable
+from rollstack.e2b.sandboxes import SandboxTable
+from rollstack.errors import SandboxNotFound
 
 log = logging.getLogger(__name__)
 

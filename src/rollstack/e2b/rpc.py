@@ -21,12 +21,11 @@ import anyio.to_thread
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 
-from rollstack.e2b.sandboxes import Sandbox, SandboxNotFound, SandboxTable
+from rollstack.e2b.sandboxes import Sandbox, SandboxTable
 from rollstack.errors import (
-    EnvironmentGone, InsufficientCapacity, InvalidRequest, NotFound, OomTerminated, RollstackError,
-    Unauthorized,
+    AlreadyExists, EnvironmentGone, InsufficientCapacity, InvalidRequest, NotFound, OomTerminated,
+    RollstackError, SandboxNotFound, Unauthorized,
 )
-from rollstack.run.fsops import AlreadyExists
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -21,13 +21,7 @@ from typing import Any
 
 from rollstack.e2b.models import CreatedSandbox, ListedSandbox, NewSandbox, SandboxDetail
 from rollstack.e2b.processes import ProcessTable
-from rollstack.errors import EnvironmentGone, EnvironmentNotFound, NotFound, OomTerminated
-
-
-class SandboxNotFound(NotFound):
-    """No sandbox with that id on this node (never created here, killed, or expired)."""
-
-    code = "sandbox_not_found"
+from rollstack.errors import EnvironmentGone, EnvironmentNotFound, OomTerminated, SandboxNotFound
 
 
 @dataclass

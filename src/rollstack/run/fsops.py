@@ -17,15 +17,11 @@ import shutil
 import stat as statmod
 from dataclasses import dataclass
 
-from rollstack.errors import InvalidRequest, NotFound, UnsafePath
+from rollstack.errors import AlreadyExists, InvalidRequest, NotFound, UnsafePath
 from rollstack.run.files import SafeRoot, split_request
 
 MAX_WALK_ENTRIES = 100_000
 """A listing stops with InvalidRequest past this many entries."""
-
-
-class AlreadyExists(InvalidRequest):
-    """make_dir of a path that is there already."""
 
 
 @dataclass(frozen=True)
