@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 import time
 
 import httpx
@@ -48,6 +49,20 @@ def raw(e2b_node):
     assert not root.exists(), "the killed sandbox left its environment directory"
     with open("/proc/self/mountinfo") as f:
         assert str(root) not in f.read()
+    def mine() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith(f"rollstack-e2b-{box.sandbox_id}-")]
+
+    while mine() and time.monotonic() < deadline + 10:
+        time.sleep(0.1)
+    assert mine() == [], "process threads outlived their sandbox"
+
+
+def test_a_killed_sandbox_ends_its_running_processes(e2b_node, raw):
+    box, client = raw
+    for _ in range(3):
+        box.commands.run("sleep 300", background=True, timeout=0)
+    assert len(client.post(LIST, json={}).json()["processes"]) == 3
+    # the fixture kills the sandbox and checks that no process thread, dir or mount is left
 
 
 def _start(client: httpx.Client, command: str, **headers: str) -> httpx.Response:
