@@ -76,3 +76,15 @@ def test_async_many_sandboxes_concurrently(e2b_node):
     outs = asyncio.run(scenario())
     # each sandbox saw its own file only: `cat` prints "i" (no newline), `ls /tmp` prints "ni"
     assert outs == [f"{i}n{i}\n" for i in range(4)]
+
+
+def test_async_many_commands_in_one_sandbox(e2b_node):
+    async def scenario() -> list[str]:
+        box = await AsyncSandbox.create(e2b_node.template, timeout=120)
+        try:
+            runs = [box.commands.run(f"for j in 1 2 3; do echo {i}-$j; sleep 0.1; done") for i in range(16)]
+            return [r.stdout for r in await asyncio.gather(*runs)]
+        finally:
+            await box.kill()
+
+    assert asyncio.run(scenario()) == [f"{i}-1\n{i}-2\n{i}-3\n" for i in range(16)]

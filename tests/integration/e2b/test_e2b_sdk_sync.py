@@ -200,3 +200,8 @@ def test_bad_input_gets_the_sdk_exceptions(e2b_node, sbx):
         sbx.commands.connect(999999)
     with pytest.raises(InvalidArgumentException):
         sbx.files.list("/work/app/hello.txt")  # not a directory
+
+
+def test_large_output_arrives_whole(sbx):
+    r = sbx.commands.run("yes 0123456789abcdef | head -c 5000000; echo; echo tail >&2", timeout=120)
+    assert len(r.stdout) == 5_000_001 and r.stdout.startswith("0123456789abcdef\n") and r.stderr == "tail\n"
