@@ -4,17 +4,38 @@ CONTRACT (the pool and the simulator code against this):
 
     place(request, nodes, policy=PlacementPolicy(), exclude=frozenset()) -> list[str]
 
-returns a node_id for each of `request.count` environments, in order; capacity is consumed
-across the batch; raises `InsufficientCapacity` (details: pool, needed, placed) when the pool
-cannot admit them all (nothing is placed then).
+returns a node_id for each of `request.count` environments, in order; capacity is consumed across
+the batch; raises `InsufficientCapacity` (details: pool, needed, placed) naming the pool when the
+pool cannot admit them all (nothing is placed then). `nodes` is a sequence of `NodeView`s or a
+`PlacementIndex` built from them (the live view keeps one index per refresh and `commit`s each
+decision into it, so a decision never walks node objects or layer sets in Python).
+
+Scoring, for every node that is alive, not excluded and can admit the request (a free slot, the
+cores and the memory after the node's admission reserve):
+
+    score = hot_weight  * (bytes of the stack already hot there / bytes of the stack)
+          + load_weight * (free fraction of its scarcest resource: slots, cores, memory)
+          + GROUP       if it holds 1..spread_limit-1 live envs of the request's trace key
+          - GROUP       if it holds >= spread_limit of them (the group spreads elsewhere first)
+
+GROUP (4) dominates the other two terms (each <= its weight, default 1), so a GRPO group stays on
+one node until that node is full or holds `spread_limit` of it, and the rollouts after the first
+find its access trace and its layers there. The highest score wins; ties go to the smallest
+node_id (nodes are kept sorted), so the same view and request always give the same answer. After
+a decision the index charges the node (cores, memory, one slot), counts the group there, and
+marks the stack's layers hot there (the node is about to fetch them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rollstack.errors import InsufficientCapacity
+import numpy as np
+
+from rollstack.errors import InsufficientCapacity, InvalidRequest
+
+GROUP = 4.0
 
 
 @dataclass(frozen=True)
@@ -43,24 +64,167 @@ class PlacementRequest:
 @dataclass(frozen=True)
 class PlacementPolicy:
     spread_limit: int = 8  # max envs of one trace_key per node before spreading
+    hot_weight: float = 1.0  # weight of the hot-bytes fraction
+    load_weight: float = 1.0  # weight of the free fraction of the scarcest resource
 
 
-def place(request: PlacementRequest, nodes: Sequence[NodeView], policy: PlacementPolicy = PlacementPolicy(),
-          exclude: frozenset[str] = frozenset(), pool: str = "pool") -> list[str]:
-    """Placeholder (contract only); the scored implementation replaces it."""
-    free = {n.node_id: [n.free_cpu, n.free_memory, n.free_slots] for n in nodes
-            if n.alive and n.node_id not in exclude}
-    out: list[str] = []
+def check_request(request: PlacementRequest, policy: PlacementPolicy) -> None:
+    if request.count < 1:
+        raise InvalidRequest(f"placement count must be >= 1, got {request.count}")
+    if request.cpu < 0 or request.memory < 0:
+        raise InvalidRequest(f"placement asks for negative resources (cpu={request.cpu}, memory={request.memory})")
+    if any(size < 0 for _, size in request.layers):
+        raise InvalidRequest("placement request has a layer with a negative size")
+    if policy.spread_limit < 1:
+        raise InvalidRequest(f"spread_limit must be >= 1, got {policy.spread_limit}")
+
+
+class PlacementIndex:
+    """The nodes of one view as arrays (position = rank of node_id), updated by `commit`."""
+
+    def __init__(self, nodes: Iterable[NodeView]) -> None:
+        ordered = sorted(nodes, key=lambda n: n.node_id)
+        self.ids: list[str] = [n.node_id for n in ordered]
+        if len(set(self.ids)) != len(self.ids):
+            raise InvalidRequest("placement view lists a node_id twice")
+        self.pos: dict[str, int] = {nid: i for i, nid in enumerate(self.ids)}
+        self.urls: dict[str, str] = {n.node_id: n.url for n in ordered}
+        self.alive = np.array([n.alive for n in ordered], dtype=bool)
+        self.cpu = np.array([n.free_cpu for n in ordered], dtype=np.float64)
+        self.mem = np.array([n.free_memory for n in ordered], dtype=np.float64)
+        self.slots = np.array([n.free_slots for n in ordered], dtype=np.float64)
+        # Fixed scales (the view's largest free figures) turn free amounts into fractions.
+        self._scale = tuple(float(max(a.max(initial=0.0), 1e-9)) for a in (self.slots, self.cpu, self.mem))
+        holders: dict[str, list[int]] = {}
+        self.groups: dict[str, dict[int, int]] = {}
+        for i, n in enumerate(ordered):
+            for digest in n.hot_layers:
+                holders.setdefault(digest, []).append(i)
+            for key, c in n.groups.items():
+                if c > 0:
+                    self.groups.setdefault(key, {})[i] = int(c)
+        self.hot: dict[str, np.ndarray] = {}
+        for digest, where in holders.items():
+            mask = np.zeros(len(ordered), dtype=bool)
+            mask[where] = True
+            self.hot[digest] = mask
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    # --- the terms of the score, as arrays over nodes ---
+
+    def feasible(self, request: PlacementRequest, excluded: np.ndarray | None = None) -> np.ndarray:
+        ok = self.alive & (self.slots >= 1) & (self.cpu >= request.cpu) & (self.mem >= request.memory)
+        if excluded is not None:
+            ok &= ~excluded
+        return ok
+
+    def free_fraction(self) -> np.ndarray:
+        s, c, m = self._scale
+        return np.minimum(np.minimum(self.slots / s, self.cpu / c), self.mem / m)
+
+    def hot_fraction(self, layers: Sequence[tuple[str, int]]) -> np.ndarray:
+        total = float(sum(size for _, size in layers))
+        acc = np.zeros(len(self.ids), dtype=np.float64)
+        if total <= 0:
+            return acc
+        for digest, size in layers:
+            mask = self.hot.get(digest)
+            if mask is not None and size:
+                acc += mask * (size / total)
+        return acc
+
+    def hot_bytes(self, i: int, layers: Sequence[tuple[str, int]]) -> int:
+        return sum(size for digest, size in layers if (m := self.hot.get(digest)) is not None and m[i])
+
+    def exclusion(self, exclude: Iterable[str]) -> np.ndarray | None:
+        where = [self.pos[nid] for nid in exclude if nid in self.pos]
+        if not where:
+            return None
+        mask = np.zeros(len(self.ids), dtype=bool)
+        mask[where] = True
+        return mask
+
+    # --- one decision, and its effect ---
+
+    def choose(self, request: PlacementRequest, policy: PlacementPolicy,
+               excluded: np.ndarray | None = None) -> int | None:
+        """Position of the best node for one env of `request`, or None when none can admit it."""
+        ok = self.feasible(request, excluded)
+        if not ok.any():
+            return None
+        score = policy.load_weight * self.free_fraction()
+        if policy.hot_weight:
+            score += policy.hot_weight * self.hot_fraction(request.layers)
+        if request.trace_key is not None:
+            for i, c in self.groups.get(request.trace_key, {}).items():
+                score[i] += GROUP if c < policy.spread_limit else -GROUP
+        score[~ok] = -np.inf
+        return int(np.argmax(score))
+
+    def commit(self, i: int, request: PlacementRequest) -> list[str]:
+        """Charge node `i` with one env of `request` (capacity, group, layers about to be hot);
+        returns the digests that became hot there (for `release(..., unmark=)`)."""
+        self.cpu[i] -= request.cpu
+        self.mem[i] -= request.memory
+        self.slots[i] -= 1
+        if request.trace_key is not None:
+            g = self.groups.setdefault(request.trace_key, {})
+            g[i] = g.get(i, 0) + 1
+        fresh = []
+        for digest, _ in request.layers:
+            mask = self.hot.get(digest)
+            if mask is None:
+                mask = self.hot[digest] = np.zeros(len(self.ids), dtype=bool)
+            if not mask[i]:
+                mask[i] = True
+                fresh.append(digest)
+        return fresh
+
+    def release(self, i: int, request: PlacementRequest, unmark: Iterable[str] = ()) -> None:
+        """Give back what `commit` charged (the env was destroyed); its layers stay hot except
+        `unmark` (a decision taken back before the node fetched anything)."""
+        for digest in unmark:
+            self.forget_layer(i, digest)
+        self.cpu[i] += request.cpu
+        self.mem[i] += request.memory
+        self.slots[i] += 1
+        if request.trace_key is not None:
+            g = self.groups.get(request.trace_key, {})
+            if g.get(i, 0) <= 1:
+                g.pop(i, None)
+                if not g:
+                    self.groups.pop(request.trace_key, None)
+            else:
+                g[i] -= 1
+
+    def forget_layer(self, i: int, digest: str) -> None:
+        """The node evicted `digest` from its cache."""
+        mask = self.hot.get(digest)
+        if mask is not None:
+            mask[i] = False
+
+
+def place(request: PlacementRequest, nodes: Sequence[NodeView] | PlacementIndex,
+          policy: PlacementPolicy = PlacementPolicy(), exclude: frozenset[str] = frozenset(),
+          pool: str = "pool") -> list[str]:
+    """node_id for each of `request.count` envs. A `PlacementIndex` passed in is updated in
+    place when the whole batch fits (and left untouched when it does not)."""
+    check_request(request, policy)
+    index = nodes if isinstance(nodes, PlacementIndex) else PlacementIndex(nodes)
+    excluded = index.exclusion(exclude)
+    chosen: list[int] = []
+    marked: list[list[str]] = []
     for _ in range(request.count):
-        for nid in sorted(free):
-            f = free[nid]
-            if f[0] >= request.cpu and f[1] >= request.memory and f[2] >= 1:
-                f[0] -= request.cpu
-                f[1] -= request.memory
-                f[2] -= 1
-                out.append(nid)
-                break
-        else:
-            raise InsufficientCapacity(f"{pool}: no node can admit {request.count} environment(s)",
-                                       pool=pool, needed=request.count, placed=len(out))
-    return out
+        i = index.choose(request, policy, excluded)
+        if i is None:
+            for j, fresh in zip(reversed(chosen), reversed(marked)):
+                index.release(j, request, unmark=fresh)
+            raise InsufficientCapacity(
+                f"{pool}: no node can admit {request.count} environment(s) of {request.cpu:g} cpu / "
+                f"{request.memory} bytes ({len(chosen)} fit; {int(index.alive.sum())} of {len(index)} nodes alive, "
+                f"{len(exclude)} excluded)", pool=pool, needed=request.count, placed=len(chosen))
+        marked.append(index.commit(i, request))
+        chosen.append(i)
+    return [index.ids[i] for i in chosen]
