@@ -15,10 +15,10 @@ cores and the memory after the node's admission reserve):
 
     score = hot_weight  * (bytes of the stack already hot there / bytes of the stack)
           + load_weight * (free fraction of its scarcest resource: slots, cores, memory)
-          + GROUP       if it holds 1..spread_limit-1 live envs of the request's trace key
-          - GROUP       if it holds >= spread_limit of them (the group spreads elsewhere first)
+          + G           if it holds 1..spread_limit-1 live envs of the request's trace key
+          - G           if it holds >= spread_limit of them (the group spreads elsewhere first)
 
-GROUP (4) dominates the other two terms (each <= its weight, default 1), so a GRPO group stays on
+G = 1 + hot_weight + load_weight dominates the other two terms (each <= its weight), so a GRPO group stays on
 one node until that node is full or holds `spread_limit` of it, and the rollouts after the first
 find its access trace and its layers there. The highest score wins; ties go to the smallest
 node_id (nodes are kept sorted), so the same view and request always give the same answer. After
@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollstack.errors import InsufficientCapacity, InvalidRequest
-
-GROUP = 4.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +73,8 @@ def check_request(request: PlacementRequest, policy: PlacementPolicy) -> None:
         raise InvalidRequest(f"placement asks for negative resources (cpu={request.cpu}, memory={request.memory})")
     if any(size < 0 for _, size in request.layers):
         raise InvalidRequest("placement request has a layer with a negative size")
+    if policy.hot_weight < 0 or policy.load_weight < 0:
+        raise InvalidRequest("placement weights must be >= 0")
     if policy.spread_limit < 1:
         raise InvalidRequest(f"spread_limit must be >= 1, got {policy.spread_limit}")
 
@@ -158,8 +158,9 @@ class PlacementIndex:
         if policy.hot_weight:
             score += policy.hot_weight * self.hot_fraction(request.layers)
         if request.trace_key is not None:
+            bonus = 1.0 + abs(policy.hot_weight) + abs(policy.load_weight)
             for i, c in self.groups.get(request.trace_key, {}).items():
-                score[i] += GROUP if c < policy.spread_limit else -GROUP
+                score[i] += bonus if c < policy.spread_limit else -bonus
         score[~ok] = -np.inf
         return int(np.argmax(score))
 
