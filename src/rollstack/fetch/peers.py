@@ -26,6 +26,13 @@ class PeerClient:
         self.misses = 0
         self.failures = 0
 
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Replace the peer set (a cluster learns its members as they come and go)."""
+        fresh = [u.rstrip("/") for u in urls]
+        with self._lock:
+            self.urls = fresh
+            self._dead_until = {u: t for u, t in self._dead_until.items() if u in fresh}
+
     def _alive(self) -> list[str]:
         now = time.monotonic()
         with self._lock:

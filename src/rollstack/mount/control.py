@@ -11,6 +11,7 @@ JSON in, JSON out; errors as `{"error": {"code", "message"}}` with the error's H
     POST /v1/prefetch                  {"trace_key": k, "env_id": id|null} -> prefetch a stored trace
     GET  /v1/stats                     node-wide stats
     GET  /v1/chunks/<digest>           chunk bytes (peers), 404 if absent
+    PUT  /v1/peers                     {"urls": [...]} -> replace the peer set (cluster membership)
     POST /v1/drop_caches               empty memory + disk chunk caches (benchmarks)
     POST /v1/shutdown                  unmount and exit
     GET  /metrics                      Prometheus text
@@ -80,6 +81,11 @@ class ControlApi:
             return _json(200, await svc.add_layers(_layers(doc)))
         if path == "/v1/fetch_all" and method == "POST":
             return _json(200, await svc.fetch_all(_layers(doc), background=bool(doc.get("background", False))))
+        if path == "/v1/peers" and method == "PUT":
+            urls = doc.get("urls")
+            if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+                raise InvalidRequest("peers needs 'urls': a list of strings")
+            return _json(200, {"urls": svc.set_peers(urls)})
         if path == "/v1/drop_caches" and method == "POST":
             svc.drop_caches()
             return _json(200, {"ok": True})

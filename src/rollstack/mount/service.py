@@ -556,7 +556,7 @@ class LazyStoreService:
             "disk_cache": {"bytes": self.disk.bytes, "budget": self.disk.budget, "chunks": len(self.disk),
                            "evictions": self.disk.evictions, "rejected": self.disk.rejected,
                            **self.fetcher.writeback_queue()},
-            "peers": {"urls": list(self.config.peers),
+            "peers": {"urls": list(self.peers.urls if self.peers else self.config.peers),
                       "hits": self.peers.hits if self.peers else 0, "misses": self.peers.misses if self.peers else 0},
             "fetch": self.metrics.snapshot(),
             "background": self.fetcher.gate.snapshot(),
@@ -567,6 +567,16 @@ class LazyStoreService:
             "shared_trace_publish_errors": self.shared["publish_errors"],
             "uptime_seconds": round(time.time() - self.started, 3),
         }
+
+    def set_peers(self, urls: list[str]) -> list[str]:
+        """Replace the peers asked before the registry (a cluster's members come and go)."""
+        fc = self.config.fetch
+        if self.peers is None:
+            self.peers = PeerClient(urls, timeout=fc.peer_timeout, dead_for=fc.peer_dead_for)
+        else:
+            self.peers.set_urls(urls)
+        self.fetcher.peers = self.peers if self.peers.urls else None
+        return list(self.peers.urls)
 
     def drop_caches(self) -> None:
         self.fetcher.drop_queued()
