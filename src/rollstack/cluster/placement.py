@@ -14,14 +14,19 @@ Scoring, for every node that is alive, not excluded and can admit the request (a
 cores and the memory after the node's admission reserve):
 
     score = hot_weight  * (bytes of the stack already hot there / bytes of the stack)
-          + load_weight * (free fraction of its scarcest resource: slots, cores, memory)
-          + G           if it holds 1..spread_limit-1 live envs of the request's trace key
-          - G           if it holds >= spread_limit of them (the group spreads elsewhere first)
+          + load_weight * (free fraction of its scarcest resource: slots, cores, memory, minus
+                           the room reserved for the groups already there; may go below 0)
 
-G = 1 + hot_weight + load_weight dominates the other two terms (each <= its weight), so a GRPO group stays on
-one node until that node is full or holds `spread_limit` of it, and the rollouts after the first
-find its access trace and its layers there. The highest score wins; ties go to the smallest
-node_id (nodes are kept sorted), so the same view and request always give the same answer. After
+in three tiers: the nodes holding 1..spread_limit-1 live envs of the request's trace key come
+first; then the nodes without it (those with room for this env, or for a new group's
+spread_limit envs, beyond what they reserved for their groups first); the nodes holding
+>= spread_limit of it only when nothing else fits. So a GRPO group stays on one node until that node is full or holds `spread_limit` of it,
+and the rollouts after the first find its access trace and its layers there. A group on a node
+reserves room for its remaining members (spread_limit - count envs of its size): the reservation
+lowers the node's load term for everyone else (new groups go elsewhere before the node is full of
+first rollouts, so each group's later rollouts still fit) but never refuses an env. Within a
+tier the highest score wins; ties go to the smallest node_id (nodes are kept sorted), so the same
+view and request always give the same answer. After
 a decision the index charges the node (cores, memory, one slot), counts the group there, and
 marks the stack's layers hot there (the node is about to fetch them).
 """
@@ -62,8 +67,9 @@ class PlacementRequest:
 @dataclass(frozen=True)
 class PlacementPolicy:
     spread_limit: int = 8  # max envs of one trace_key per node before spreading
+    group_reserve: bool = True  # a group's first env reserves room for the rest (load term only)
     hot_weight: float = 1.0  # weight of the hot-bytes fraction
-    load_weight: float = 1.0  # weight of the free fraction of the scarcest resource
+    load_weight: float = 2.0  # weight of the free fraction of the scarcest resource (see docs/cluster-placement.md)
 
 
 def check_request(request: PlacementRequest, policy: PlacementPolicy) -> None:
@@ -82,7 +88,7 @@ def check_request(request: PlacementRequest, policy: PlacementPolicy) -> None:
 class PlacementIndex:
     """The nodes of one view as arrays (position = rank of node_id), updated by `commit`."""
 
-    def __init__(self, nodes: Iterable[NodeView]) -> None:
+    def __init__(self, nodes: Iterable[NodeView], policy: PlacementPolicy = PlacementPolicy()) -> None:
         ordered = sorted(nodes, key=lambda n: n.node_id)
         self.ids: list[str] = [n.node_id for n in ordered]
         if len(set(self.ids)) != len(self.ids):
@@ -95,6 +101,9 @@ class PlacementIndex:
         self.slots = np.array([n.free_slots for n in ordered], dtype=np.float64)
         # Fixed scales (the view's largest free figures) turn free amounts into fractions.
         self._scale = tuple(float(max(a.max(initial=0.0), 1e-9)) for a in (self.slots, self.cpu, self.mem))
+        # Room reserved for the members still to come of the groups on each node (slots, cpu, mem).
+        self.limit = policy.spread_limit
+        self.res = np.zeros((3, len(ordered)), dtype=np.float64)
         holders: dict[str, list[int]] = {}
         self.groups: dict[str, dict[int, int]] = {}
         for i, n in enumerate(ordered):
@@ -103,6 +112,7 @@ class PlacementIndex:
             for key, c in n.groups.items():
                 if c > 0:
                     self.groups.setdefault(key, {})[i] = int(c)
+                    self.res[0, i] += self._reserve(int(c))  # sizes unknown from a view: slots only
         self.hot: dict[str, np.ndarray] = {}
         for digest, where in holders.items():
             mask = np.zeros(len(ordered), dtype=bool)
@@ -120,9 +130,17 @@ class PlacementIndex:
             ok &= ~excluded
         return ok
 
-    def free_fraction(self) -> np.ndarray:
+    def _reserve(self, count: int) -> int:
+        return max(0, self.limit - count) if count >= 1 else 0
+
+    def free_fraction(self, reserved: bool = False) -> np.ndarray:
+        """Free fraction of each node's scarcest resource; `reserved` subtracts the room held for
+        groups' remaining members (then it can be negative)."""
         s, c, m = self._scale
-        return np.minimum(np.minimum(self.slots / s, self.cpu / c), self.mem / m)
+        if not reserved:
+            return np.minimum(np.minimum(self.slots / s, self.cpu / c), self.mem / m)
+        r = self.res
+        return np.minimum(np.minimum((self.slots - r[0]) / s, (self.cpu - r[1]) / c), (self.mem - r[2]) / m)
 
     def hot_fraction(self, layers: Sequence[tuple[str, int]]) -> np.ndarray:
         total = float(sum(size for _, size in layers))
@@ -154,13 +172,25 @@ class PlacementIndex:
         ok = self.feasible(request, excluded)
         if not ok.any():
             return None
-        score = policy.load_weight * self.free_fraction()
+        score = policy.load_weight * self.free_fraction(reserved=policy.group_reserve)
         if policy.hot_weight:
             score += policy.hot_weight * self.hot_fraction(request.layers)
-        if request.trace_key is not None:
-            bonus = 1.0 + abs(policy.hot_weight) + abs(policy.load_weight)
-            for i, c in self.groups.get(request.trace_key, {}).items():
-                score[i] += bonus if c < policy.spread_limit else -bonus
+        group = self.groups.get(request.trace_key) if request.trace_key is not None else None
+        if group:
+            below = [i for i, c in group.items() if c < policy.spread_limit and ok[i]]
+            if below:  # tier 1: the group's nodes with room for it
+                return min(below, key=lambda i: (-score[i], i))
+            over = [i for i, c in group.items() if ok[i]]
+            if len(over) < int(ok.sum()):  # tier 3 (nodes at the spread limit) only when nothing else fits
+                ok = ok.copy()
+                ok[over] = False
+        if policy.group_reserve:  # within tier 2, nodes with room beyond their reservations first
+            need = policy.spread_limit if request.trace_key is not None else 1
+            r = self.res
+            roomy = ok & (self.slots - r[0] >= need) & (self.cpu - r[1] >= need * request.cpu) \
+                & (self.mem - r[2] >= need * request.memory)
+            if roomy.any():
+                ok = roomy
         score[~ok] = -np.inf
         return int(np.argmax(score))
 
@@ -172,7 +202,9 @@ class PlacementIndex:
         self.slots[i] -= 1
         if request.trace_key is not None:
             g = self.groups.setdefault(request.trace_key, {})
-            g[i] = g.get(i, 0) + 1
+            c = g.get(i, 0)
+            g[i] = c + 1
+            self._shift(i, self._reserve(c + 1) - self._reserve(c), request)
         fresh = []
         for digest, _ in request.layers:
             mask = self.hot.get(digest)
@@ -193,12 +225,21 @@ class PlacementIndex:
         self.slots[i] += 1
         if request.trace_key is not None:
             g = self.groups.get(request.trace_key, {})
-            if g.get(i, 0) <= 1:
+            c = g.get(i, 0)
+            if c >= 1:
+                self._shift(i, self._reserve(c - 1) - self._reserve(c), request)
+            if c <= 1:
                 g.pop(i, None)
                 if not g:
                     self.groups.pop(request.trace_key, None)
             else:
                 g[i] -= 1
+
+    def _shift(self, i: int, delta: int, request: PlacementRequest) -> None:
+        if delta:  # (a group known from a view reserved slots only: never go below 0)
+            self.res[0, i] = max(0.0, self.res[0, i] + delta)
+            self.res[1, i] = max(0.0, self.res[1, i] + delta * request.cpu)
+            self.res[2, i] = max(0.0, self.res[2, i] + delta * request.memory)
 
     def forget_layer(self, i: int, digest: str) -> None:
         """The node evicted `digest` from its cache."""
@@ -213,7 +254,7 @@ def place(request: PlacementRequest, nodes: Sequence[NodeView] | PlacementIndex,
     """node_id for each of `request.count` envs. A `PlacementIndex` passed in is updated in
     place when the whole batch fits (and left untouched when it does not)."""
     check_request(request, policy)
-    index = nodes if isinstance(nodes, PlacementIndex) else PlacementIndex(nodes)
+    index = nodes if isinstance(nodes, PlacementIndex) else PlacementIndex(nodes, policy)
     excluded = index.exclusion(exclude)
     chosen: list[int] = []
     marked: list[list[str]] = []

@@ -223,3 +223,22 @@ def test_a_thousand_node_view_places_a_big_batch_consistently():
         place(PlacementRequest(tuple(rng.sample(layers, 4)), f"t{k // 8}", 1.0, GiB), index)
     assert index.slots.min() >= 0 and index.slots.sum() == 16_000 - 2000
     assert all(max(g.values()) <= 8 for g in index.groups.values())
+
+
+@pytest.mark.parametrize("reserve, colocated", [(True, True), (False, False)])
+def test_group_reservation_keeps_interleaved_groups_whole(reserve, colocated):
+    """Rollout 1 of four tasks, then rollout 2 of each, ...: with reservations every group ends
+    on one node although the stack is hot on one node only; without, the hot node fills with
+    first rollouts and the groups split."""
+    stack = (("sha256:os", 1000),)
+    index = PlacementIndex([node("a", slots=16, cpu=16, hot={"sha256:os"}), node("b", slots=16, cpu=16)],
+                           PlacementPolicy(group_reserve=reserve))
+    where: dict[str, set[str]] = {}
+    for r in range(8):
+        for t in range(4):
+            [nid] = place(PlacementRequest(stack, f"t{t}", 1.0, GiB), index, PlacementPolicy(group_reserve=reserve))
+            where.setdefault(f"t{t}", set()).add(nid)
+    assert all(len(v) == 1 for v in where.values()) is colocated
+    assert index.slots.sum() == 0  # full
+    if reserve:
+        assert index.res.sum() == 0  # every reservation consumed by its group
