@@ -79,6 +79,10 @@ def check_request(request: PlacementRequest, policy: PlacementPolicy) -> None:
         raise InvalidRequest(f"placement asks for negative resources (cpu={request.cpu}, memory={request.memory})")
     if any(size < 0 for _, size in request.layers):
         raise InvalidRequest("placement request has a layer with a negative size")
+    check_policy(policy)
+
+
+def check_policy(policy: PlacementPolicy) -> None:
     if policy.hot_weight < 0 or policy.load_weight < 0:
         raise InvalidRequest("placement weights must be >= 0")
     if policy.spread_limit < 1:
@@ -169,18 +173,19 @@ class PlacementIndex:
     def choose(self, request: PlacementRequest, policy: PlacementPolicy,
                excluded: np.ndarray | None = None) -> int | None:
         """Position of the best node for one env of `request`, or None when none can admit it."""
+        group = self.groups.get(request.trace_key) if request.trace_key is not None else None
+        if group:  # tier 1: the group's nodes with room for it (a few nodes: scalar arithmetic)
+            below = [i for i, c in group.items() if c < policy.spread_limit and self._admits(i, request, excluded)]
+            if below:
+                return min(below, key=lambda i: (-self._score_one(i, request, policy), i))
         ok = self.feasible(request, excluded)
         if not ok.any():
             return None
         score = policy.load_weight * self.free_fraction(reserved=policy.group_reserve)
         if policy.hot_weight:
             score += policy.hot_weight * self.hot_fraction(request.layers)
-        group = self.groups.get(request.trace_key) if request.trace_key is not None else None
         if group:
-            below = [i for i, c in group.items() if c < policy.spread_limit and ok[i]]
-            if below:  # tier 1: the group's nodes with room for it
-                return min(below, key=lambda i: (-score[i], i))
-            over = [i for i, c in group.items() if ok[i]]
+            over = [i for i in group if ok[i]]
             if len(over) < int(ok.sum()):  # tier 3 (nodes at the spread limit) only when nothing else fits
                 ok = ok.copy()
                 ok[over] = False
@@ -193,6 +198,19 @@ class PlacementIndex:
                 ok = roomy
         score[~ok] = -np.inf
         return int(np.argmax(score))
+
+    def _admits(self, i: int, request: PlacementRequest, excluded: np.ndarray | None) -> bool:
+        return bool(self.alive[i] and self.slots[i] >= 1 and self.cpu[i] >= request.cpu
+                    and self.mem[i] >= request.memory and (excluded is None or not excluded[i]))
+
+    def _score_one(self, i: int, request: PlacementRequest, policy: PlacementPolicy) -> float:
+        """The vector score of `choose` for one node."""
+        s, c, m = self._scale
+        r = self.res[:, i] if policy.group_reserve else (0.0, 0.0, 0.0)
+        free = min((self.slots[i] - r[0]) / s, (self.cpu[i] - r[1]) / c, (self.mem[i] - r[2]) / m)
+        total = sum(size for _, size in request.layers)
+        hot = self.hot_bytes(i, request.layers) / total if total > 0 else 0.0
+        return policy.load_weight * float(free) + policy.hot_weight * hot
 
     def commit(self, i: int, request: PlacementRequest) -> list[str]:
         """Charge node `i` with one env of `request` (capacity, group, layers about to be hot);

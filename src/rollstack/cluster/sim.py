@@ -37,7 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollstack.cluster.placement import NodeView, PlacementIndex, PlacementPolicy, PlacementRequest
+from rollstack.cluster.placement import NodeView, PlacementIndex, PlacementPolicy, PlacementRequest, check_policy
 from rollstack.cluster.placement_baselines import make
 from rollstack.errors import InvalidRequest
 
@@ -124,6 +124,9 @@ def _arrivals(w: Workload, rng: random.Random) -> list[tuple[int, int]]:
 def simulate(strategy: str, w: Workload = Workload(), costs: Costs = Costs(),
              policy: PlacementPolicy = PlacementPolicy(), k: int = 3) -> dict[str, Any]:
     w.check()
+    check_policy(policy)
+    if costs.concurrency < 1 or costs.link_bytes_per_s <= 0:
+        raise InvalidRequest("costs need concurrency >= 1 and a link rate > 0")
     chooser = make(strategy, policy, k=k, seed=w.seed)
     stacks, task_repo = _stacks(w)
     rng = random.Random(f"arrivals-{w.seed}")
