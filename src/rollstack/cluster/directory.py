@@ -45,6 +45,8 @@ class Directory:
         self.source = source
         self.interval, self.member_interval, self.probe_timeout = interval, member_interval, probe_timeout
         self.members: dict[str, Member] = {}
+        self.died_at: dict[str, float] = {}
+        """node_id -> time.monotonic() it was last seen going from alive to dead (kept after it returns)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._http = httpx.Client(timeout=httpx.Timeout(probe_timeout))
@@ -91,9 +93,11 @@ class Directory:
         with self._lock:
             if info is None or info.get("status") != "ok":
                 if m.alive or m.dead_since is None:
-                    m.dead_since = time.monotonic()
+                    m.dead_since = self.died_at[node_id] = time.monotonic()
                 m.alive = False
             else:
+                if m.info is not None and m.info.get("instance") != info.get("instance") and m.alive:
+                    self.died_at[node_id] = time.monotonic()  # restarted between two polls
                 m.info, m.alive, m.dead_since = info, True, None
         return info
 
@@ -124,6 +128,7 @@ class Directory:
             m = self.members.get(node_id)
             if m is not None and m.alive:
                 m.alive, m.dead_since = False, time.monotonic()
+                self.died_at[node_id] = m.dead_since
 
     def instance(self, node_id: str) -> str | None:
         m = self.member(node_id)

@@ -239,10 +239,31 @@ class HostAgent:
                 proc.kill()
                 proc.wait(timeout=10)
         self.state = "stopped"
+        self._clean()
         left = leftovers(self.root)
         if remove and not left["mounts"]:
             shutil.rmtree(self.root, ignore_errors=True)
         return {"name": self.name, "stopped": True, "leftovers": left}
+
+
+    def _clean(self) -> None:
+        """What an agent that died hard (or was stopped while starting) left: its environments
+        (runc containers, overlay mounts, cgroups, dirs) and an orphaned lazy store daemon — the
+        same recovery a restarted agent runs on start."""
+        if not self.root.is_dir():
+            return
+        from rollstack.node.recovery import daemon_pids, end_orphan_daemon
+        from rollstack.run.environment import cleanup_leftovers
+
+        try:
+            left = cleanup_leftovers(self.root)
+            if not left.empty():
+                log.warning("%s: cleaned leftovers %s", self.name, left)
+        except Exception:  # noqa: BLE001 - report what stays via leftovers()
+            log.exception("%s: cleaning environment leftovers failed", self.name)
+        lazy = self.root / "lazy"
+        if daemon_pids(lazy / "mnt"):
+            end_orphan_daemon(lazy / "mnt", lazy / "state")
 
 
 def leftovers(root: Path) -> dict[str, list[str]]:

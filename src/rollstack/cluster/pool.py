@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
@@ -55,15 +57,26 @@ class _Core:
             store = next((d.get("store") for d in source() if d.get("store")), None)
         self.placer = Placer(store)
         self.policy = policy
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=100_000)
+        """Recent placements: node, and the share of the stack's bytes already hot there (benchmarks)."""
+        self.first_lost: dict[str, float] = {}
+        """node_id -> time.monotonic() of the first `node_lost` this pool raised for it."""
 
     def choose(self, req: PlacementRequest, exclude: set[str]) -> str:
-        return place(req, self.directory.views(), self.policy, exclude=frozenset(exclude), pool=self.name)[0]
+        views = self.directory.views()
+        node_id = place(req, views, self.policy, exclude=frozenset(exclude), pool=self.name)[0]
+        view = next(v for v in views if v.node_id == node_id)
+        total = sum(size for _, size in req.layers)
+        hot = sum(size for digest, size in req.layers if digest in view.hot_layers)
+        self.decisions.append({"node": node_id, "hot": hot / total if total else 0.0, "t": time.monotonic()})
+        return node_id
 
     def translate(self, exc: RollstackError, node_id: str, instance: str | None) -> RollstackError:
         """A failed call on an environment of `node_id` -> NodeLost when the node is gone or restarted."""
         if isinstance(exc, (NodeUnavailable, EnvironmentNotFound)) and not isinstance(exc, NodeLost):
             if self.directory.lost(node_id, instance):
                 m = self.directory.member(node_id)
+                self.first_lost.setdefault(node_id, time.monotonic())
                 return NodeLost(f"node {node_id} ({m.url if m else '?'}) was lost: {exc}", node=node_id)
         return exc
 

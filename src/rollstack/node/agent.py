@@ -56,8 +56,14 @@ def serve(config: NodeConfig) -> None:
     lock = hold_root(config)  # noqa: F841 - held (flock) for the life of this process
     token = ensure_token(config.token_path)
     service = NodeService(config)
+    # A stop request while starting (recovery, the lazy store) must not kill us half-way with
+    # mounts and environments up: note it, finish starting, then stop at once.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _note_signal)
     service.start()
     try:
+        if _SIGNALLED:
+            return
         config.pid_path.write_text(f"{os.getpid()}\n")
         _write_info(config)
         host, port = config.host_port()
@@ -147,7 +153,11 @@ def running_config(config: NodeConfig) -> NodeConfig:
         return config
 
 
+_SIGNALLED: list[int] = []
+
+
 def _note_signal(signum: int, _frame: Any) -> None:
+    _SIGNALLED.append(signum)
     log.info("signal %d: stopping", signum)
 
 

@@ -256,3 +256,78 @@ def test_bad_addresses_and_no_rollstack_nodes(rig: Rig, monkeypatch: pytest.Monk
     monkeypatch.setattr(ray_env, "rollstack_nodes", lambda _ray: [])
     with pytest.raises(ClusterUnavailable, match="custom resource 'rollstack'"):
         control.up(rig.address, rig.spec, root=rig.root)
+
+
+GRPO_TEMPLATE = {
+    "groups": ["os/busybox:1", "repo/{repo}:{version}"], "workdir": "{workdir}",
+    "resources": {"cpu": 0.25, "memory": "64Mi", "max_cpu": 1, "max_memory": "256Mi"},
+    "fetch": {"background": False}, "timeout": 300,
+    "evaluator": {"groups": ["os/busybox:1", "repo/{repo}:{version}"], "command": 'eval "$RS_TEST_COMMAND"'},
+}
+BUG = "--- a/hello.txt\n+++ b/hello.txt\n@@ -1 +1 @@\n-hello\n+bug\n"
+FIX = "--- a/hello.txt\n+++ b/hello.txt\n@@ -1 +1 @@\n-bug\n+hello\n"
+
+
+def test_grpo_over_async_pool_resamples_the_rollouts_of_a_killed_node(rig: Rig) -> None:
+    import asyncio
+
+    from rollstack import AsyncPool
+    from rollstack.integrations.grpo import run_batch
+    from rollstack.integrations.policies import ScriptedPolicy
+    from rollstack.integrations.tasks import SweTask
+
+    tasks = [SweTask(instance_id=f"app.1.hello__{i}", repo="app", version="1", workdir="/work/app", patch=BUG,
+                     fix=FIX, FAIL_TO_PASS=["hello.txt::hello"], test_command="grep -qx hello hello.txt")
+             for i in range(2)]
+    killed: list[str] = []
+
+    class KillOnce(ScriptedPolicy):
+        async def rollout(self, env, task, rng):
+            if not killed:  # the first rollout to start takes its node down (agent + daemon)
+                node = env.node_id
+                killed.append(node)
+                for pid in _agent_procs(rig.root / node.removeprefix("rollstack-node-")):
+                    os.kill(pid, signal.SIGKILL)
+            return await super().rollout(env, task, rng)
+
+    async def go():
+        async with AsyncPool(rig.address, interval=0.5) as pool:
+            return await run_batch(pool, tasks, 3, KillOnce(60), template=GRPO_TEMPLATE, concurrency=6)
+
+    report, groups = asyncio.run(go())
+    flat = [r for g in groups for r in g]
+    assert killed and [r.status for r in flat] == ["ok"] * 6, [(r.status, r.error, r.message) for r in flat]
+    assert [r.reward for r in flat] == [1.0] * 6  # nothing lost after resampling
+    assert report["rollouts"]["resampled"] >= 1
+
+
+def test_a_flapping_node_keeps_restarting_and_disturbs_no_one(rig: Rig) -> None:
+    import rollstack.cluster as rc
+
+    with _pool(rig) as pool:
+        envs = pool.create(busybox_plan(name="flap"), count=3)
+        rig.env_ids.update(e.id for e in envs)
+        nodes = {e.node_id for e in envs}
+        flapper = sorted(set(pool.directory.members) - nodes or set(pool.directory.members))[0]
+        before = {n["node_id"]: n["restarts"] for n in rc.status(rig.address)["nodes"]}
+        for _ in range(3):
+            instance = pool.directory.instance(flapper)
+            for pid in _agent_procs(rig.root / flapper.removeprefix("rollstack-node-")):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                pool.directory.probe(flapper)
+                if pool.directory.instance(flapper) not in (None, instance):
+                    break
+                time.sleep(0.3)
+            assert pool.directory.instance(flapper) != instance
+        after = {n["node_id"]: n for n in rc.status(rig.address)["nodes"]}
+        assert after[flapper]["restarts"] == before[flapper] + 3 and after[flapper]["state"] == "running"
+        for e in envs:  # environments on the other nodes never noticed
+            if e.node_id != flapper:
+                assert e.exec("cat hello.txt").stdout == "bug\n"
+        for e in envs:
+            try:
+                e.destroy()
+            except NodeLost:
+                pass
