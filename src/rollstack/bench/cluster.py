@@ -142,8 +142,17 @@ def iteration(address: str, tasks: list[dict[str, Any]], k: int, concurrency: in
         async with AsyncPool(address, interval=0.5) as pool:
             def killer() -> None:
                 time.sleep(kill[0])  # type: ignore[index]
-                views = {v.node_id: v for v in pool.nodes() if v.alive}
-                victim = max(views, key=lambda n: int((pool.directory.members[n].info or {}).get("environments", 0)))
+
+                def live(n: str) -> int:
+                    return int((pool.directory.members[n].info or {}).get("environments", 0))
+
+                deadline = time.monotonic() + 20  # the node with most live environments (at least one)
+                while True:
+                    views = [v.node_id for v in pool.nodes() if v.alive]
+                    victim = max(views, key=live)
+                    if live(victim) > 0 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
                 pids = node_pids(kill[1] / victim.removeprefix("rollstack-node-"))  # type: ignore[index]
                 killed.update(node=victim, pids=pids, at=time.monotonic(),
                               live_envs=int((pool.directory.members[victim].info or {}).get("environments", 0)))

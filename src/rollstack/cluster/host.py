@@ -211,7 +211,7 @@ class HostAgent:
         lazy = self.root / "lazy"
         client = LazyStoreClient.connect(lazy / "mnt", lazy / "state")
         try:
-            client.set_peers(urls)
+            client.set_peers(urls, self.lazy_url)
             self._pushed_peers = urls
         except RollstackError as exc:
             log.warning("handing peers to the lazy store failed: %s", exc)
