@@ -34,7 +34,9 @@ SOURCES = {
                "environment layer, set with --repo-mb",
     "read_fraction": "0.05: ~20 MB read before the first command finishes (3.1 MB before ready + 16.7 MB on demand, "
                      "docs/benchmarks.md) over ~460 MB of stored groups; a full rollout reads more",
-    "task_mb": "3 MB: bytes a task's own access trace names (the 3.1 MB fetched before ready, docs/benchmarks.md)",
+    "task_mb": "3 MB: bytes of a task of its own (not shared with other tasks of the stack): the 3.1 MB fetched "
+               "before ready (docs/benchmarks.md); a GRPO group's first rollout on a cold node pulls 10.7 MB, its "
+               "rollouts 2-8 35 KB each (README, bench fetch --only grpo)",
     "slots": "ceil(1.25 * envs / nodes): the pool 80% full at the iteration's peak (a choice, not a measurement)",
     "cache_gb": "50 GB per node chunk cache (a choice; the node's cache bound is a config value)",
     "repos/tasks/zipf": "40 repositories, 5,000 tasks, Zipf 1.1 popularity: a synthetic SWE-bench-like universe",

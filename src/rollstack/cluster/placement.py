@@ -122,14 +122,32 @@ class PlacementIndex:
             mask = np.zeros(len(ordered), dtype=bool)
             mask[where] = True
             self.hot[digest] = mask
+        # Derived per-node arrays, kept current by `_touch(i)` after every change to node i, so a
+        # decision does not recompute them: admissible at all, free fraction (raw, after
+        # reservations), room after reservations. Hot fractions are cached per stack until a
+        # hot bit flips anywhere.
+        self._open = self.alive & (self.slots >= 1)
+        s, c, m = self._scale
+        self._frac = np.minimum(np.minimum(self.slots / s, self.cpu / c), self.mem / m)
+        self._room = np.stack([self.slots - self.res[0], self.cpu - self.res[1], self.mem - self.res[2]])
+        self._frac_res = np.minimum(np.minimum(self._room[0] / s, self._room[1] / c), self._room[2] / m)
+        self._hot_version = 0
+        self._hot_cache: dict[tuple[tuple[str, int], ...], tuple[int, np.ndarray]] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
 
     # --- the terms of the score, as arrays over nodes ---
 
+    def _touch(self, i: int) -> None:
+        s, c, m = self._scale
+        self._open[i] = self.alive[i] and self.slots[i] >= 1
+        self._frac[i] = min(self.slots[i] / s, self.cpu[i] / c, self.mem[i] / m)
+        room = self._room[:, i] = (self.slots[i] - self.res[0, i], self.cpu[i] - self.res[1, i], self.mem[i] - self.res[2, i])
+        self._frac_res[i] = min(room[0] / s, room[1] / c, room[2] / m)
+
     def feasible(self, request: PlacementRequest, excluded: np.ndarray | None = None) -> np.ndarray:
-        ok = self.alive & (self.slots >= 1) & (self.cpu >= request.cpu) & (self.mem >= request.memory)
+        ok = self._open & (self.cpu >= request.cpu) & (self.mem >= request.memory)
         if excluded is not None:
             ok &= ~excluded
         return ok
@@ -140,21 +158,25 @@ class PlacementIndex:
     def free_fraction(self, reserved: bool = False) -> np.ndarray:
         """Free fraction of each node's scarcest resource; `reserved` subtracts the room held for
         groups' remaining members (then it can be negative)."""
-        s, c, m = self._scale
-        if not reserved:
-            return np.minimum(np.minimum(self.slots / s, self.cpu / c), self.mem / m)
-        r = self.res
-        return np.minimum(np.minimum((self.slots - r[0]) / s, (self.cpu - r[1]) / c), (self.mem - r[2]) / m)
+        return (self._frac_res if reserved else self._frac).copy()
 
     def hot_fraction(self, layers: Sequence[tuple[str, int]]) -> np.ndarray:
+        """Per node, the share of the stack's bytes hot there (read-only array)."""
+        key = tuple(layers)
+        hit = self._hot_cache.get(key)
+        if hit is not None and hit[0] == self._hot_version:
+            return hit[1]
         total = float(sum(size for _, size in layers))
         acc = np.zeros(len(self.ids), dtype=np.float64)
-        if total <= 0:
-            return acc
-        for digest, size in layers:
-            mask = self.hot.get(digest)
-            if mask is not None and size:
-                acc += mask * (size / total)
+        if total > 0:
+            for digest, size in layers:
+                mask = self.hot.get(digest)
+                if mask is not None and size:
+                    acc += mask * (size / total)
+        acc.flags.writeable = False
+        if len(self._hot_cache) >= 4096:
+            self._hot_cache.clear()
+        self._hot_cache[key] = (self._hot_version, acc)
         return acc
 
     def hot_bytes(self, i: int, layers: Sequence[tuple[str, int]]) -> int:
@@ -181,7 +203,7 @@ class PlacementIndex:
         ok = self.feasible(request, excluded)
         if not ok.any():
             return None
-        score = policy.load_weight * self.free_fraction(reserved=policy.group_reserve)
+        score = policy.load_weight * (self._frac_res if policy.group_reserve else self._frac)
         if policy.hot_weight:
             score += policy.hot_weight * self.hot_fraction(request.layers)
         if group:
@@ -191,9 +213,8 @@ class PlacementIndex:
                 ok[over] = False
         if policy.group_reserve:  # within tier 2, nodes with room beyond their reservations first
             need = policy.spread_limit if request.trace_key is not None else 1
-            r = self.res
-            roomy = ok & (self.slots - r[0] >= need) & (self.cpu - r[1] >= need * request.cpu) \
-                & (self.mem - r[2] >= need * request.memory)
+            room = self._room
+            roomy = ok & (room[0] >= need) & (room[1] >= need * request.cpu) & (room[2] >= need * request.memory)
             if roomy.any():
                 ok = roomy
         score[~ok] = -np.inf
@@ -206,8 +227,7 @@ class PlacementIndex:
     def _score_one(self, i: int, request: PlacementRequest, policy: PlacementPolicy) -> float:
         """The vector score of `choose` for one node."""
         s, c, m = self._scale
-        r = self.res[:, i] if policy.group_reserve else (0.0, 0.0, 0.0)
-        free = min((self.slots[i] - r[0]) / s, (self.cpu[i] - r[1]) / c, (self.mem[i] - r[2]) / m)
+        free = self._frac_res[i] if policy.group_reserve else self._frac[i]
         total = sum(size for _, size in request.layers)
         hot = self.hot_bytes(i, request.layers) / total if total > 0 else 0.0
         return policy.load_weight * float(free) + policy.hot_weight * hot
@@ -231,6 +251,9 @@ class PlacementIndex:
             if not mask[i]:
                 mask[i] = True
                 fresh.append(digest)
+        if fresh:
+            self._hot_version += 1
+        self._touch(i)
         return fresh
 
     def release(self, i: int, request: PlacementRequest, unmark: Iterable[str] = ()) -> None:
@@ -252,6 +275,7 @@ class PlacementIndex:
                     self.groups.pop(request.trace_key, None)
             else:
                 g[i] -= 1
+        self._touch(i)
 
     def _shift(self, i: int, delta: int, request: PlacementRequest) -> None:
         if delta:  # (a group known from a view reserved slots only: never go below 0)
@@ -262,8 +286,9 @@ class PlacementIndex:
     def forget_layer(self, i: int, digest: str) -> None:
         """The node evicted `digest` from its cache."""
         mask = self.hot.get(digest)
-        if mask is not None:
+        if mask is not None and mask[i]:
             mask[i] = False
+            self._hot_version += 1
 
 
 def place(request: PlacementRequest, nodes: Sequence[NodeView] | PlacementIndex,
