@@ -90,7 +90,8 @@ def check_policy(policy: PlacementPolicy) -> None:
 
 
 class PlacementIndex:
-    """The nodes of one view as arrays (position = rank of node_id), updated by `commit`."""
+    """The nodes of one view as arrays (position = rank of node_id). Change it only through
+    `commit`, `release` and `forget_layer` (they keep the derived arrays current)."""
 
     def __init__(self, nodes: Iterable[NodeView], policy: PlacementPolicy = PlacementPolicy()) -> None:
         ordered = sorted(nodes, key=lambda n: n.node_id)
