@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
+import sys
 import time
 from typing import Any
 
@@ -103,7 +105,7 @@ def run(w: Workload, costs: Costs, policy: PlacementPolicy, strategies: list[str
     results = {name: simulate(name, w, costs, policy, k=k) for name in strategies}
     return {
         "benchmark": "cluster-sim",
-        "command": current_command(),
+        "command": _command(),
         "machine": machine_facts(),
         "workload": w.__dict__ | {"node_slots": w.node_slots()},
         "costs": costs.__dict__,
@@ -113,6 +115,12 @@ def run(w: Workload, costs: Costs, policy: PlacementPolicy, strategies: list[str
         "strategies": results,
         "placement_rate": rate(rate_nodes, rate_decisions, w.repos, w.seed, policy) if rate_decisions else None,
     }
+
+
+def _command() -> str:
+    """This command line as a user types it (also under `python -m rollstack.cli.main`)."""
+    argv = sys.argv[1:]
+    return shlex.join(["rollstack", *argv]) if argv[:1] == ["bench"] else current_command()
 
 
 def _human(doc: dict[str, Any]) -> None:
