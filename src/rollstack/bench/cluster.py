@@ -180,18 +180,21 @@ def iteration(address: str, tasks: list[dict[str, Any]], k: int, concurrency: in
     report, groups, wall, decisions, first_lost, dead_since = asyncio.run(go())
     flat = [r for g in groups for r in g]
     per_node: dict[str, int] = {}
-    for d in decisions:
+    created = [d for d in decisions if d["created"]]
+    for d in created:
         per_node[d["node"]] = per_node.get(d["node"], 0) + 1
     out: dict[str, Any] = {
         "rollouts": len(flat), "ok": sum(1 for r in flat if r.status == "ok" and r.reward == 1.0),
         "lost": sum(1 for r in flat if r.status != "ok"), "resampled": sum(r.resamples for r in flat),
+        "requeued": sum(r.requeues for r in flat),
         "errors": sorted({r.error for r in flat if r.error}), "wall_s": round(wall, 2),
         "init_p50_s": round(_pctl([r.init_seconds for r in flat if r.status == "ok"], 0.5), 3),
         "init_p95_s": round(_pctl([r.init_seconds for r in flat if r.status == "ok"], 0.95), 3),
         "placements": dict(sorted(per_node.items())),
-        "hot_layer_hit_ratio": round(statistics.fmean(d["hot"] for d in decisions), 4) if decisions else None,
-        "creates_on_fully_hot_node": round(sum(1 for d in decisions if d["hot"] >= 0.999) / len(decisions), 4)
-        if decisions else None,
+        "placements_refused": len(decisions) - len(created),
+        "hot_layer_hit_ratio": round(statistics.fmean(d["hot"] for d in created), 4) if created else None,
+        "creates_on_fully_hot_node": round(sum(1 for d in created if d["hot"] >= 0.999) / len(created), 4)
+        if created else None,
     }
     if killed:
         lost_at = first_lost.get(killed["node"])
@@ -199,8 +202,8 @@ def iteration(address: str, tasks: list[dict[str, Any]], k: int, concurrency: in
             "node": killed["node"], "live_envs_at_kill": killed["live_envs"],
             "detect_s": round(lost_at - killed["at"], 3) if lost_at else None,
             "stop_placing_s": round(dead_since - killed["at"], 3) if dead_since and dead_since >= killed["at"] else None,
-            "placements_after_kill_on_it_within_5s": sum(
-                1 for d in decisions if d["node"] == killed["node"] and killed["at"] + 0.0 < d["t"] < killed["at"] + 5),
+            "first_create_on_it_again_s": next((round(d["t"] - killed["at"], 3) for d in created
+                                                if d["node"] == killed["node"] and d["t"] > killed["at"]), None),
         }
     return out
 

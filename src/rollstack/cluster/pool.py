@@ -62,14 +62,16 @@ class _Core:
         self.first_lost: dict[str, float] = {}
         """node_id -> time.monotonic() of the first `node_lost` this pool raised for it."""
 
-    def choose(self, req: PlacementRequest, exclude: set[str]) -> str:
+    def choose(self, req: PlacementRequest, exclude: set[str]) -> tuple[str, dict[str, Any]]:
+        """(node, decision record); the caller sets record["created"] once the node took it."""
         views = self.directory.views()
         node_id = place(req, views, self.policy, exclude=frozenset(exclude), pool=self.name)[0]
         view = next(v for v in views if v.node_id == node_id)
         total = sum(size for _, size in req.layers)
         hot = sum(size for digest, size in req.layers if digest in view.hot_layers)
-        self.decisions.append({"node": node_id, "hot": hot / total if total else 0.0, "t": time.monotonic()})
-        return node_id
+        record = {"node": node_id, "hot": hot / total if total else 0.0, "t": time.monotonic(), "created": False}
+        self.decisions.append(record)
+        return node_id, record
 
     def translate(self, exc: RollstackError, node_id: str, instance: str | None) -> RollstackError:
         """A failed call on an environment of `node_id` -> NodeLost when the node is gone or restarted."""
@@ -164,7 +166,7 @@ class Pool:
     def _create_one(self, wire: dict[str, Any], req: PlacementRequest) -> Environment:
         core, excluded = self._core, set()
         while True:
-            node_id = core.choose(req, excluded)  # raises InsufficientCapacity naming the pool
+            node_id, record = core.choose(req, excluded)  # raises InsufficientCapacity naming the pool
             core.directory.reserve(node_id, req)
             try:
                 bound = self._bound(node_id)
@@ -178,6 +180,7 @@ class Pool:
                 continue
             finally:
                 core.directory.release(node_id, req)
+            record["created"] = True
             env = Environment(bound, created.id, created)
             env.node_id = node_id  # type: ignore[attr-defined]
             return env
@@ -292,7 +295,7 @@ class AsyncPool:
 
         core, excluded = self._core, set()
         while True:
-            node_id = core.choose(req, excluded)
+            node_id, record = core.choose(req, excluded)
             core.directory.reserve(node_id, req)
             try:
                 client = self._client(node_id)
@@ -308,6 +311,7 @@ class AsyncPool:
             finally:
                 core.directory.release(node_id, req)
             created = CreateResponse.model_validate_json(r.content)
+            record["created"] = True
             bound = _AsyncBound(core, node_id, client, core.directory.instance(node_id))
             env = cls(bound, created.id, created)
             env.node_id = node_id
