@@ -299,6 +299,9 @@ def place(request: PlacementRequest, nodes: Sequence[NodeView] | PlacementIndex,
     place when the whole batch fits (and left untouched when it does not)."""
     check_request(request, policy)
     index = nodes if isinstance(nodes, PlacementIndex) else PlacementIndex(nodes, policy)
+    if index.limit != policy.spread_limit:
+        raise InvalidRequest(f"the placement index reserves for spread_limit {index.limit}, "
+                             f"the policy asks for {policy.spread_limit}: build the index with the policy")
     excluded = index.exclusion(exclude)
     chosen: list[int] = []
     marked: list[list[str]] = []

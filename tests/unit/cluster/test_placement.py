@@ -242,3 +242,10 @@ def test_group_reservation_keeps_interleaved_groups_whole(reserve, colocated):
     assert index.slots.sum() == 0  # full
     if reserve:
         assert index.res.sum() == 0  # every reservation consumed by its group
+
+
+def test_an_index_built_for_another_spread_limit_is_refused():
+    index = PlacementIndex([node("a")], PlacementPolicy(spread_limit=4))
+    with pytest.raises(InvalidRequest, match="spread_limit 4"):
+        place(PlacementRequest((), "g", 1.0, GiB), index, PlacementPolicy(spread_limit=8))
+    assert place(PlacementRequest((), "g", 1.0, GiB), index, PlacementPolicy(spread_limit=4)) == ["a"]
