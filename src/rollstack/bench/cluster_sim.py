@@ -127,7 +127,7 @@ def _human(doc: dict[str, Any]) -> None:
     w = doc["workload"]
     print(f"cluster-sim: {w['nodes']} nodes x {w['node_slots']} slots, {w['envs']} envs/iteration "
           f"({w['group_size']} rollouts/task, {w['order']}), {w['iterations']} iterations")
-    head = ("strategy", "hot hit cold/warm", "co-location", "egress GB per it.", "init p50 cold/warm",
+    head = ("strategy", "hot hit cold/warm", "co-location", "registry GB per it.", "peer GB", "init p50 cold/warm",
             "init p95 cold/warm", "nodes used", "sim dec/s")
     rows = []
     for name, r in doc["strategies"].items():
@@ -135,6 +135,7 @@ def _human(doc: dict[str, Any]) -> None:
         rows.append((name, f"{its[0]['hot_hit_ratio']:.3f} / {its[-1]['hot_hit_ratio']:.3f}",
                      f"{its[-1]['grpo_colocation']:.3f}",
                      " / ".join(f"{x['registry_egress_bytes'] / 1e9:.1f}" for x in its),
+                     f"{r['peer_bytes_total'] / 1e9:.1f}",
                      f"{its[0]['init_p50_s']:.2f} / {its[-1]['init_p50_s']:.2f}",
                      f"{its[0]['init_p95_s']:.2f} / {its[-1]['init_p95_s']:.2f}",
                      str(its[-1]["nodes_used"]), f"{r['decisions_per_s']:,.0f}"))
@@ -182,6 +183,7 @@ def register(app: typer.Typer) -> None:
         task_mb: float = typer.Option(3, "--task-mb"),
         slots: int = typer.Option(0, "--slots", help="per node (0: 1.25 x envs / nodes)"),
         cache_gb: float = typer.Option(50, "--cache-gb"),
+        peers: bool = typer.Option(False, "--peers", help="misses another node holds come from it, not the registry"),
         rate_nodes: int = typer.Option(1000, "--rate-nodes", help="nodes for the placement-rate measurement"),
         rate_decisions: int = typer.Option(10_000, "--rate-decisions", help="0 skips the rate measurement"),
         seed: int = typer.Option(0, "--seed"),
@@ -197,7 +199,7 @@ def register(app: typer.Typer) -> None:
         w = Workload(nodes=nodes, envs=envs, group_size=group_size, iterations=iterations, repos=repos, tasks=tasks,
                      os_bytes=int(os_mb * MB), harness_bytes=int(harness_mb * MB), repo_bytes=int(repo_mb * MB),
                      read_fraction=read_fraction, task_bytes=int(task_mb * MB), slots=slots,
-                     cache_bytes=int(cache_gb * 1000 * MB), order=order, seed=seed)
+                     cache_bytes=int(cache_gb * 1000 * MB), order=order, peers=peers, seed=seed)
         costs = Costs(create_s=create_s, cold_create_s=cold_create_s, link_bytes_per_s=link_gbit * 1e9 / 8,
                       rollout_s=rollout_s, concurrency=concurrency)
         policy = PlacementPolicy(spread_limit=spread_limit, group_reserve=not no_reserve,

@@ -19,6 +19,9 @@ Model, per iteration:
   that node's fetches; a chunk set fetched once serves every later env on the node). An env is
   ready at max(start + create cost, arrival of its bytes); create costs `cold_create_s` instead of
   `create_s` when a layer of its stack was not on the node yet.
+- With `peers`, a miss that another node's cache holds is served by that node (counted as peer
+  bytes, at the same link rate, ignoring when within the iteration the holder got it); only the
+  first fetch of a chunk set in the pool reaches the registry.
 - At the end of the iteration the environments are destroyed; the node caches keep what they
   fetched (LRU-evicted beyond `cache_bytes`), so the next iteration starts from those caches.
 
@@ -72,6 +75,7 @@ class Workload:
     env_memory: int = 2 << 30
     cache_bytes: int = 50_000 * MB  # per node chunk cache
     order: str = "interleaved"  # or "grouped"
+    peers: bool = False  # a miss another node holds comes from that node, not the registry
     seed: int = 0
 
     def node_slots(self) -> int:
@@ -132,6 +136,7 @@ def simulate(strategy: str, w: Workload = Workload(), costs: Costs = Costs(),
     rng = random.Random(f"arrivals-{w.seed}")
     slots = w.node_slots()
     nodes = [_Node() for _ in range(w.nodes)]
+    holders: dict[str, int] = {}  # chunk set -> how many node caches hold it
     ids = [f"node-{i:04d}" for i in range(w.nodes)]
     iterations = []
     for it in range(w.iterations):
@@ -159,18 +164,19 @@ def simulate(strategy: str, w: Workload = Workload(), costs: Costs = Costs(),
             index.commit(i, req)
             spent += time.perf_counter() - t0
             placed.append((i, task))
-        iterations.append(_play(w, costs, nodes, stacks, task_repo, placed, hot_bytes, stack_bytes, rejected, spent))
+        iterations.append(_play(w, costs, nodes, holders, stacks, task_repo, placed, hot_bytes, stack_bytes,
+                                rejected, spent))
     return _summary(strategy, w, iterations)
 
 
-def _play(w: Workload, costs: Costs, nodes: list[_Node], stacks, task_repo, placed, hot_bytes, stack_bytes,
-          rejected, spent) -> dict[str, Any]:
+def _play(w: Workload, costs: Costs, nodes: list[_Node], holders: dict[str, int], stacks, task_repo, placed,
+          hot_bytes, stack_bytes, rejected, spent) -> dict[str, Any]:
     """Run the placed environments on the modelled nodes; update their caches."""
     by_node: dict[int, list[int]] = {}
     for i, task in placed:
         by_node.setdefault(i, []).append(task)
     inits: list[float] = []
-    egress = 0
+    egress = peer = 0
     for i, tasks in by_node.items():
         node = nodes[i]
         workers = [0.0] * max(1, costs.concurrency)
@@ -191,16 +197,21 @@ def _play(w: Workload, costs: Costs, nodes: list[_Node], stacks, task_repo, plac
                 else:
                     link_free = t = max(start, link_free) + size / costs.link_bytes_per_s
                     avail[key] = t
-                    egress += size
+                    if w.peers and holders.get(key, 0) > 0:
+                        peer += size  # (a peer link is modelled at the node's link rate)
+                    else:
+                        egress += size
                     node.cache[key] = size
                     node.held += size
+                    holders[key] = holders.get(key, 0) + 1
                 bytes_at = max(bytes_at, t)
             ready = max(start + (costs.cold_create_s if cold else costs.create_s), bytes_at)
             heapq.heappush(workers, ready)
             inits.append(ready)
         while node.held > w.cache_bytes and node.cache:
-            _, size = node.cache.popitem(last=False)
+            key, size = node.cache.popitem(last=False)
             node.held -= size
+            holders[key] -= 1
     groups: dict[int, set[int]] = {}
     sizes: dict[int, int] = {}
     for i, task in placed:
@@ -213,7 +224,7 @@ def _play(w: Workload, costs: Costs, nodes: list[_Node], stacks, task_repo, plac
         "placed": len(placed), "rejected": rejected,
         "hot_hit_ratio": hot_bytes / stack_bytes if stack_bytes else 0.0,
         "grpo_colocation": joined / possible if possible else 1.0,
-        "registry_egress_bytes": egress,
+        "registry_egress_bytes": egress, "peer_bytes": peer,
         "init_p50_s": _pct(inits, 50), "init_p95_s": _pct(inits, 95), "init_max_s": max(inits, default=0.0),
         "makespan_s": max(inits, default=0.0) + costs.rollout_s,
         "nodes_used": len(by_node), "envs_per_node_max": max(per_node, default=0),
@@ -232,6 +243,7 @@ def _summary(strategy: str, w: Workload, iterations: list[dict[str, Any]]) -> di
         "warm": {k: last[k] for k in ("hot_hit_ratio", "grpo_colocation", "registry_egress_bytes",
                                       "init_p50_s", "init_p95_s", "makespan_s")},
         "registry_egress_bytes_total": total_egress,
+        "peer_bytes_total": sum(x["peer_bytes"] for x in iterations),
         "decisions_per_s": decisions / spent if spent else 0.0,
         "rejected_total": sum(x["rejected"] for x in iterations),
     }

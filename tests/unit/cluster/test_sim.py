@@ -113,3 +113,13 @@ def test_bench_cluster_sim_bad_flag_is_a_clear_error():
     p = _cli("--strategies", "cache-aware,nope", "--rate-decisions", "0")
     assert p.returncode != 0
     assert "error: invalid_request: unknown strategy 'nope'" in p.stderr
+
+
+def test_peers_move_misses_off_the_registry_without_changing_what_nodes_fetch(small):
+    peers = {s: simulate(s, Workload(**{**SMALL.__dict__, "peers": True})) for s in small}
+    unique = {r["registry_egress_bytes_total"] for r in peers.values()}
+    assert len(unique) == 1  # the registry serves each chunk set once, whatever the placement
+    for s, r in peers.items():
+        assert r["registry_egress_bytes_total"] + r["peer_bytes_total"] == small[s]["registry_egress_bytes_total"]
+        assert small[s]["peer_bytes_total"] == 0
+    assert all(peers["cache-aware"]["peer_bytes_total"] < peers[s]["peer_bytes_total"] for s in peers if s != "cache-aware")
