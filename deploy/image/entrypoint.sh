@@ -6,18 +6,20 @@
 # controllers for children of a cgroup that holds processes). On cgroup v1 nothing is needed.
 # With arguments it then execs them (the image's ENTRYPOINT); without, it returns, so KubeRay's
 # generated `<command> && ulimit ...; ray start ...` runs `ray start` in the delegated tree.
+# ROLLSTACK_CGROUP_ROOT (default /sys/fs/cgroup) exists for the offline test.
 set -eu
-if [ "${ROLLSTACK_CGROUP_DELEGATE:-0}" = 1 ] && [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-  mkdir -p /sys/fs/cgroup/init
-  # a process can exit between the listing and the move: retry until the root is empty
+CG=${ROLLSTACK_CGROUP_ROOT:-/sys/fs/cgroup}
+if [ "${ROLLSTACK_CGROUP_DELEGATE:-0}" = 1 ] && [ -f "$CG/cgroup.controllers" ]; then
+  mkdir -p "$CG/init"
+  # a process can start or exit between the listing and the move: retry a few times
   for _ in 1 2 3 4 5; do
-    xargs -rn1 < /sys/fs/cgroup/cgroup.procs > /sys/fs/cgroup/init/cgroup.procs 2>/dev/null || true
-    [ -s /sys/fs/cgroup/cgroup.procs ] || break
+    xargs -rn1 < "$CG/cgroup.procs" > "$CG/init/cgroup.procs" 2>/dev/null || true
+    [ -s "$CG/cgroup.procs" ] || break
   done
+  want=""
   for c in cpu memory pids; do
-    if grep -qw "$c" /sys/fs/cgroup/cgroup.controllers; then
-      echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control
-    fi
+    if grep -qw "$c" "$CG/cgroup.controllers"; then want="$want +$c"; fi
   done
+  if [ -n "$want" ]; then echo "${want# }" > "$CG/cgroup.subtree_control"; fi
 fi
 if [ "$#" -gt 0 ]; then exec "$@"; fi

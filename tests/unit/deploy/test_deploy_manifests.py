@@ -208,6 +208,27 @@ def test_image_recipe_refers_to_files_that_exist_and_the_entrypoint_runs(tmp_pat
     assert subprocess.run(["sh", str(entry)], env={"PATH": os.environ["PATH"]}).returncode == 0
 
 
+@pytest.mark.parametrize("controllers, expect", [("cpuset cpu io memory hugetlb pids", "+cpu +memory +pids"),
+                                                 ("cpu memory", "+cpu +memory")])
+def test_entrypoint_delegates_a_cgroup_v2_root(tmp_path, controllers, expect):
+    """On a stand-in for the container's cgroup v2 root (regular files: this machine is cgroup v1
+    and the real root is not ours): the processes go to `init`, the controllers to children."""
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text(controllers + "\n")
+    (root / "cgroup.procs").write_text("1\n17\n")
+    env = {"PATH": os.environ["PATH"], "ROLLSTACK_CGROUP_DELEGATE": "1", "ROLLSTACK_CGROUP_ROOT": str(root)}
+    p = subprocess.run(["sh", str(DEPLOY / "image" / "entrypoint.sh")], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert (root / "init" / "cgroup.procs").read_text() == "1\n17\n"
+    assert (root / "cgroup.subtree_control").read_text() == expect + "\n"
+    # cgroup v1 (no cgroup.controllers): nothing is touched
+    (root / "cgroup.controllers").unlink()
+    (root / "cgroup.subtree_control").unlink()
+    assert subprocess.run(["sh", str(DEPLOY / "image" / "entrypoint.sh")], env=env).returncode == 0
+    assert not (root / "cgroup.subtree_control").exists()
+
+
 def _containers(doc: dict) -> list[dict]:
     spec = doc.get("spec", {})
     if doc["kind"] == "RayCluster":
