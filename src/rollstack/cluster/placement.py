@@ -94,6 +94,7 @@ class PlacementIndex:
     `commit`, `release` and `forget_layer` (they keep the derived arrays current)."""
 
     def __init__(self, nodes: Iterable[NodeView], policy: PlacementPolicy = PlacementPolicy()) -> None:
+        check_policy(policy)
         ordered = sorted(nodes, key=lambda n: n.node_id)
         self.ids: list[str] = [n.node_id for n in ordered]
         if len(set(self.ids)) != len(self.ids):
