@@ -57,6 +57,9 @@ class NodeActor:
 
         return [m["lazy_url"] for m in members(timeout=2.0) if m.get("state") == "running" and m["node_id"] != self.name]
 
+    def sync_peers(self) -> list[str] | None:
+        return self.agent.sync_peers()
+
     def shutdown(self) -> dict[str, Any]:
         with self._lock:
             return self.agent.stop(remove=True)

@@ -48,6 +48,8 @@ def up(address: str | None, store: str, *, root: Path | str | None = None, optio
     for f in failed:  # a node that cannot start is taken out, not left looping
         _stop_actor(ray, handles[f["node_id"]])
     running = [_public(d) for d in docs.values() if d["state"] == "running"]
+    # every daemon knows every peer before the first environment is placed
+    ray.get([handles[d["node_id"]].sync_peers.remote() for d in running], timeout=60)
     doc = {"nodes": sorted(running, key=lambda d: d["node_id"]), "failed": failed}
     if failed:
         names = "; ".join(f"{f['node_id']}: {f['error']}" for f in failed)

@@ -192,20 +192,21 @@ class HostAgent:
                 self._push_peers()
             self._stop.wait(self.check_interval)
 
-    def _push_peers(self) -> None:
-        if self.peers is None:
-            return
+    def _push_peers(self, force: bool = False) -> list[str] | None:
+        """Hand the daemon the current peers (every `peer_interval` s, or now with `force`)."""
+        if self.peers is None or self.state != "running":
+            return None
         now = time.monotonic()
-        if self._pushed_peers is not None and now - getattr(self, "_peers_at", 0.0) < self.peer_interval:
-            return
+        if not force and self._pushed_peers is not None and now - getattr(self, "_peers_at", 0.0) < self.peer_interval:
+            return self._pushed_peers
         self._peers_at = now
         try:
             urls = sorted(u for u in self.peers() if u != self.lazy_url)
         except Exception as exc:  # noqa: BLE001 - peers are an optimisation; try again later
             log.warning("listing peers failed: %s", exc)
-            return
+            return self._pushed_peers
         if urls == self._pushed_peers:
-            return
+            return urls
         from rollstack.mount.client import LazyStoreClient
 
         lazy = self.root / "lazy"
@@ -217,6 +218,11 @@ class HostAgent:
             log.warning("handing peers to the lazy store failed: %s", exc)
         finally:
             client._http.close()  # noqa: SLF001 - a client of a daemon we do not own
+        return self._pushed_peers
+
+    def sync_peers(self) -> list[str] | None:
+        """Push the peers now (`up` calls it once every node runs, so no node starts without them)."""
+        return self._push_peers(force=True)
 
     def _kill(self) -> None:
         proc = self.proc

@@ -5,10 +5,12 @@ Peers are an optimisation, never a dependency: a short timeout, and a peer that 
 answer is skipped for `dead_for` seconds, so a dead peer costs one timeout, not one per read.
 The caller verifies every byte against the chunk digest (a peer is not trusted).
 
-Cross-node single flight: with `self_url` set, the peers that sort before this node are asked to
-`wait` (up to `wait` s) for a chunk they are fetching right now, so when several nodes start on
-the same chunk together only the first in that order pulls it from the registry. Nodes never wait
-on a node after them, so no two nodes wait on each other.
+Cross-node single flight: with `self_url` set, every peer is asked to `wait` (up to `wait` s) for
+a chunk it is fetching right now. A peer that sorts before this node waits on its fetch at any
+stage; a peer after it only on a fetch already at the registry stage (which waits on no one). So
+when several nodes start on the same chunk together only the first in that order pulls it from
+the registry, a node that is ahead is waited for by the others, and no wait cycle can form
+(edges either go down a total order or end at a fetch that waits on nobody).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import httpx
 
 class PeerClient:
     def __init__(self, urls: Sequence[str], *, timeout: float = 0.25, dead_for: float = 10.0,
-                 self_url: str | None = None, wait: float = 2.0) -> None:
+                 self_url: str | None = None, wait: float = 5.0) -> None:
         self.urls = [u.rstrip("/") for u in urls]
         self.self_url = self_url.rstrip("/") if self_url else None
         self.timeout, self.wait = timeout, wait
@@ -51,10 +53,10 @@ class PeerClient:
     def get(self, digest: str) -> tuple[bytes, str] | None:
         """(bytes, peer url) from the first live peer holding `digest`, else None. Blocking."""
         for url in self._alive():
-            waits = self.self_url is not None and url < self.self_url
             try:
-                if waits:
-                    resp = self._http.get(f"{url}/v1/chunks/{digest}", params={"wait": self.wait},
+                if self.self_url is not None:
+                    params = {"wait": self.wait} if url < self.self_url else {"wait": self.wait, "stage": "registry"}
+                    resp = self._http.get(f"{url}/v1/chunks/{digest}", params=params,
                                           timeout=httpx.Timeout(self.timeout, read=self.wait + self.timeout))
                 else:
                     resp = self._http.get(f"{url}/v1/chunks/{digest}")

@@ -10,7 +10,8 @@ JSON in, JSON out; errors as `{"error": {"code", "message"}}` with the error's H
     DELETE /v1/envs/<id>               end env -> final stats
     POST /v1/prefetch                  {"trace_key": k, "env_id": id|null} -> prefetch a stored trace
     GET  /v1/stats                     node-wide stats
-    GET  /v1/chunks/<digest>[?wait=S]  chunk bytes (peers), 404 if absent (wait: up to S s if in flight here)
+    GET  /v1/chunks/<digest>[?wait=S[&stage=registry]]  chunk bytes (peers), 404 if absent (wait: up to S s
+                                       for a fetch in flight here; stage=registry: only one at the registry stage)
     PUT  /v1/peers                     {"urls": [...], "self": url|null} -> replace the peer set (cluster membership)
     POST /v1/drop_caches               empty memory + disk chunk caches (benchmarks)
     POST /v1/shutdown                  unmount and exit
@@ -70,7 +71,7 @@ class ControlApi:
             return 200, CONTENT_TYPE_LATEST, generate_latest(svc.metrics.registry)
         m = _CHUNK.match(path)
         if m and method == "GET":
-            data = await svc.chunk_bytes(m.group(1), _wait(query))
+            data = await svc.chunk_bytes(m.group(1), _wait(query), "stage=registry" not in query.split("&"))
             if data is None:
                 return _json(404, {"error": {"code": "not_found", "message": "chunk not cached here"}})
             return 200, "application/octet-stream", data

@@ -368,13 +368,14 @@ class LazyStoreService:
             of.ahead_until = start + len(ahead) - 1
             self.fetcher.spawn(self.fetcher.prefetch, of.layer.remote, ahead, acct, Priority.PREFETCH, True)
 
-    async def chunk_bytes(self, digest: str, wait: float = 0.0) -> bytes | None:
+    async def chunk_bytes(self, digest: str, wait: float = 0.0, any_stage: bool = True) -> bytes | None:
         """A chunk we hold (memory or disk), for peers. With `wait`, a chunk we are fetching right
         now is waited for (up to `wait` s): a peer that starts on the same chunk a moment later
-        gets it from us instead of pulling it from the registry too."""
+        gets it from us instead of pulling it from the registry too. `any_stage=False`: only a
+        fetch already at the registry stage is waited for (it waits on no peer: no wait cycle)."""
         flight = self.fetcher._inflight.get(digest) if wait > 0 else None  # noqa: SLF001
-        if flight is not None:
-            with trio.move_on_after(min(wait, 10.0)):
+        if flight is not None and (any_stage or flight.at_registry):
+            with trio.move_on_after(min(wait, 10.0)):  # bounded: a stuck fetch must not hold peers
                 await flight.event.wait()
         data = self.memory.get(digest)
         if data is None:

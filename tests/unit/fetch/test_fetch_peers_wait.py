@@ -1,5 +1,5 @@
-"""PeerClient: peers ordered before this node are asked to wait for an in-flight chunk, peers
-after it are not (no two nodes ever wait on each other); set_urls replaces the peer set."""
+"""PeerClient: peers ordered before this node are asked to wait for an in-flight chunk at any
+stage, peers after it only at the registry stage (no wait cycle); set_urls replaces the peer set."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _peer(seen: list[str], status: int = 404):
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def test_only_earlier_peers_are_asked_to_wait() -> None:
+def test_earlier_peers_wait_at_any_stage_later_ones_at_the_registry_stage() -> None:
     seen_a: list[str] = []
     seen_b: list[str] = []
     sa, a = _peer(seen_a)
@@ -39,13 +39,17 @@ def test_only_earlier_peers_are_asked_to_wait() -> None:
         assert got is not None and got[1] == b
         asked_low = seen_a if a == low else seen_b
         asked_high = seen_b if a == low else seen_a
-        assert asked_low and "wait=" in asked_low[0]
-        assert all("wait=" not in p for p in asked_high)
-        client.set_urls([a, b], self_url=min(a, b))  # now both peers sort at or after us: nobody waits
+        assert asked_low and "wait=" in asked_low[0] and "stage=" not in asked_low[0]
+        assert all("stage=registry" in p for p in asked_high)
+        client.set_urls([a, b], self_url=min(a, b))  # both peers sort at or after us: registry stage only
         seen_a.clear()
         seen_b.clear()
         client.get(d)
-        assert all("wait=" not in p for p in seen_a + seen_b)
+        assert seen_a + seen_b and all("stage=registry" in p for p in seen_a + seen_b)
+        plain = PeerClient([a], self_url=None)  # no order known: a plain ask
+        plain.get(d)
+        plain.close()
+        assert "wait=" not in seen_a[-1]
         client.set_urls([], None)
         assert client.get(d) is None and client.urls == []
         client.close()
