@@ -93,16 +93,26 @@ def _stop_actor(ray: Any, handle: Any, timeout: float = 180.0) -> dict[str, Any]
     return result
 
 
-def down(address: str | None) -> dict[str, Any]:
+def down(address: str | None, timeout: float = 180.0) -> dict[str, Any]:
     ray = ray_env.connect(address)
     handles = ray_env.actors(ray)
-    refs = {name: h.shutdown.remote() for name, h in handles.items()}
+    # An actor that cannot describe itself within 10 s runs no agent (dead, or waiting to be
+    # restarted on a node that is gone): kill it without waiting on a shutdown it cannot run.
+    answering = {d["node_id"] for d in ray_env.members(timeout=10.0, handles=handles)}
+    refs = {name: h.shutdown.remote() for name, h in handles.items() if name in answering}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout) if refs else ([], [])
     out: list[dict[str, Any]] = []
-    for name, ref in refs.items():
-        try:
-            result = ray.get(ref, timeout=180.0)
-        except Exception as exc:  # noqa: BLE001 - dead actor: its agent died with it (PDEATHSIG)
-            result = {"stopped": False, "error": f"{type(exc).__name__}: {exc}"}
-        ray.kill(handles[name], no_restart=True)
+    for name, handle in handles.items():
+        ref = refs.get(name)
+        if ref is None:
+            result: dict[str, Any] = {"stopped": False, "error": "the node's actor did not answer (node gone?)"}
+        elif ref not in ready:
+            result = {"stopped": False, "error": f"shutdown did not finish within {timeout:.0f}s"}
+        else:
+            try:
+                result = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - dead actor: its agent died with it (PDEATHSIG)
+                result = {"stopped": False, "error": f"{type(exc).__name__}: {exc}"}
+        ray.kill(handle, no_restart=True)
         out.append({"node_id": name, **result})
     return {"stopped": sorted(out, key=lambda d: d["node_id"])}

@@ -9,9 +9,10 @@ reasoned about alone:
 - its own ports: the agent's HTTP API and the lazy store daemon's TCP API (for peers), chosen
   free on the host's address once and kept in `<root>/cluster.json`, so a restarted agent comes
   back on the same URL (peers' lists and the pool's view stay valid);
-- the agent is spawned with PR_SET_PDEATHSIG=SIGTERM from the supervisor thread: if the actor
-  (its Ray worker) dies or the Ray node goes away, the agent stops gracefully and destroys its
-  environments; nothing outlives the actor;
+- the agent runs under a guard process (`rollstack.cluster.guard`): if the actor's worker dies
+  or the Ray node goes away, Ray SIGKILLs the worker's children (the guard), and the agent, the
+  guard's child with PR_SET_PDEATHSIG=SIGTERM, stops gracefully and destroys its environments;
+  nothing outlives the actor;
 - the supervisor checks the agent every `check_interval` s; a dead or unresponsive agent is
   restarted (its recovery destroys the leftovers of the killed run: envs, mounts, cgroups, an
   orphaned lazy store daemon), with exponential backoff when it keeps dying (a flapping node);
@@ -21,7 +22,6 @@ reasoned about alone:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -35,16 +35,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from rollstack.cluster.guard import die_with_parent
 from rollstack.errors import NodeUnavailable, RollstackError
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
 
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -130,9 +124,10 @@ class HostAgent:
         logf = open(cfg.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rollstack.node.agent", "serve", cfg.model_dump_json()],
+                [sys.executable, "-m", "rollstack.cluster.guard", "--",
+                 sys.executable, "-m", "rollstack.node.agent", "serve", cfg.model_dump_json()],
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         finally:
             logf.close()
@@ -225,10 +220,19 @@ class HostAgent:
         return self._push_peers(force=True)
 
     def _kill(self) -> None:
+        """End a hung or half-started agent at once (its guard and the agent itself)."""
+        from rollstack.node.agent import read_pid
+
+        pid = read_pid(self.config())
         proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+        if pid is not None and _is_agent_of(pid, self.root):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def stop(self, remove: bool = True, timeout: float = 120.0) -> dict[str, Any]:
         """Stop the agent gracefully (destroys its environments, unmounts, ends the daemon), then
@@ -270,6 +274,15 @@ class HostAgent:
         lazy = self.root / "lazy"
         if daemon_pids(lazy / "mnt"):
             end_orphan_daemon(lazy / "mnt", lazy / "state")
+
+
+def _is_agent_of(pid: int, root: Path) -> bool:
+    """Is `pid` still the node agent of `root` (not a recycled pid)?"""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"rollstack.node.agent" in cmd and str(root).encode() in cmd
 
 
 def leftovers(root: Path) -> dict[str, list[str]]:
