@@ -249,6 +249,24 @@ class _AsyncBound:
             raise await asyncio.to_thread(self._core.translate, exc, self.node_id, self._instance) from exc
 
 
+@functools.lru_cache(maxsize=1)
+def _async_env_class() -> Any:
+    from rollstack.client.aio import AsyncEnvironment
+
+    class PoolAsyncEnvironment(AsyncEnvironment):
+        """`AsyncEnvironment` whose exec stream also reports a lost node as `NodeLost`."""
+
+        async def exec_stream(self, *args: Any, **kwargs: Any) -> Any:
+            bound = self._client
+            try:
+                async for chunk in super().exec_stream(*args, **kwargs):
+                    yield chunk
+            except RollstackError as exc:
+                raise await asyncio.to_thread(bound._core.translate, exc, bound.node_id, bound._instance) from exc
+
+    return PoolAsyncEnvironment
+
+
 class AsyncPool:
     """`Pool` with async/await (`AsyncClient`'s interface)."""
 
@@ -274,7 +292,7 @@ class AsyncPool:
         return c
 
     async def create(self, plan: Any, count: int | None = None) -> Any:
-        from rollstack.client.aio import AsyncEnvironment
+        AsyncEnvironment = _async_env_class()  # noqa: N806 - a class
 
         wire = plan_to_wire(plan)
         req = await asyncio.to_thread(self._core.placer.request, wire)
@@ -318,7 +336,7 @@ class AsyncPool:
             return env
 
     async def get(self, env_id: str) -> Any:
-        from rollstack.client.aio import AsyncEnvironment
+        AsyncEnvironment = _async_env_class()  # noqa: N806 - a class
 
         node_id = await asyncio.to_thread(Pool._locate, self, env_id)  # type: ignore[arg-type]
         env = AsyncEnvironment(_AsyncBound(self._core, node_id, self._client(node_id),  # type: ignore[arg-type]

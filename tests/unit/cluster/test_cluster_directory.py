@@ -98,3 +98,26 @@ def test_node_lost_is_typed_and_retryable() -> None:
     assert isinstance(err, NodeLost) and isinstance(err, NodeUnavailable)
     assert err.code == "node_lost" and err.retryable and err.status == 503 and err.details == {"node": "n1"}
     assert not NodeUnavailable("x").retryable
+
+
+def test_async_pool_stream_on_a_dead_node_is_node_lost(nodes) -> None:
+    import asyncio
+
+    from rollstack.cluster.pool import AsyncPool
+
+    members = [{"node_id": "n0", "url": nodes[0].url, "token": "t", "state": "running"}]
+
+    async def go():
+        async with AsyncPool(nodes=members, interval=0.2) as pool:
+            from rollstack.cluster.pool import _AsyncBound, _async_env_class
+
+            bound = _AsyncBound(pool._core, "n0", pool._client("n0"), "a1")
+            env = _async_env_class()(bound, "e1")
+            nodes[0].stop()  # the node dies
+            with pytest.raises(NodeLost):
+                async for _ in env.exec_stream("true"):
+                    pass
+            with pytest.raises(NodeLost):
+                await env.exec("true")
+
+    asyncio.run(go())
