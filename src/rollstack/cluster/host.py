@@ -274,6 +274,11 @@ class HostAgent:
         lazy = self.root / "lazy"
         if daemon_pids(lazy / "mnt"):
             end_orphan_daemon(lazy / "mnt", lazy / "state")
+        from rollstack.mount.holder import ping
+        from rollstack.mount.recovery import clear_stale
+
+        if ping(lazy / "state") is None and clear_stale(lazy / "mnt"):  # no daemon, no holder: a dead mount
+            log.warning("%s: unmounted a stale lazy store mount", self.name)
 
 
 def _is_agent_of(pid: int, root: Path) -> bool:
