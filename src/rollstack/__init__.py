@@ -20,6 +20,8 @@ _EXPORTS = {
     "ExecResult": "rollstack.node.models",
     "Evaluation": "rollstack.node.models",
     "Node": "rollstack.node.local",
+    "Pool": "rollstack.cluster.pool",
+    "AsyncPool": "rollstack.cluster.pool",
 }
 
 __all__ = sorted([*_EXPORTS, "errors"])

@@ -29,6 +29,9 @@ HTTP status + JSON in the node agent, -> one `error: <code>: <message>` line in 
     ├── EnvironmentGone           environment_gone      409
     ├── RuntimeFailure            runtime_error         500
     ├── NodeUnavailable           node_unavailable      503
+    │   ├── NodeLost              node_lost             503   (retryable: the env's node died)
+    │   └── ClusterUnavailable    cluster_unavailable   503   (no Ray cluster / no rollstack node)
+    ├── RootInUse                 root_in_use           409   (a live agent holds the node root)
     └── InternalError             internal_error        500
 """
 
@@ -42,6 +45,8 @@ class RollstackError(Exception):
 
     code = "rollstack_error"
     status = 500
+    retryable = False
+    """True when the same call may succeed if retried elsewhere or later (e.g. `node_lost`)."""
 
     def __init__(self, message: str = "", **details: Any) -> None:
         super().__init__(message)
@@ -168,6 +173,21 @@ class RuntimeFailure(RollstackError, OSError):
 
 class NodeUnavailable(RollstackError, ConnectionError):
     code, status = "node_unavailable", 503
+
+
+class NodeLost(NodeUnavailable):
+    """The environment's node died or restarted: the environment is gone; resample elsewhere."""
+
+    code, status = "node_lost", 503
+    retryable = True
+
+
+class ClusterUnavailable(NodeUnavailable):
+    code, status = "cluster_unavailable", 503
+
+
+class RootInUse(RollstackError):
+    code, status = "root_in_use", 409
 
 
 class InternalError(RollstackError):

@@ -36,6 +36,7 @@ from rollstack.node.models import (
     ExecRequest,
     ExecResult,
     Health,
+    NodeInfo,
     Stats,
 )
 from rollstack.node.protocol import EnvironmentService
@@ -98,6 +99,12 @@ def create_app(
     @app.get("/healthz", response_model=Health)
     async def healthz() -> Health:
         return await call("health", service.health)
+
+    @app.get("/v1/node", dependencies=auth, response_model=NodeInfo)
+    async def node() -> NodeInfo:
+        from rollstack.node.info import node_info
+
+        return await call("node", node_info, service)
 
     @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
     async def prometheus() -> Response:

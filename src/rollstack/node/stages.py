@@ -152,7 +152,8 @@ class Stages:
         lazy = self.config.lazy_dir
         end_orphan_daemon(lazy / "mnt", lazy / "state")
         cfg = self.config
-        return LazyStoreClient.start(lazy / "mnt", lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers)
+        return LazyStoreClient.start(lazy / "mnt", lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers,
+                                     listen=cfg.lazy_listen)
 
     def _start_provisioner(self, on_terminate: Callable[..., None]) -> Any:
         from rollstack.provision.backend import detect_backend
