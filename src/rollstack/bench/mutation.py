@@ -23,6 +23,7 @@ from typing import Any, Optional
 import typer
 
 from rollstack.bench import report
+from rollstack.core.stats import percentile
 
 OPS = [(" == ", " != "), (" != ", " == "), (" < ", " <= "), (" > ", " >= "), (" + ", " - "), (" - ", " + "),
        (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True")]
@@ -99,13 +100,8 @@ def make_patches(repo: Path, files: list[Path], n: int, seed: int) -> list[dict[
     return out
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def _summary(times: list[float]) -> dict[str, float]:
-    return {"p50": _pct(times, 0.5), "p95": _pct(times, 0.95), "mean": statistics.fmean(times),
+    return {"p50": percentile(times, 50), "p95": percentile(times, 95), "mean": statistics.fmean(times),
             "max": max(times)}
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,33 +11,39 @@ from typing import Any
 import typer
 
 from rollstack.cli.output import emit, stdout
+from rollstack.core.units import DECIMAL_SUFFIXES, UNITS, parse_size, size_suffix
 from rollstack.errors import InvalidRequest
 
 app = typer.Typer(no_args_is_help=True, help="Seekable layer blobs: convert, ls, cat, verify.")
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b?)\s*$", re.IGNORECASE)
+def chunk_size_arg(text: str) -> int:
+    """`--chunk-size` in bytes: plain bytes or a binary unit (`64Ki`, `1Mi`, `1MiB`).
 
-
-def parse_size(text: str) -> int:
-    """`1048576`, `64K`, `1M`, `1MiB` -> bytes (binary units)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise InvalidRequest(f"not a size: {text!r} (examples: 65536, 64K, 1M, 1MiB)")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+    A decimal suffix (`1M`) is refused rather than read: `M` means 10^6 bytes everywhere
+    (rollstack.core.units), but this option used to read it as 2^20, so accepting it would
+    silently change the blobs an old command line writes.
+    """
+    suffix = size_suffix(text)
+    if suffix is None:
+        raise InvalidRequest(f"not a size: {text!r} (examples: 65536, 64Ki, 1Mi, 1MiB)")
+    if suffix in DECIMAL_SUFFIXES:
+        raise InvalidRequest(f"chunk size {text!r} uses a decimal unit ({suffix} = {UNITS[suffix]} bytes); "
+                             f"write {text.strip().rstrip('Bb')}i for the binary size")
+    return parse_size(text)
 
 
 @app.command("convert")
 def convert_cmd(
     src: Path = typer.Argument(..., help="directory, .tar, .tar.gz/.tgz or .tar.zst"),
     dst: Path = typer.Argument(..., help="the layer blob to write"),
-    chunk_size: str = typer.Option("1M", "--chunk-size", help="chunk size (e.g. 256K, 1M)"),
+    chunk_size: str = typer.Option("1Mi", "--chunk-size", help="chunk size, binary units (e.g. 256Ki, 1Mi)"),
     level: int = typer.Option(3, "--level", help="zstd level for chunks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Convert SRC into the seekable layer blob DST (deterministic: same input, same bytes)."""
     from rollstack.format.convert import convert
 
-    info = convert(src, dst, chunk_size=parse_size(chunk_size), level=level)
+    info = convert(src, dst, chunk_size=chunk_size_arg(chunk_size), level=level)
     doc = {"path": str(dst), **info.to_dict()}
 
     def human(d: dict[str, Any]) -> None:

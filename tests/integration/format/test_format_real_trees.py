@@ -121,7 +121,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 def test_cli_convert_ls_cat_verify(tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blob = tmp_path / "layer.blob"
-    rc, out, _ = _cli(capsys, "layer", "convert", str(tree), str(blob), "--chunk-size", "64K", "--json")
+    rc, out, _ = _cli(capsys, "layer", "convert", str(tree), str(blob), "--chunk-size", "64Ki", "--json")
     assert rc == 0
     info = json.loads(out)
     assert info["digest"].startswith("sha256:") and info["chunk_size"] == 64 << 10
