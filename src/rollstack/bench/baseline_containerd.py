@@ -9,6 +9,7 @@ content blob and snapshot for cold runs.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -19,6 +20,10 @@ from pathlib import Path
 from typing import Sequence
 
 from rollstack.errors import RuntimeFailure
+from rollstack.host import mountinfo
+from rollstack.host.umount import detach
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "rs-bench"
 SNAPSHOTTER = "overlayfs"
@@ -99,14 +104,11 @@ class PrivateContainerd:
 
 def _unmount_below(path: Path) -> None:
     """Unmount anything a killed daemon left mounted under `path` (deepest first)."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return
-    prefix = str(path.resolve()) + "/"
-    targets = sorted((m.split()[1] for m in mounts if m.split()[1].startswith(prefix)), key=len, reverse=True)
-    for t in targets:
-        subprocess.run(["umount", "-l", t], capture_output=True)
+    for t in sorted(mountinfo.mounts_under(path.resolve()), key=len, reverse=True):
+        try:
+            detach(t)
+        except RuntimeFailure as exc:  # best effort: the next start reports what is still there
+            log.warning("could not detach %s: %s", t, exc)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from rollstack.errors import InsufficientCapacity, InvalidRequest
 from rollstack.node.config import NodeConfig
+from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
 from rollstack.mount import holder
@@ -30,7 +31,6 @@ from rollstack.node.recovery import end_orphan_daemon
 
 log = logging.getLogger(__name__)
 
-CGROUP_PARENT = "rollstack"
 DIFF_BASE = "/"
 """The diff names paths from the environment root (the evaluator applies it the same way)."""
 
@@ -287,25 +287,13 @@ class Stages:
     def oom_kills(self, rec: EnvRecord) -> int:
         """Processes the kernel's OOM killer ended in the environment so far (a cheap file read)."""
         if rec.oom_file is None:
-            from rollstack.run.cgroupfs import env_cgroup_dirs
-
-            for cg in env_cgroup_dirs(rec.id, CGROUP_PARENT):
-                for name in ("memory.oom_control", "memory.events"):
-                    if (cg / name).exists():
-                        rec.oom_file = cg / name
-                        break
-                if rec.oom_file is not None:
-                    break
+            rec.oom_file = oom_counter_file(rec.id, CGROUP_PARENT)
             if rec.oom_file is None:
                 return 0
         try:
-            for line in rec.oom_file.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
+            return oom_kill_count(rec.oom_file.read_text())
+        except OSError:  # the cgroup is gone: the environment is being torn down
+            return 0
 
     def read_file(self, rec: EnvRecord, path: str) -> bytes:
         limit = self.config.max_file_bytes

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
+from rollstack.host.cgroups import CGROUP_PARENT
 from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.files import SafeRoot
@@ -45,7 +46,7 @@ class RuntimeConfig:
 
     root: Path
     """State dir (envs/, runc/). Must be on a local fs that can hold overlay upper dirs."""
-    cgroup_parent: str = "rollstack"
+    cgroup_parent: str = CGROUP_PARENT
     """Environments' cgroups are `<parent>/<env-id>` in every hierarchy."""
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
