@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from rollstack.demo.plans import FIX_ARGV, failing_tests_command, rollout_plan, StackGroups
+from rollstack.corpus.plans import FIX_ARGV, failing_tests_command, rollout_plan, StackGroups
 from rollstack.demo.report import RolloutRecord, StepResult
 from rollstack.errors import InsufficientCapacity, RollstackError
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from rollstack.demo.agent import run_rollout
 from rollstack.demo.config import DemoConfig
-from rollstack.demo.corpus import ensure_corpus
-from rollstack.demo.plans import stack_groups
-from rollstack.demo.publish import publish_corpus_groups
+from rollstack.corpus.cache import ensure_corpus
+from rollstack.corpus.plans import stack_groups
+from rollstack.corpus.publish import publish_corpus_groups
 from rollstack.demo.report import RolloutRecord, summarize
 from rollstack.errors import InvalidRequest
 from rollstack.host import mountinfo

@@ -14,7 +14,7 @@ task's, and hands the evaluator the task: `RS_TASK` (the JSON the demo corpus's 
 `DEMO_TEMPLATE` is the demo corpus's layout (`rollstack bench corpus build --small`): groups
 os/..., repo/..., harness/..., and the evaluator group with its pytest scorer. With the built
 corpus at hand, `corpus_planner(root)` takes the mapping from the corpus module itself
-(`rollstack.bench.corpus.plan_for_task`: group names from its manifest) instead.
+(`rollstack.corpus.build.plan_for_task`: group names from its manifest) instead.
 """
 
 from __future__ import annotations
@@ -197,9 +197,9 @@ def corpus_planner(root: str | Path, harness: str = "mini-swe-agent") -> Planner
 
     Corpora built before the evaluator tree carried one JSON per task get the scorer command of
     `DEMO_TEMPLATE` (the task travels in `RS_TASK`) instead of `score tasks/<id>.json`."""
-    from rollstack.bench.corpus import plan_for_task
-    from rollstack.bench.corpus_model import CorpusManifest, Task
-    from rollstack.bench.corpus_spec import EVAL_DIR
+    from rollstack.corpus.build import plan_for_task
+    from rollstack.corpus.model import CorpusManifest, Task
+    from rollstack.corpus.spec import EVAL_DIR
 
     root = Path(root)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rollstack.demo.config import DemoConfig
-from rollstack.demo.plans import (
+from rollstack.corpus.plans import (
     EVAL_DIR,
     StackGroups,
     evaluator_command,

@@ -1,4 +1,4 @@
-"""The demo's corpus: the small real corpus (rollstack.bench.corpus), built once and cached.
+"""The demo's corpus: the small real corpus (`rollstack.corpus.build`), built once and cached.
 
 `ensure_corpus` calls the corpus builder, which rebuilds only components whose inputs changed
 (a built corpus comes back in well under a second); with `build=False` it only loads a built one.
@@ -40,7 +40,7 @@ class DemoCorpus:
 
 
 def ensure_corpus(corpus_dir: Path | None, build: bool, log: Callable[[str], None]) -> DemoCorpus:
-    from rollstack.bench.corpus import build_corpus, corpus_dir as default_dir, load_corpus
+    from rollstack.corpus.build import build_corpus, corpus_dir as default_dir, load_corpus
 
     t0 = time.monotonic()
     root = default_dir(FLAVOR, corpus_dir)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.demo.corpus import DemoCorpus
-from rollstack.demo.publish import publish_corpus_groups
+from rollstack.corpus.cache import DemoCorpus
+from rollstack.corpus.publish import publish_corpus_groups
 from rollstack.store import open_store
 
 pytestmark = pytest.mark.integration

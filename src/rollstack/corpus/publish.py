@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rollstack.demo.corpus import DemoCorpus
+from rollstack.corpus.cache import DemoCorpus
 from rollstack.errors import NotFound
 
 

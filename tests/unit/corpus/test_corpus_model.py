@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rollstack.bench.corpus_bugs import Mutation
-from rollstack.bench.corpus_model import Component, CorpusManifest, Task, dump_tasks, load_tasks, validate_tasks
-from rollstack.bench.corpus_spec import RepoSpec, full, get, small
-from rollstack.bench.corpus_tasks import select_tasks
+from rollstack.corpus.bugs import Mutation
+from rollstack.corpus.model import Component, CorpusManifest, Task, dump_tasks, load_tasks, validate_tasks
+from rollstack.corpus.spec import RepoSpec, full, get, small
+from rollstack.corpus.discovery import select_tasks
 from rollstack.errors import InvalidRequest
 
 PATCH = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
@@ -102,7 +102,7 @@ def test_select_tasks_from_discovery_results() -> None:
 
 
 def test_plan_for_task_stacks_groups_and_scores_with_the_evaluator() -> None:
-    from rollstack.bench.corpus import plan_for_task
+    from rollstack.corpus.build import plan_for_task
 
     m = CorpusManifest(flavor="small", tasks=1, components=[
         Component(name="os", kind="os", group="os/debian-python:bookworm"),
@@ -120,7 +120,7 @@ def test_plan_for_task_stacks_groups_and_scores_with_the_evaluator() -> None:
 
 
 def test_built_corpus_comes_back_from_cache_without_building(tmp_path) -> None:
-    from rollstack.bench import corpus as corpus_mod
+    from rollstack.corpus import build as corpus_mod
 
     m = CorpusManifest(flavor="small", tasks=1, components=[Component(name="os", kind="os", group="os/d:b")])
     (tmp_path / "manifest.json").write_text(m.model_dump_json())

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench import corpus_runner
-from rollstack.bench.corpus_bugs import unified_diff
-from rollstack.bench.corpus_model import Task
-from rollstack.bench.corpus_spec import EVAL_DIR, RepoSpec
-from rollstack.bench.corpus_tasks import StepOptions, check_tasks, discover_tasks
-from rollstack.bench.corpus_tree import ChrootStep, run_step, tree_stats
+from rollstack.corpus import runner as corpus_runner
+from rollstack.corpus.bugs import unified_diff
+from rollstack.corpus.model import Task
+from rollstack.corpus.spec import EVAL_DIR, RepoSpec
+from rollstack.corpus.discovery import StepOptions, check_tasks, discover_tasks
+from rollstack.corpus.tree import ChrootStep, run_step, tree_stats
 
 pytestmark = pytest.mark.integration
 
