@@ -29,6 +29,7 @@ from typing import Any, Callable
 from rollstack.corpus import spec as corpus_spec
 from rollstack.corpus.components import build_evaluator, build_harness, build_os, build_repo, check_harness
 from rollstack.corpus.model import Component, CorpusManifest, Task, dump_tasks, load_tasks
+from rollstack.corpus.plans import stack_groups, task_plan
 from rollstack.corpus.spec import CorpusSpec, RepoSpec
 from rollstack.corpus.discovery import check_tasks, discover_tasks
 from rollstack.corpus.tree import remove_tree, tree_stats
@@ -180,24 +181,12 @@ def _install_task_files(eval_tree: Path, tasks: list[Task]) -> None:
 
 def plan_for_task(manifest: CorpusManifest, task: Task, harness: str = "mini-swe-agent",
                   mutation: str | None = None) -> dict[str, Any]:
-    """A plan (interface.md shape) for one rollout of `task` with `harness`, plus its evaluator.
-
-    `mutation` is the path of a file holding `task.patch` (relative to the plan file)."""
-    repo = manifest.component(f"repo-{task.repo}")
-    plan: dict[str, Any] = {
-        "name": task.instance_id,
-        "groups": [manifest.component("os").group, repo.group, manifest.component(f"harness-{harness}").group],
-        "workdir": task.workdir,
-        "env": {"PYTHONDONTWRITEBYTECODE": "1"},
-        "evaluator": {
-            "groups": [manifest.component("os").group, repo.group, manifest.component("evaluator").group],
-            "command": [f"{corpus_spec.EVAL_DIR}/score", f"{corpus_spec.EVAL_DIR}/tasks/{task.instance_id}.json"],
-            "reward": "exit_code",
-        },
-    }
-    if mutation is not None:
-        plan["mutation"] = mutation
-    return plan
+    """A plan for one rollout of `task` with `harness`, scored by the task's file in the evaluator
+    tree (`score tasks/<id>.json`); `mutation` is the path of a file holding `task.patch`
+    (relative to the plan file), else the patch goes inline."""
+    groups = stack_groups([c.model_dump() for c in manifest.components], harness=harness)
+    score = [f"{corpus_spec.EVAL_DIR}/score", f"{corpus_spec.EVAL_DIR}/tasks/{task.instance_id}.json"]
+    return task_plan(task, groups, evaluator=score, mutation=mutation, env={"PYTHONDONTWRITEBYTECODE": "1"})
 
 
 def _runner_hash() -> str:

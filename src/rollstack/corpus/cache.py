@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from rollstack.corpus.model import Task
 from rollstack.errors import InvalidRequest
 
 FLAVOR = "small"
@@ -22,7 +23,7 @@ class DemoCorpus:
     """The corpus directory (component trees, tasks.jsonl, manifest.json)."""
     manifest: dict[str, Any]
     """manifest.json: components (name, kind, group, bytes, files), task counts"""
-    tasks: list[dict[str, Any]]
+    tasks: list[Task]
     """tasks.jsonl in the SWE-smith schema (patch = the bug, fix = its reverse)"""
     seconds: float
     """Time this call took (the first build dominates the demo's first run)."""
@@ -51,5 +52,5 @@ def ensure_corpus(corpus_dir: Path | None, build: bool, log: Callable[[str], Non
     manifest, tasks = load_corpus(root)
     if not tasks:
         raise InvalidRequest(f"the corpus at {root} has no tasks")
-    return DemoCorpus(root=root, manifest=manifest.model_dump(), tasks=[t.model_dump() for t in tasks],
+    return DemoCorpus(root=root, manifest=manifest.model_dump(), tasks=tasks,
                       seconds=time.monotonic() - t0)

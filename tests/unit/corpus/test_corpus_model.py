@@ -32,11 +32,19 @@ def test_round_trip_and_schema_order() -> None:
 
 @pytest.mark.parametrize("bad", [
     {"instance_id": "has space"}, {"instance_id": "../x"}, {"patch": "not a diff"},
-    {"fix": "--- a/x\n+++ b/x\n"}, {"FAIL_TO_PASS": []}, {"workdir": "work/r"}, {"workdir": "/work/../etc"},
+    {"fix": "--- a/x\n+++ b/x\n"}, {"workdir": "work/r"}, {"workdir": "/work/../etc"},
 ])
 def test_invalid_tasks_are_rejected(bad) -> None:
     with pytest.raises(ValidationError):
         task(**bad)
+
+
+@pytest.mark.parametrize("missing", [{"FAIL_TO_PASS": []}, {"fix": None}, {"test_command": None}, {"workdir": None},
+                                     {"patch": ""}])
+def test_a_corpus_task_must_be_complete(missing) -> None:
+    task(**missing)  # a task file may leave it out...
+    with pytest.raises(InvalidRequest, match="a corpus task needs"):
+        validate_tasks([task(**missing)])  # ...the corpus may not
 
 
 def test_corpus_level_checks() -> None:
