@@ -218,7 +218,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
         """Conversion throughput, blob size vs tar.gz, TOC size, range requests to open."""
-        from rollstack.cli.layer import chunk_size_arg
+        from rollstack.core.units import parse_binary_size
         from rollstack.cli.output import emit
 
         source = src if src is not None else default_rootfs()
@@ -228,5 +228,5 @@ def register(app: typer.Typer) -> None:
         with tempfile.TemporaryDirectory(prefix="rollstack-bench-convert-", dir=workdir) as tmp:
             command = "rollstack bench convert" + (f" --src {src}" if src else "") + \
                 (f" --chunk-size {chunk_size}" if chunk_size != "1Mi" else "") + (f" --levels {levels}" if levels != "3" else "")
-            doc = run(source, chunk_size_arg(chunk_size), lv, Path(tmp), command)
+            doc = run(source, parse_binary_size(chunk_size), lv, Path(tmp), command)
         emit(doc, as_json, _human)

@@ -1,7 +1,7 @@
 """rollstack's side of the side-by-side benchmarks: a node reading the bench registry over the link.
 
 `RollstackSystem` is the counterpart of the containerd baselines (`rollstack.bench.baseline`): a
-`rollstack.node.local.Node` whose artifact store is the docker-registry inside the shaped link's
+`rollstack.client.local.Node` whose artifact store is the docker-registry inside the shaped link's
 namespace, so rollstack pulls its layers over exactly the link the baselines pull images over.
 `rollstack-eager` is the same node with plans saying `fetch: {eager: true}` (the whole stack is
 fetched before the environment starts); `rollstack` fetches on demand (background fill off: on
@@ -148,7 +148,7 @@ class RollstackSystem:
 
     # lifecycle
     def start(self) -> None:
-        from rollstack.node.local import Node
+        from rollstack.client.local import Node
 
         if self.node is None:
             self.root.mkdir(parents=True, exist_ok=True)

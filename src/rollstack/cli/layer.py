@@ -11,26 +11,10 @@ from typing import Any
 import typer
 
 from rollstack.cli.output import emit, stdout
-from rollstack.core.units import DECIMAL_SUFFIXES, UNITS, parse_size, size_suffix
+from rollstack.core.units import parse_binary_size
 from rollstack.errors import InvalidRequest
 
 app = typer.Typer(no_args_is_help=True, help="Seekable layer blobs: convert, ls, cat, verify.")
-
-def chunk_size_arg(text: str) -> int:
-    """`--chunk-size` in bytes: plain bytes or a binary unit (`64Ki`, `1Mi`, `1MiB`).
-
-    A decimal suffix (`1M`) is refused rather than read: `M` means 10^6 bytes everywhere
-    (rollstack.core.units), but this option used to read it as 2^20, so accepting it would
-    silently change the blobs an old command line writes.
-    """
-    suffix = size_suffix(text)
-    if suffix is None:
-        raise InvalidRequest(f"not a size: {text!r} (examples: 65536, 64Ki, 1Mi, 1MiB)")
-    if suffix in DECIMAL_SUFFIXES:
-        raise InvalidRequest(f"chunk size {text!r} uses a decimal unit ({suffix} = {UNITS[suffix]} bytes); "
-                             f"write {text.strip().rstrip('Bb')}i for the binary size")
-    return parse_size(text)
-
 
 @app.command("convert")
 def convert_cmd(
@@ -43,7 +27,7 @@ def convert_cmd(
     """Convert SRC into the seekable layer blob DST (deterministic: same input, same bytes)."""
     from rollstack.format.convert import convert
 
-    info = convert(src, dst, chunk_size=chunk_size_arg(chunk_size), level=level)
+    info = convert(src, dst, chunk_size=parse_binary_size(chunk_size), level=level)
     doc = {"path": str(dst), **info.to_dict()}
 
     def human(d: dict[str, Any]) -> None:

@@ -106,7 +106,7 @@ def _rollout_stack(published: list[Any]) -> dict[str, Any]:
 
 def _run_rollouts(config: DemoConfig, store_spec: str, tasks: list[dict[str, Any]], groups: Any,
                   stages: dict[str, float]) -> tuple[list[RolloutRecord], dict[str, Any], dict[str, list[str]]]:
-    from rollstack.node.local import Node
+    from rollstack.client.local import Node
 
     log = config.log
     node_root = config.node_root.absolute()

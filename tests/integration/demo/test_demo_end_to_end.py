@@ -87,7 +87,7 @@ def test_an_agent_that_fixes_nothing_scores_zero(published: tuple[object, str], 
     from rollstack.demo.agent import run_rollout
     from rollstack.corpus.plans import stack_groups
     from rollstack.demo.runner import child_processes, find_leftovers
-    from rollstack.node.local import Node
+    from rollstack.client.local import Node
 
     corpus, spec = published
     task = corpus.tasks[-1]

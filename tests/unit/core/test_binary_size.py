@@ -1,8 +1,8 @@
-"""`layer convert --chunk-size`: binary units only (a decimal `M` used to mean 2^20 here)."""
+"""Binary sizes (`layer convert --chunk-size`): a decimal `M` used to mean 2^20 there, so it is refused."""
 
 import pytest
 
-from rollstack.cli.layer import chunk_size_arg
+from rollstack.core.units import parse_binary_size as chunk_size_arg
 from rollstack.errors import InvalidRequest
 
 
