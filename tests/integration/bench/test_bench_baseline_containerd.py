@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from components import need
 from rollstack.bench.baseline import DockerEquivalent, DynamicAssembly, Stack, prepare_images
 from rollstack.bench.baseline_containerd import PrivateContainerd, available
 from rollstack.bench.baseline_registry import NetnsRegistry
@@ -50,8 +51,8 @@ def _tiny_corpus(root: Path) -> Stack:
 @pytest.fixture
 def env(tmp_path_factory: pytest.TempPathFactory):
     why = available()
-    if why or not BUSYBOX.exists():
-        pytest.skip(why or "busybox-static not installed")
+    need(not why, str(why))
+    need(BUSYBOX.exists(), f"busybox-static ({BUSYBOX})")
     # Short base path: containerd's socket path must stay under 108 bytes.
     base = Path(f"/tmp/rsb-ctd-{os.getpid()}")
     base.mkdir()

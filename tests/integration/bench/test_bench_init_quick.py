@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from components import need
 
 from rollstack.bench.baseline_containerd import available
 
@@ -31,8 +32,8 @@ def _skip_reason() -> str | None:
     return available()
 
 
-@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 def test_bench_init_quick_all_systems(tmp_path: Path) -> None:
+    need(_skip_reason() is None, str(_skip_reason()))
     from rollstack.bench.init import InitConfig, default_corpus, run_init, write_report
     from rollstack.bench.rig_rollstack import SYSTEM_NAMES
 

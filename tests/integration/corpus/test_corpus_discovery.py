@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from components import require_tool
 from rollstack.corpus import runner as corpus_runner
 from rollstack.corpus.bugs import unified_diff
 from rollstack.corpus.model import Task
@@ -92,8 +93,7 @@ def _host_python() -> tuple[Path, Path]:
 
 @pytest.fixture
 def trees(tmp_path: Path):
-    if shutil.which("git") is None:
-        pytest.skip("git not installed")
+    require_tool("git")
     venv, base = _host_python()
     os_tree = tmp_path / "os"
     for d in ("usr", "proc", "dev", "tmp", "etc", "work", "opt/hostvenv", f"{base}".lstrip("/")):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from components import require_root
 from rollstack.demo.config import DemoConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -34,8 +35,7 @@ def published() -> tuple[object, str]:
     from rollstack.corpus.publish import publish_corpus_groups
     from rollstack.store import open_store
 
-    if os.geteuid() != 0:
-        pytest.skip("the demo needs root (debootstrap, FUSE, overlayfs, runc, cgroups)")
+    require_root()  # the demo needs debootstrap, FUSE, overlayfs, runc, cgroups
     corpus = ensure_corpus(None, True, _log)
     spec = f"oci:{CACHE / 'store'}"
     store = open_store(spec)

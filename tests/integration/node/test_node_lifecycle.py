@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from components import need, require_tool
 from node_fixtures import leftovers, plan, publish_corpus, remember
 from rollstack import Client, errors
 from rollstack.node.api import create_app
@@ -23,11 +24,8 @@ TOKEN = "integration-token"
 
 
 def _require_host() -> None:
-    for tool in ("runc", "fusermount3"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed")
-    if not Path("/bin/busybox").exists():
-        pytest.skip("busybox-static not installed")
+    require_tool("runc", "fusermount3")
+    need(Path("/bin/busybox").exists(), "busybox-static (/bin/busybox)")
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from components import need
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rollstack.format.toc import EntryType, Toc, TocEntry
@@ -147,8 +148,7 @@ def stack_tree(stack: LayerStack, specs: list[dict[str, tuple]]) -> dict[str, tu
 @pytest.fixture
 def workspace(tmp_path: Path):
     reason = _can_overlay()
-    if reason:
-        pytest.skip(reason)
+    need(not reason, str(reason))
     base = tmp_path / f"ovl-{uuid.uuid4().hex[:8]}"
     base.mkdir()
     mounted: list[Path] = []

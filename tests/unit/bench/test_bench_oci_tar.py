@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from components import require_root
 
 from rollstack.bench.baseline_oci import build_layer, write_image, write_tar
 
@@ -41,8 +42,7 @@ def test_tar_order_and_links(tmp_path: Path) -> None:
 
 
 def test_overlay_whiteouts_become_oci_whiteouts(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mknod of a 0/0 character device and trusted.* xattrs need root")
+    require_root()  # mknod of a 0/0 character device and trusted.* xattrs
     root = tmp_path / "t"
     (root / "etc").mkdir(parents=True)
     os.mknod(root / "etc" / "gone.conf", 0o600 | stat.S_IFCHR, os.makedev(0, 0))
