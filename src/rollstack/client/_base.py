@@ -22,6 +22,8 @@ TOKEN_FILE = "token"
 CONNECT_TIMEOUT = 10.0
 SHORT_TIMEOUT = 60.0
 """Seconds for calls that do not run user work (files, list, destroy...)."""
+EXEC_ANSWER_SLACK = 30.0
+"""Seconds past an exec's own timeout the node has to answer it (it reports the timeout itself)."""
 
 
 def default_node() -> str:
@@ -78,7 +80,7 @@ def exec_request(
 
 def request_timeout(seconds: float | None) -> httpx.Timeout:
     """For calls that run user work: no read deadline of ours beyond the work's own plus slack."""
-    read = None if seconds is None else seconds + 30.0
+    read = None if seconds is None else seconds + EXEC_ANSWER_SLACK
     return httpx.Timeout(connect=CONNECT_TIMEOUT, read=read, write=SHORT_TIMEOUT, pool=None)
 
 
