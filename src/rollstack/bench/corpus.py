@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Cold/warm init of the containerd baselines (docker-equivalent, dynamic-assembly) on the corpus."""
-        from rollstack.bench.baseline_bench import measure_baselines
+        from rollstack.bench.systems.rig import measure_baselines
         from rollstack.bench.report import current_command, machine_facts, write_results
         from rollstack.cli.output import emit
 

@@ -1,7 +1,7 @@
 """Verify a shaped link: a tiny TCP server inside the namespace, RTT and throughput from the host.
 
 Protocol (one connection each): `p` -> the server answers one byte (ping); `d<n>\\n` -> the server
-sends n bytes then closes (download). Server: `python -m rollstack.bench.netem_probe PORT`
+sends n bytes then closes (download). Server: `python -m rollstack.bench.link.probe PORT`
 (prints `ready` once listening).
 """
 
@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rollstack.bench.netem import ShapedLink
+    from rollstack.bench.link.netem import ShapedLink
 
 _BLOCK = b"\0" * (1 << 20)
 
@@ -58,7 +58,7 @@ def serve(port: int) -> None:
 
 
 def measure_link(link: "ShapedLink", megabytes: int = 32, pings: int = 20, port: int = 18999) -> dict[str, float]:
-    proc = link.popen([sys.executable, "-m", "rollstack.bench.netem_probe", str(port)], stdout=subprocess.PIPE)
+    proc = link.popen([sys.executable, "-m", "rollstack.bench.link.probe", str(port)], stdout=subprocess.PIPE)
     try:
         if proc.stdout is None or proc.stdout.readline().strip() != b"ready":
             raise RuntimeError("probe server did not start")

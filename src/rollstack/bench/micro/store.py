@@ -1,4 +1,4 @@
-"""`python -m rollstack.store.measure [MiB]`: side-by-side throughput of both stores.
+"""`python -m rollstack.bench.micro.store [MiB]`: side-by-side throughput of both stores.
 
 Uploads one random blob to an OCI layout and to a fresh loopback docker-registry, then times
 1 MiB range reads (sequential and 32 threads), 4 KiB read latency and a chunked upload.
@@ -50,7 +50,7 @@ def _measure(store: ArtifactStore, path: Path, digest: str, size: int) -> dict[s
 
 def main(argv: list[str]) -> None:
     size = (int(argv[0]) if argv else 64) << 20
-    print(f"command: python -m rollstack.store.measure {size >> 20}")
+    print(f"command: python -m rollstack.bench.micro.store {size >> 20}")
     print(f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}, {platform.platform()}, python {platform.python_version()}")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rollstack.bench.netem import LinkProfile, ShapedLink, cleanup_stale, measure
+from rollstack.bench.link.netem import LinkProfile, ShapedLink, cleanup_stale, measure
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Latency of the runtime's primitives on this host: `python -m rollstack.run.measure`.
+"""Latency of the runtime's primitives on this host: `python -m rollstack.bench.micro.runtime`.
 
 Measures, over N environments on a busybox lower (or the lower dirs given): overlay mount,
 `runc run -d` (start), create = mount + start, `exec true` (runc exec round trip through the
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
            "machine": {"kernel": platform.release(), "cpus": os.cpu_count(),
                        "loadavg": os.getloadavg(),
                        "runc": runc_version, "python": platform.python_version()},
-           "command": "python -m rollstack.run.measure " + " ".join(sys.argv[1:] if argv is None
+           "command": "python -m rollstack.bench.micro.runtime " + " ".join(sys.argv[1:] if argv is None
                                                                    else argv)}
     print(json.dumps(doc, indent=2))
     return 0

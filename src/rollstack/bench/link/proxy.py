@@ -3,7 +3,7 @@
 This kernel has no `netem` qdisc, so the benchmark link gets its latency here. Delay is
 pipelined, not serialising: each chunk read at time t is written at t + delay, so a stream keeps
 its throughput (the rate itself is shaped by `tc` on the veth behind the proxy). Runs as its own
-process (`python -m rollstack.bench.netem_proxy LISTEN_HOST LISTEN_PORT TARGET_HOST TARGET_PORT
+process (`python -m rollstack.bench.link.proxy LISTEN_HOST LISTEN_PORT TARGET_HOST TARGET_PORT
 DELAY_S`) so the benchmark process's GIL never stalls the link; prints `ready PORT` once
 listening.
 """

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from components import need
-from rollstack.bench.baseline import DockerEquivalent, DynamicAssembly, Stack, prepare_images
-from rollstack.bench.baseline_containerd import PrivateContainerd, available
-from rollstack.bench.baseline_registry import NetnsRegistry
-from rollstack.bench.netem import ShapedLink
+from rollstack.bench.systems.baselines import DockerEquivalent, DynamicAssembly, Stack, prepare_images
+from rollstack.bench.systems.containerd import PrivateContainerd, available
+from rollstack.bench.systems.registry import NetnsRegistry
+from rollstack.bench.link.netem import ShapedLink
 
 pytestmark = pytest.mark.integration
 
