@@ -12,6 +12,9 @@ processes in real cgroups (`rollstack.bench.workload`) under:
 The same `--concurrency` tasks are in flight in every scenario. Reported: per-task and total
 completion time, OOM kills, environments admitted at once for the node (admission rule of
 `rollstack.provision.policy`), memory reserved over time (PNG), the 256-cgroup sampling cost.
+
+Size (~420 lines): one benchmark (task mix, scenario runner, summary, CLI); its pieces are used
+nowhere else.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ Concurrency: every method blocks and is safe to call from many threads at once. 
 guards only the id -> record map and admission counting (never held across I/O); each record has
 its own lock that destroy holds, so creates, execs and destroys of different environments run in
 parallel, and an exec never holds a lock (a long command must not block destroy).
+
+Size (~440 lines): one class whose methods are the node API's operations, each a short
+orchestration over `Stages`; splitting it would split the one place the stages meet.
 """
 
 from __future__ import annotations
