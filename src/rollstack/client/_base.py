@@ -89,6 +89,14 @@ class Settings:
     url: str = field(default_factory=default_node)
     token: str | None = None
 
+    @classmethod
+    def of(cls, url: str | None, token: str | None) -> "Settings":
+        """What a client was given, with the defaults ($ROLLSTACK_NODE, the token) for the rest."""
+        settings = cls(token=token if token is not None else default_token())
+        if url:
+            settings.url = url
+        return settings
+
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 

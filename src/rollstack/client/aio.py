@@ -19,7 +19,6 @@ from rollstack.client import routes
 from rollstack.client._base import (
     SHORT_TIMEOUT,
     Settings,
-    default_token,
     error_of,
     exec_request,
     plan_to_wire,
@@ -174,10 +173,7 @@ class AsyncClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        settings = Settings(token=token if token is not None else default_token())
-        if url:
-            settings.url = url
-        self._service = AsyncHttpService(settings, transport)
+        self._service = AsyncHttpService(Settings.of(url, token), transport)
 
     @property
     def url(self) -> str:

@@ -16,17 +16,7 @@ import httpx
 
 from rollstack.client._base import EXEC_ANSWER_SLACK, request_timeout, transport_error
 from rollstack.errors import ExecTimeout, RollstackError, from_dict
-from rollstack.node.models import (
-    CreateResponse,
-    EnvironmentInfo,
-    EnvironmentList,
-    Evaluation,
-    ExecChunk,
-    ExecRequest,
-    ExecResult,
-    Health,
-    Stats,
-)
+from rollstack.node import models as m
 
 T = TypeVar("T")
 ENVS = "/v1/environments"
@@ -63,26 +53,26 @@ def _none(_: httpx.Response) -> None:
     return None
 
 
-def create(plan: dict[str, Any]) -> Call[CreateResponse]:
-    return Call("POST", ENVS, lambda r: CreateResponse.model_validate_json(r.content),
+def create(plan: dict[str, Any]) -> Call[m.CreateResponse]:
+    return Call("POST", ENVS, lambda r: m.CreateResponse.model_validate_json(r.content),
                 {"json": {"plan": plan}, "timeout": request_timeout(None)})
 
 
-def list_environments() -> Call[list[EnvironmentInfo]]:
-    return Call("GET", ENVS, lambda r: EnvironmentList.model_validate_json(r.content).environments)
+def list_environments() -> Call[list[m.EnvironmentInfo]]:
+    return Call("GET", ENVS, lambda r: m.EnvironmentList.model_validate_json(r.content).environments)
 
 
-def info(env_id: str) -> Call[EnvironmentInfo]:
-    return Call("GET", _env(env_id), lambda r: EnvironmentInfo.model_validate_json(r.content))
+def info(env_id: str) -> Call[m.EnvironmentInfo]:
+    return Call("GET", _env(env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
 
 
-def exec_(env_id: str, request: ExecRequest) -> Call[ExecResult]:
-    return Call("POST", _env(env_id, "/exec"), lambda r: ExecResult.model_validate_json(r.content),
+def exec_(env_id: str, request: m.ExecRequest) -> Call[m.ExecResult]:
+    return Call("POST", _env(env_id, "/exec"), lambda r: m.ExecResult.model_validate_json(r.content),
                 {"content": request.model_dump_json(exclude_none=True), "headers": _JSON,
                  "timeout": request_timeout(request.timeout)}, request.timeout)
 
 
-def exec_stream(env_id: str, request: ExecRequest) -> Call[None]:
+def exec_stream(env_id: str, request: m.ExecRequest) -> Call[None]:
     """The streaming exec: the transport reads its answer line by line (`chunk()`)."""
     return Call("POST", _env(env_id, "/exec/stream"), _none,
                 {"content": request.model_dump_json(exclude_none=True), "headers": _JSON,
@@ -101,21 +91,21 @@ def diff(env_id: str, binary: str = "name") -> Call[str]:
     return Call("GET", _env(env_id, "/diff"), lambda r: r.text, {"params": {"binary": binary}})
 
 
-def evaluate(env_id: str) -> Call[Evaluation]:
-    return Call("POST", _env(env_id, "/evaluate"), lambda r: Evaluation.model_validate_json(r.content),
+def evaluate(env_id: str) -> Call[m.Evaluation]:
+    return Call("POST", _env(env_id, "/evaluate"), lambda r: m.Evaluation.model_validate_json(r.content),
                 {"timeout": request_timeout(None)})
 
 
-def stats(env_id: str) -> Call[Stats]:
-    return Call("GET", _env(env_id, "/stats"), lambda r: Stats.model_validate_json(r.content))
+def stats(env_id: str) -> Call[m.Stats]:
+    return Call("GET", _env(env_id, "/stats"), lambda r: m.Stats.model_validate_json(r.content))
 
 
 def destroy(env_id: str) -> Call[None]:
     return Call("DELETE", _env(env_id), _none, {"timeout": request_timeout(None)})
 
 
-def health() -> Call[Health]:
-    return Call("GET", "/healthz", lambda r: Health.model_validate_json(r.content))
+def health() -> Call[m.Health]:
+    return Call("GET", "/healthz", lambda r: m.Health.model_validate_json(r.content))
 
 
 def metrics_text() -> Call[str]:
@@ -146,9 +136,9 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def chunk(line: str) -> ExecChunk:
+def chunk(line: str) -> m.ExecChunk:
     """One line of a streaming exec; an `error` line raises its typed error."""
-    c = ExecChunk.model_validate(json.loads(line))
+    c = m.ExecChunk.model_validate(json.loads(line))
     if c.type == "error":
         raise from_dict(c.error or {"code": "internal_error", "message": "stream failed"})
     return c

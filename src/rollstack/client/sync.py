@@ -16,7 +16,6 @@ import httpx
 from rollstack.client._base import (
     SHORT_TIMEOUT,
     Settings,
-    default_token,
     error_of,
     raise_for,
 )
@@ -123,10 +122,7 @@ class Client(EnvironmentFacade):
         *,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        settings = Settings(token=token if token is not None else default_token())
-        if url:
-            settings.url = url
-        self._service = HttpService(settings, transport)
+        self._service = HttpService(Settings.of(url, token), transport)
 
     @property
     def url(self) -> str:
