@@ -123,9 +123,9 @@ def run(tree: Path, n: int, seed: int, work: Path, command: str) -> dict[str, An
     tree_files = sum(1 for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts)
     doc = {
         "tree": {"source": str(tree), "files": tree_files},
-        "patches": {"count": len(patches), "files_p50": _pct([p["files"] for p in patches], 0.5),
+        "patches": {"count": len(patches), "files_p50": percentile([p["files"] for p in patches], 50),
                     "files_max": max(p["files"] for p in patches),
-                    "lines_p50": _pct([p["lines"] for p in patches], 0.5),
+                    "lines_p50": percentile([p["lines"] for p in patches], 50),
                     "lines_max": max(p["lines"] for p in patches)},
         "systems": {"rollstack": _summary(ours), "git-apply": _summary(git_apply)},
         "ratio_p50_git_over_rollstack": _summary(git_apply)["p50"] / _summary(ours)["p50"],

@@ -12,7 +12,6 @@ import typer
 
 from rollstack.cli.output import emit, stdout
 from rollstack.core.units import parse_binary_size
-from rollstack.errors import InvalidRequest
 
 app = typer.Typer(no_args_is_help=True, help="Seekable layer blobs: convert, ls, cat, verify.")
 

@@ -6,9 +6,8 @@ bytes. Percentiles interpolate linearly between order statistics (p50 of [1, 2] 
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from rollstack.core.stats import percentile
 

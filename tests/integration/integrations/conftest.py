@@ -6,7 +6,6 @@ published to an OCI layout store, a `NodeService` and its HTTP API on a loopback
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

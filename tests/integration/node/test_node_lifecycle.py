@@ -3,8 +3,6 @@ cgroups, the HTTP API on a loopback port and the SDK. Everything is torn down ev
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import httpx

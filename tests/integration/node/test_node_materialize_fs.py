@@ -5,7 +5,6 @@ over copies merges like overlayfs over FUSE, and a node stacks the copy once a l
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 from dataclasses import dataclass

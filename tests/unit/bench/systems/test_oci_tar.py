@@ -9,7 +9,6 @@ import stat
 import tarfile
 from pathlib import Path
 
-import pytest
 from components import require_root
 
 from rollstack.bench.systems.oci import build_layer, write_image, write_tar
