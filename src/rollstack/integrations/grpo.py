@@ -25,7 +25,7 @@ import math
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from rollstack.errors import RollstackError
@@ -380,7 +380,3 @@ async def run_batch(
     report = summarize(groups)
     report["wall_seconds"] = round(time.monotonic() - t0, 3)
     return report, groups
-
-
-def results_json(groups: list[list[RolloutResult]]) -> list[list[dict[str, Any]]]:
-    return [[asdict(r) for r in g] for g in groups]

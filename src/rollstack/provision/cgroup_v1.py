@@ -148,7 +148,6 @@ class CgroupV1(CgroupBackend):
             tr.oom = None  # re-read oom_control and failcnt on the next sample
             tr.failcnt = None
         return applied
-        return applied
 
     def set_memory_quota(self, path: str, quota: int, cap: int) -> int:
         return self.set_memory(path, quota)
