@@ -25,7 +25,7 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from rollstack.errors import RollstackError
@@ -380,3 +380,8 @@ async def run_batch(
     report = summarize(groups)
     report["wall_seconds"] = round(time.monotonic() - t0, 3)
     return report, groups
+
+
+def results_json(groups: list[list[RolloutResult]]) -> list[list[dict[str, Any]]]:
+    """Every rollout result as a plain dict, grouped as `run_batch` returned them (examples/)."""
+    return [[asdict(r) for r in g] for g in groups]
