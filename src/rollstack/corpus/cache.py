@@ -1,4 +1,5 @@
-"""The demo's corpus: the small real corpus (`rollstack.corpus.build`), built once and cached.
+"""A built corpus, loaded: the small real corpus (`rollstack.corpus.build`) the demo and the
+benchmarks stack, built once and cached.
 
 `ensure_corpus` calls the corpus builder, which rebuilds only components whose inputs changed
 (a built corpus comes back in well under a second); with `build=False` it only loads a built one.
@@ -18,7 +19,7 @@ FLAVOR = "small"
 
 
 @dataclass(frozen=True)
-class DemoCorpus:
+class LoadedCorpus:
     root: Path
     """The corpus directory (component trees, tasks.jsonl, manifest.json)."""
     manifest: dict[str, Any]
@@ -40,7 +41,7 @@ class DemoCorpus:
             return ""
 
 
-def ensure_corpus(corpus_dir: Path | None, build: bool, log: Callable[[str], None]) -> DemoCorpus:
+def ensure_corpus(corpus_dir: Path | None, build: bool, log: Callable[[str], None]) -> LoadedCorpus:
     from rollstack.corpus.build import build_corpus, corpus_dir as default_dir, load_corpus
 
     t0 = time.monotonic()
@@ -52,5 +53,5 @@ def ensure_corpus(corpus_dir: Path | None, build: bool, log: Callable[[str], Non
     manifest, tasks = load_corpus(root)
     if not tasks:
         raise InvalidRequest(f"the corpus at {root} has no tasks")
-    return DemoCorpus(root=root, manifest=manifest.model_dump(), tasks=tasks,
+    return LoadedCorpus(root=root, manifest=manifest.model_dump(), tasks=tasks,
                       seconds=time.monotonic() - t0)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rollstack.corpus.cache import DemoCorpus
+from rollstack.corpus.cache import LoadedCorpus
 from rollstack.errors import NotFound
 
 
@@ -41,7 +41,7 @@ class PublishedGroup:
         return asdict(self)
 
 
-def build_key(corpus: DemoCorpus, component: dict[str, Any]) -> str:
+def build_key(corpus: LoadedCorpus, component: dict[str, Any]) -> str:
     """Changes whenever the builder rebuilds the component's tree."""
     tree = corpus.component_dir(component["name"])
     st = tree.stat()
@@ -81,7 +81,7 @@ def _still_there(store: Any, group: str, digest: str) -> int | None:
     return sum(int(layer.get("size", 0)) for layer in layers)
 
 
-def publish_corpus_groups(corpus: DemoCorpus, store: Any, store_key: str, cache_path: Path, scratch: Path,
+def publish_corpus_groups(corpus: LoadedCorpus, store: Any, store_key: str, cache_path: Path, scratch: Path,
                           log: Callable[[str], None]) -> list[PublishedGroup]:
     """Every component of `corpus` as its group in `store`; returns what each cost."""
     from rollstack.plan.groups import convert_sources, publish_layers, split_name_tag

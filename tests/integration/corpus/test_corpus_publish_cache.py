@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.corpus.cache import DemoCorpus
+from rollstack.corpus.cache import LoadedCorpus
 from rollstack.corpus.publish import publish_corpus_groups
 from rollstack.store import open_store
 
@@ -23,14 +23,14 @@ def _tree(root: Path, files: dict[str, str]) -> None:
         p.write_text(text)
 
 
-def _corpus(root: Path) -> DemoCorpus:
+def _corpus(root: Path) -> LoadedCorpus:
     comps = [
         {"name": "os", "kind": "os", "group": "os/tiny:1", "bytes": 3, "files": 1},
         {"name": "repo-app", "kind": "repo", "group": "repo/app:1", "bytes": 6, "files": 1},
     ]
     (root / ".stamps").mkdir(parents=True, exist_ok=True)
     (root / ".stamps" / "os").write_text("k1\n")
-    return DemoCorpus(root=root, manifest={"flavor": "small", "components": comps}, tasks=[], seconds=0.0)
+    return LoadedCorpus(root=root, manifest={"flavor": "small", "components": comps}, tasks=[], seconds=0.0)
 
 
 def test_publish_converts_once_then_skips_until_a_tree_or_the_store_changes(tmp_path: Path) -> None:

@@ -95,13 +95,13 @@ def work_lock(work: Path) -> Iterator[None]:
 def publish_components(corpus_root: Path, components: Sequence[str], store_url: str, cache_key: str,
                        cache_path: Path, scratch: Path, log: Log) -> list[dict[str, Any]]:
     """Publish the named corpus components as layer groups into `store_url` (cached by build)."""
-    from rollstack.corpus.cache import ensure_corpus, DemoCorpus
+    from rollstack.corpus.cache import ensure_corpus, LoadedCorpus
     from rollstack.corpus.publish import publish_corpus_groups
     from rollstack.store import open_store
 
     full = ensure_corpus(corpus_root, False, log)
     wanted = set(components)
-    sub = DemoCorpus(full.root, {**full.manifest, "components": [c for c in full.manifest["components"]
+    sub = LoadedCorpus(full.root, {**full.manifest, "components": [c for c in full.manifest["components"]
                                                                  if c["name"] in wanted]}, full.tasks, 0.0)
     store = open_store(store_url)
     try:
