@@ -25,7 +25,8 @@ LAYERS: list[set[str]] = [
     {"node"},  # strings the stages together
     {"client"},  # the SDK over the node's HTTP API (shares node.models)
     {"corpus"},  # tasks and their plans, for everything above
-    {"integrations", "cluster", "e2b", "bench", "demo"},  # consumers: never each other
+    {"integrations", "cluster", "e2b"},  # consumers of nodes: never each other
+    {"bench", "demo"},  # measure / show everything below (also the consumers), never each other
     {"cli"},  # may import anything
 ]
 """Bottom first. A package may import its own modules and any package of a lower layer."""
@@ -55,7 +56,7 @@ def _package_of(module: Path) -> str:
 
 def _imports(module: Path) -> list[tuple[str, int]]:
     """(imported rollstack package, line) for every import in `module`."""
-    tree = ast.parse(module.read_text(), str(module))
+    tree = ast.parse(module.read_bytes(), str(module))
     out = []
     parts = module.relative_to(SRC).with_suffix("").parts
     for node in ast.walk(tree):

@@ -62,10 +62,10 @@ def publish(
     name_tag: str = typer.Argument(..., metavar="NAME:TAG", help="e.g. repo/attrs:23.2.0"),
     sources: list[Path] = typer.Argument(..., metavar="SRC...", help="directories or tarballs, one layer each, bottom first"),
     store: Optional[str] = typer.Option(None, "--store", envvar="ROLLSTACK_STORE", help=STORE_HELP),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="resolution cache to update (default: ~/.cache/rollstack)"),
     kind: Optional[str] = typer.Option(None, "--kind", help="component kind: os, repo, harness, evaluator, ... (default: NAME's first component)"),
     source: Optional[str] = typer.Option(None, "--source", help="where the content came from (annotation)"),
     created: Optional[str] = typer.Option(None, "--created", help="creation time to record (default: now); fixes the manifest digest"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="resolution cache to update (default: ~/.cache/rollstack)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Publish SRC... as group NAME:TAG; prints the group's digest. Unchanged blobs are not uploaded.

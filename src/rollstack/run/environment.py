@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.host.cgroups import CGROUP_PARENT
+from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.files import SafeRoot
