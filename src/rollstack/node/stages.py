@@ -285,7 +285,7 @@ class Stages:
 
     # -- use ----------------------------------------------------------------------------------
 
-    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: Any) -> Any:  # typed after the exec branch's merge
+    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: Any) -> Any:
         return rec.runtime.exec(
             req.resolved_argv(),
             cwd=req.cwd,
