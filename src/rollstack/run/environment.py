@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import logging
 import os
 import resource
 import select
@@ -135,7 +136,7 @@ class EnvironmentRuntime:
             try:
                 env.destroy()
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
-                pass
+                logging.getLogger(__name__).exception("cleaning up the failed create of %s failed", env_id)
             raise
         return env
 
