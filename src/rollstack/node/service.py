@@ -10,6 +10,9 @@ Concurrency: every method blocks and is safe to call from many threads at once. 
 guards only the id -> record map and admission counting (never held across I/O); each record has
 its own lock that destroy holds, so creates, execs and destroys of different environments run in
 parallel, and an exec never holds a lock (a long command must not block destroy).
+
+Size (~440 lines): one class whose methods are the node API's operations, each a short
+orchestration over `Stages`; splitting it would split the one place the stages meet.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rollstack.errors import (
 from rollstack.node import record as st
 from rollstack.node import recovery
 from rollstack.node.config import NodeConfig
+from rollstack.node.counters import Counters
 from rollstack.node.execution import stream, to_wire
 from rollstack.node.models import (
     CreateResponse,
@@ -67,8 +71,8 @@ class NodeService:
         self._reaper: threading.Thread | None = None
         self.stages: Stages | None = None
         self.started_at = time.time()
-        self.counters = {"created": 0, "destroyed": 0, "create_failures": 0, "execs": 0, "evaluations": 0, "reaped": 0,
-                         "lazy_daemon_restarts": 0}
+        self.counters = Counters(("created", "destroyed", "create_failures", "execs", "evaluations", "reaped",
+                                  "lazy_daemon_restarts"))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -162,10 +166,10 @@ class NodeService:
                     "plan": rec.plan.model_dump(mode="json", exclude_none=True),
                     "timeout": rec.timeout, "started_at": rec.started_at,
                 })
-            self.counters["created"] += 1
+            self.counters.bump("created")
             return rec.created
         except BaseException:
-            self.counters["create_failures"] += 1
+            self.counters.bump("create_failures")
             try:
                 self._teardown(rec, final=st.FAILED)
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
@@ -217,7 +221,7 @@ class NodeService:
                     while len(self._gone) > _TOMBSTONES:
                         self._gone.pop(next(iter(self._gone)))
                 if final == st.DESTROYED:
-                    self.counters["destroyed"] += 1
+                    self.counters.bump("destroyed")
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -272,7 +276,7 @@ class NodeService:
     def metrics(self) -> dict[str, float]:
         with self._lock:
             states = [r.state for r in self._envs.values()]
-        out = {f"{k}_total": float(v) for k, v in self.counters.items()}
+        out = {f"{k}_total": float(v) for k, v in self.counters.snapshot().items()}
         out["environments"] = float(sum(1 for s in states if s in st.LIVE_STATES))
         out["environments_max"] = float(self.config.max_environments)
         if self.stages is not None:
@@ -283,19 +287,20 @@ class NodeService:
 
     def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
         rec = self._running(env_id)
-        self.counters["execs"] += 1
+        self.counters.bump("execs")
         return to_wire(self._exec(rec, request, None))
 
     def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
         rec = self._running(env_id)
-        self.counters["execs"] += 1
+        self.counters.bump("execs")
         return stream(lambda on_output: self._exec(rec, request, on_output), to_wire, name=f"exec-{env_id}")
 
     def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any, control: Any = None) -> Any:
         """Run the command; an OOM ending (provisioner or kernel) becomes OomTerminated."""
         stages = self._stages()
         kills = stages.oom_kills(rec)
-        rec.execs += 1
+        with self._lock:  # parallel execs in one environment
+            rec.execs += 1
         try:
             result = stages.exec(rec, request, on_output, control)
         except (EnvironmentGone, RuntimeFailure):
@@ -304,7 +309,8 @@ class NodeService:
             self._raise_if_oom(rec)
             raise
         finally:
-            rec.execs -= 1
+            with self._lock:
+                rec.execs -= 1
         self._check_kernel_oom(rec, stages, kills)
         self._raise_if_oom(rec)
         return result
@@ -416,7 +422,7 @@ class NodeService:
             data = self._read_reward(created.id, path) if path else None
         finally:
             self.destroy(created.id)
-        self.counters["evaluations"] += 1
+        self.counters.bump("evaluations")
         t_end = time.perf_counter()
         return Evaluation(
             reward=reward_from(ev, result.exit_code, data),
@@ -458,7 +464,7 @@ class NodeService:
                 with self._lock:
                     live = [r for r in self._envs.values() if r.state in st.LIVE_STATES]
                 stages.reattach(live)
-                self.counters["lazy_daemon_restarts"] += 1
+                self.counters.bump("lazy_daemon_restarts")
         except Exception:  # noqa: BLE001 - retried on the next tick
             log.exception("restarting the lazy store daemon failed")
 
@@ -470,5 +476,5 @@ class NodeService:
         for env_id in expired:
             log.info("environment %s expired; destroying", env_id)
             self._destroy_quietly(env_id)
-            self.counters["reaped"] += 1
+            self.counters.bump("reaped")
         return expired

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import logging
 import os
 import resource
 import select
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from rollstack.host.cgroups import CGROUP_PARENT
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
@@ -46,7 +48,7 @@ class RuntimeConfig:
 
     root: Path
     """State dir (envs/, runc/). Must be on a local fs that can hold overlay upper dirs."""
-    cgroup_parent: str = "rollstack"
+    cgroup_parent: str = CGROUP_PARENT
     """Environments' cgroups are `<parent>/<env-id>` in every hierarchy."""
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
@@ -135,7 +137,7 @@ class EnvironmentRuntime:
             try:
                 env.destroy()
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
-                pass
+                logging.getLogger(__name__).exception("cleaning up the failed create of %s failed", env_id)
             raise
         return env
 
