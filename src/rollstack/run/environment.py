@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
-from rollstack.run import cgroupfs, overlay, procs
+from rollstack.run import agent, cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
+from rollstack.run.execpump import check_request
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
@@ -50,6 +51,9 @@ class RuntimeConfig:
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
     runc_binary: str = "runc"
+    exec_agent: bool = True
+    """Serve execs through PID 1 (rollstack-execd, run/agent.py) when the init is execd; False:
+    every exec is a `runc exec` (the fallback path, also taken when an agent is unreachable)."""
     subreaper: bool = True
     """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
     exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host
@@ -91,6 +95,11 @@ class EnvironmentRuntime:
             self._init = find_init_binaries()
         return self._init
 
+    @property
+    def uses_agent(self) -> bool:
+        """New environments get rollstack-execd's exec socket."""
+        return self.config.exec_agent and self.init.agent
+
     def env_dir(self, env_id: str) -> Path:
         return self.root / "envs" / env_id
 
@@ -128,7 +137,13 @@ class EnvironmentRuntime:
                 env.timings["mutation"] = time.monotonic() - t1
             t2 = time.monotonic()
             (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
-            env.pid = self.runc.run_detached(env_id, env.bundle)
+            listener = agent.bind_listener(env.dir) if self.uses_agent else None
+            try:
+                env.pid = self.runc.run_detached(
+                    env_id, env.bundle, listen_fd=listener.fileno() if listener else None)
+            finally:
+                if listener is not None:
+                    listener.close()  # the init holds its own copy
             env.timings["start"] = time.monotonic() - t2
         except BaseException:
             try:
@@ -233,8 +248,24 @@ class Environment:
              env: Mapping[str, str] | None = None, stdin: bytes | None = None,
              timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
              on_output: OnOutput | None = None) -> ExecResult:
-        """Run argv (or a shell string through `/bin/sh -c`) in the environment."""
+        """Run argv (or a shell string through `/bin/sh -c`) in the environment: through its
+        exec agent (PID 1) when it has one, else (or when the agent is unreachable) `runc exec`."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if self.runtime.config.exec_agent:
+            check_request(argv, cwd, env, timeout, output_limit)
+            pump = agent.AgentPump(agent.socket_path(self.dir), argv, cwd, env, stdin, timeout,
+                                   output_limit, on_output, 0.2, self.id)
+            try:
+                return pump.run()
+            except agent.AgentUnavailable as e:
+                if not self.meta_path.exists():
+                    raise EnvironmentGone(f"environment {self.id} has no state") from e
+                # no agent (catatonit init, made before the agent) or it is not listening
+                # (the container is gone: runc exec says so precisely)
+            except RuntimeFailure as e:
+                if self.status() != "running":
+                    raise EnvironmentGone(f"environment {self.id} is not running: {e}") from e
+                raise
         return self.runtime.runc.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
                                       timeout=timeout, output_limit=output_limit,
                                       on_output=on_output)
