@@ -29,6 +29,7 @@ from rollstack.client._base import (
 from rollstack.client.environment import EnvironmentFacade
 from rollstack.errors import NodeUnavailable, from_dict
 from rollstack.node.models import (
+    CreateGroupResponse,
     CreateResponse,
     EnvironmentInfo,
     EnvironmentList,
@@ -101,6 +102,11 @@ class HttpService:
     def create(self, plan: dict[str, Any]) -> CreateResponse:
         r = self._request("POST", "/v1/environments", json={"plan": plan}, timeout=request_timeout(None))
         return CreateResponse.model_validate_json(r.content)
+
+    def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
+        r = self._request("POST", "/v1/environments", json={"plan": plan, "count": count},
+                          timeout=request_timeout(None))
+        return CreateGroupResponse.model_validate_json(r.content).environments
 
     def list(self) -> list[EnvironmentInfo]:
         return EnvironmentList.model_validate_json(self._request("GET", "/v1/environments").content).environments

@@ -23,6 +23,7 @@ import os
 import resource
 import select
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -301,6 +302,28 @@ class Environment:
         return cgroupfs.oom_kills(self.id, self.runtime.config.cgroup_parent)
 
     # -- teardown ----------------------------------------------------------------------------
+
+    def kill_init(self) -> bool:
+        """SIGKILL the environment's PID 1 without runc (the kernel then ends its whole pid
+        namespace); cheap, for asynchronous destroys. Only a process that is still in this
+        environment's cgroup is signalled (through a pidfd: no pid-reuse race). True if sent."""
+        pid = self._init_pid()
+        if pid is None:
+            return False
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        try:
+            if f"/{self.runtime.config.cgroup_parent.strip('/')}/{self.id}" not in \
+                    Path(f"/proc/{pid}/cgroup").read_text():
+                return False
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def destroy(self) -> None:
         """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""
