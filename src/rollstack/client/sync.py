@@ -11,7 +11,6 @@ One `Client` may be shared by any number of threads (each thread has its own con
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -27,7 +26,8 @@ from rollstack.client._base import (
     transport_error,
 )
 from rollstack.client.environment import EnvironmentFacade
-from rollstack.errors import NodeUnavailable, from_dict
+from rollstack.errors import from_dict
+from rollstack.httppool import PerThreadClient
 from rollstack.node.models import (
     CreateGroupResponse,
     CreateResponse,
@@ -44,52 +44,25 @@ from rollstack.node.models import (
 
 class HttpService:
     """The `EnvironmentService` interface over HTTP. Safe to share between threads: each thread
-    gets its own `httpx.Client` (connection pool). One pool shared by many threads failed under
-    bursts with `ReadError: [Errno 9] Bad file descriptor` when a burst met keep-alive
-    connections the server had closed while idle (httpcore's pool closes such a connection in
-    one thread while another is reading it); per-thread pools share no sockets."""
+    gets its own `httpx.Client` (`rollstack.httppool.PerThreadClient` says why)."""
 
     def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None) -> None:
         self.settings = settings
-        self._transport = transport
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._clients: list[tuple[threading.Thread, httpx.Client]] = []
-        self._closed = False
-        # one TLS context for all the threads' pools (making one per pool costs ~10 ms of CPU)
-        self._verify = httpx.create_ssl_context()
+        self._pool = PerThreadClient(lambda ssl_context: httpx.Client(
+            base_url=settings.url,
+            headers=settings.headers(),
+            timeout=httpx.Timeout(SHORT_TIMEOUT, connect=10.0),
+            transport=transport,
+            verify=ssl_context,
+        ), settings.url)
 
     @property
     def http(self) -> httpx.Client:
         """This thread's client (created on first use)."""
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = httpx.Client(
-                base_url=self.settings.url,
-                headers=self.settings.headers(),
-                timeout=httpx.Timeout(SHORT_TIMEOUT, connect=10.0),
-                transport=self._transport,
-                verify=self._verify,
-            )
-            with self._lock:
-                if self._closed:
-                    client.close()
-                    raise NodeUnavailable(f"client for {self.settings.url} is closed")
-                # threads that ended leave their pools behind: close those now
-                dead = [c for t, c in self._clients if not t.is_alive()]
-                self._clients = [(t, c) for t, c in self._clients if t.is_alive()]
-                self._clients.append((threading.current_thread(), client))
-            for old in dead:
-                old.close()
-            self._local.client = client
-        return client
+        return self._pool.get()
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            clients, self._clients = [c for _, c in self._clients], []
-        for client in clients:
-            client.close()
+        self._pool.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:

@@ -332,12 +332,17 @@ class Environment:
         if (runc.root / self.id).exists():
             # kill + wait + plain delete: `runc delete --force` sleeps >= 100 ms polling.
             members = self._members()
-            try:
-                runc.kill(self.id, "KILL")
-            except RuntimeFailure:
-                pass  # not running any more: delete below handles it
-            if init_pid is not None:
-                _wait_exit(init_pid, members)
+            if not self.kill_init():  # PID 1 through a pidfd: no runc process needed
+                try:
+                    runc.kill(self.id, "KILL")
+                except RuntimeFailure:
+                    pass  # not running any more: delete below handles it
+            exited = init_pid is not None and _wait_exit(init_pid, members)
+            if exited:
+                # init (and so its whole pid namespace) is dead: what `runc delete` would still
+                # do is remove its state dir (cgroups are removed below); skip that Go process
+                shutil.rmtree(runc.root / self.id, ignore_errors=True)
+        if (runc.root / self.id).exists():
             try:
                 runc.delete(self.id)
             except RuntimeFailure:
@@ -370,8 +375,8 @@ def _set_child_subreaper() -> None:
         raise RuntimeFailure(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
 
 
-def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> None:
-    """Block until `pid` has exited (zombie or gone), at most `timeout` seconds.
+def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> bool:
+    """Block until `pid` has exited (zombie or gone), at most `timeout` seconds; True if it did.
 
     Meanwhile reap any of the environment's `members` that were re-parented to us: the init
     cannot finish exiting while a member of its pid namespace is an unreaped zombie.
@@ -379,13 +384,14 @@ def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> 
     try:
         fd = os.pidfd_open(pid)
     except OSError:
-        return  # already gone
+        return True  # already gone
     try:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             procs.reap(members)
             if select.select([fd], [], [], 0.01)[0]:
-                return
+                return True
+        return False
     finally:
         os.close(fd)
 

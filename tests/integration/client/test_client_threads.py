@@ -85,7 +85,7 @@ def test_shared_client_survives_bursts_after_idle_keepalive_expiry(node_url):
             time.sleep(1.5)  # longer than the keep-alive timeout: the next burst meets closed sockets
         # the pools of ended threads are closed when a new thread makes its own
         assert client.health().status == "ok"
-        assert len(client._service._clients) == 1
+        assert client._service._pool.count() == 1
         remaining = client.list()
     assert errors == [], errors[:3]
     assert remaining == []  # every create was destroyed
