@@ -264,7 +264,9 @@ class Environment:
                 # no agent (catatonit init, made before the agent) or it is not listening
                 # (the container is gone: runc exec says so precisely)
             except RuntimeFailure as e:
-                if self.status() != "running":
+                # the shim dies with everything else when PID 1 is killed (destroy, OOM end)
+                init = self._init_pid()
+                if init is None or _wait_exit(init, [], timeout=0.5) or self.status() != "running":
                     raise EnvironmentGone(f"environment {self.id} is not running: {e}") from e
                 raise
         return self.runtime.runc.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
