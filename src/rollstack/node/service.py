@@ -321,6 +321,8 @@ class NodeService:
         out = {f"{k}_total": float(v) for k, v in self.counters.items()}
         out["environments"] = float(sum(1 for s in states if s in st.LIVE_STATES))
         out["environments_max"] = float(self.config.max_environments)
+        with self._lock:
+            out["destroys_pending"] = float(len(self._destroys))
         if self.stages is not None:
             out.update(self.stages.metrics())
         return out
