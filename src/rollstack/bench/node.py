@@ -157,14 +157,20 @@ def _pending_destroys(client: Any) -> int:
     return 0
 
 
+def wait_destroys_drained(client: Any, timeout: float = 600.0) -> None:
+    """Until the node has no background destroy pending (at most `timeout` seconds)."""
+    end = time.monotonic() + timeout
+    while _pending_destroys(client) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def _drained_burst(client: Any, plan: dict[str, Any], size: int) -> dict[str, Any]:
     """A burst, then the wait until the node's background destroys of it are done: the burst's
     environments/s as the caller sees them, and counting the cleanup (what `ctr run --rm` pays)."""
     t = time.perf_counter()
     doc = _burst(_rollstack_burst(client, plan), size)
     doc["destroys_pending_at_end"] = _pending_destroys(client)
-    while _pending_destroys(client):
-        time.sleep(0.05)
+    wait_destroys_drained(client)
     wall = time.perf_counter() - t
     doc["drained_seconds"] = round(wall, 3)
     doc["drained_envs_per_s"] = round(doc["first_exec"]["n"] / wall, 2)
