@@ -206,6 +206,9 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
                 env.exec("echo x > /tmp/f; sleep 60 & true")
                 env.destroy()
             cycle_s = time.perf_counter() - t
+            from rollstack.bench.node import wait_destroys_drained
+
+            wait_destroys_drained(client)  # destroys finish in the background (docs/node.md)
             left = _leftovers(config.root, ids)
         return {
             "warm_create_to_first_exec": summarize(first_exec),

@@ -58,6 +58,12 @@ def create(plan: dict[str, Any]) -> Call[m.CreateResponse]:
                 {"json": {"plan": plan}, "timeout": request_timeout(None)})
 
 
+def create_many(plan: dict[str, Any] | str, count: int) -> Call[list[m.CreateResponse]]:
+    """`count` identical environments in one call (a GRPO group), all or none."""
+    return Call("POST", ENVS, lambda r: m.CreateGroupResponse.model_validate_json(r.content).environments,
+                {"json": {"plan": plan, "count": count}, "timeout": request_timeout(None)})
+
+
 def list_environments() -> Call[list[m.EnvironmentInfo]]:
     return Call("GET", ENVS, lambda r: m.EnvironmentList.model_validate_json(r.content).environments)
 

@@ -5,6 +5,7 @@
             print(env.exec("pytest -q", timeout=60).exit_code)
 
 Tests hand in `transport=httpx.MockTransport(...)` or an ASGI transport instead of a server.
+One `Client` may be shared by any number of threads (each thread has its own connection pool).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rollstack.client._base import (
 )
 from rollstack.client import routes
 from rollstack.client.environment import EnvironmentFacade
+from rollstack.httppool import PerThreadClient
 from rollstack.node.models import (
     CreateResponse,
     EnvironmentInfo,
@@ -36,19 +38,27 @@ T = TypeVar("T")
 
 
 class HttpService:
-    """The `EnvironmentService` interface over HTTP (the routes are `client.routes`)."""
+    """The `EnvironmentService` interface over HTTP (the routes are `client.routes`). Safe to
+    share between threads: each thread gets its own `httpx.Client` (`rollstack.httppool.PerThreadClient`
+    says why)."""
 
     def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None) -> None:
         self.settings = settings
-        self.http = httpx.Client(
+        self._pool = PerThreadClient(lambda ssl_context: httpx.Client(
             base_url=settings.url,
             headers=settings.headers(),
             timeout=httpx.Timeout(SHORT_TIMEOUT, connect=10.0),
             transport=transport,
-        )
+            verify=ssl_context,
+        ), settings.url)
+
+    @property
+    def http(self) -> httpx.Client:
+        """This thread's client (created on first use)."""
+        return self._pool.get()
 
     def close(self) -> None:
-        self.http.close()
+        self._pool.close()
 
     def _do(self, call: routes.Call[T]) -> T:
         try:
@@ -60,6 +70,9 @@ class HttpService:
 
     def create(self, plan: dict[str, Any]) -> CreateResponse:
         return self._do(routes.create(plan))
+
+    def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
+        return self._do(routes.create_many(plan, count))
 
     def list(self) -> list[EnvironmentInfo]:
         return self._do(routes.list_environments())

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unauthorized
 from rollstack.node.models import (
+    CreateGroupResponse,
     CreateRequest,
     CreateResponse,
     EnvironmentInfo,
@@ -111,9 +112,13 @@ def create_app(
         body, content_type = await call("metrics", metrics.render)
         return Response(body, media_type=content_type)
 
-    @app.post("/v1/environments", dependencies=auth, response_model=CreateResponse, status_code=201)
-    async def create(req: CreateRequest) -> CreateResponse:
-        return await call("create", service.create, req.plan)
+    @app.post("/v1/environments", dependencies=auth, status_code=201,
+              response_model=CreateResponse | CreateGroupResponse)
+    async def create(req: CreateRequest) -> CreateResponse | CreateGroupResponse:
+        if req.count is None:
+            return await call("create", service.create, req.plan)
+        created = await call("create", service.create_many, req.plan, req.count)
+        return CreateGroupResponse(environments=created)
 
     @app.get("/v1/environments", dependencies=auth, response_model=EnvironmentList)
     async def list_environments() -> EnvironmentList:

@@ -22,6 +22,9 @@ class CreateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     plan: dict[str, Any] | str
+    count: int | None = Field(default=None, ge=1, le=256)
+    """N identical environments of the plan in one call (a GRPO group), all or none; the answer
+    is then a `CreateGroupResponse`. Absent: one environment, a `CreateResponse`."""
 
 
 class Timings(_Wire):
@@ -53,6 +56,12 @@ class CreateResponse(_Wire):
     fetch: FetchStats = Field(default_factory=FetchStats)
     stack_digest: str | None = None
     layers: int = 0
+
+
+class CreateGroupResponse(_Wire):
+    """`POST /v1/environments` with `count`: one create document per environment."""
+
+    environments: list[CreateResponse]
 
 
 class ExecRequest(BaseModel):

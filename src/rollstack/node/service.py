@@ -21,7 +21,8 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any, Iterator
 
 from rollstack.errors import (
@@ -70,6 +71,9 @@ class NodeService:
         self._stopping = threading.Event()
         self._reaper: threading.Thread | None = None
         self.stages: Stages | None = None
+        self._destroyer = ThreadPoolExecutor(max_workers=config.destroy_workers,
+                                             thread_name_prefix="rollstack-destroy")
+        self._destroys: set[Future] = set()
         self.started_at = time.time()
         self.counters = Counters(("created", "destroyed", "create_failures", "execs", "evaluations", "reaped",
                                   "lazy_daemon_restarts"))
@@ -94,6 +98,7 @@ class NodeService:
         if ids:
             with ThreadPoolExecutor(max_workers=min(16, len(ids))) as pool:
                 list(pool.map(self._destroy_quietly, ids))
+        self._destroyer.shutdown(wait=True)  # background destroys finish before the stages stop
         if self._reaper is not None:
             self._reaper.join(timeout=10)
         if self.stages is not None:
@@ -113,7 +118,7 @@ class NodeService:
 
     def _destroy_quietly(self, env_id: str) -> None:
         try:
-            self.destroy(env_id)
+            self.destroy(env_id, wait=True)
         except Exception:  # noqa: BLE001 - stop must go on; the next start's recovery cleans up
             log.exception("destroying %s during stop failed", env_id)
 
@@ -126,6 +131,13 @@ class NodeService:
 
     def create(self, plan: dict[str, Any] | Any) -> CreateResponse:
         return self._create(self._load(plan), internal=False)
+
+    def create_many(self, plan: dict[str, Any] | Any, count: int) -> list[CreateResponse]:
+        """`count` environments of one plan in one call (a GRPO group), all or none; the shared
+        work (resolve, layer TOCs) is done once (`rollstack.node.fanout`)."""
+        from rollstack.node.fanout import create_group
+
+        return create_group(self, self._load(plan), count)
 
     def _load(self, plan: dict[str, Any] | Any) -> Any:
         from rollstack.plan.model import load_plan
@@ -141,13 +153,16 @@ class NodeService:
                 raise PlanInvalid("mutation: send the diff inline (mutation_text), not a file path")
         return load_plan(plan)
 
-    def _create(self, plan: Any, internal: bool) -> CreateResponse:
+    def _create(self, plan: Any, internal: bool, rec: EnvRecord | None = None,
+                prepared: Any = None) -> CreateResponse:
+        """Build one environment; `rec` if already admitted, `prepared` if the shared work of
+        its plan was done (`Stages.prepare`)."""
         stages = self._stages()
-        rec = self._admit(plan, internal)
+        rec = rec or self._admit(plan, internal)
         t0 = time.perf_counter()
         timings = Timings()
         try:
-            built = stages.build(rec, timings)
+            built = stages.build(rec, timings, prepared)
             rec.runtime, rec.refs = built.runtime, built.refs
             timings.total = round(time.perf_counter() - t0, 6)
             rec.created = CreateResponse(
@@ -192,21 +207,53 @@ class NodeService:
 
     # -- destroy ------------------------------------------------------------------------------
 
-    def destroy(self, env_id: str) -> None:
-        """Kill, runc delete, unmount, remove dirs and cgroup. Idempotent."""
+    def destroy(self, env_id: str, wait: bool | None = None) -> None:
+        """Kill, runc delete, unmount, remove dirs and cgroup. Idempotent.
+
+        Asynchronous unless `wait` (default: not `config.async_destroy`): the environment stops
+        counting for admission, leaves the provisioner and has its processes killed at once; the
+        rest (runc delete, cgroups, unmount, dirs) runs on a background thread. `stop()` and
+        `wait_destroyed()` wait for those."""
         with self._lock:
             rec = self._envs.get(env_id)
             if rec is None:
                 if env_id in self._gone:
                     return
                 raise EnvironmentNotFound(f"no environment {env_id!r}")
-        self._teardown(rec, final=st.DESTROYED)
+        if wait if wait is not None else not self.config.async_destroy:
+            self._teardown(rec, final=st.DESTROYED)
+            return
+        with rec.lock:
+            if rec.state in (st.DESTROYING, st.DESTROYED, st.FAILED):
+                return
+            terminated = rec.state == st.OOM_TERMINATED
+            rec.state = st.DESTROYING
+        if self.stages is not None:
+            self.stages.release(rec)
+        future = self._destroyer.submit(self._teardown, rec, st.DESTROYED, terminated)
+        with self._lock:
+            self._destroys.add(future)
+        future.add_done_callback(self._destroy_done)
 
-    def _teardown(self, rec: EnvRecord, final: str) -> None:
+    def _destroy_done(self, future: Future) -> None:
+        with self._lock:
+            self._destroys.discard(future)
+        if future.exception() is not None:  # the next start's recovery reclaims what is left
+            log.error("background destroy failed: %s", future.exception())
+
+    def wait_destroyed(self, timeout: float | None = None) -> bool:
+        """Block until every background destroy has finished; False on timeout."""
+        with self._lock:
+            pending = list(self._destroys)
+        done, not_done = futures_wait(pending, timeout=timeout)
+        return not not_done
+
+    def _teardown(self, rec: EnvRecord, final: str, terminated: bool | None = None) -> None:
         with rec.lock:
             if rec.state in (st.DESTROYED, st.FAILED):
                 return
-            terminated = rec.state == st.OOM_TERMINATED
+            if terminated is None:
+                terminated = rec.state == st.OOM_TERMINATED
             rec.state = st.DESTROYING
             try:
                 if self.stages is not None:
@@ -228,6 +275,8 @@ class NodeService:
     def _get(self, env_id: str) -> EnvRecord:
         with self._lock:
             rec = self._envs.get(env_id)
+        if rec is not None and rec.state == st.DESTROYING:  # destroyed; the rest is cleanup
+            raise EnvironmentNotFound(f"environment {env_id!r} was destroyed")
         if rec is None:
             state = self._gone.get(env_id)
             if state == st.OOM_TERMINATED:
@@ -251,7 +300,7 @@ class NodeService:
 
     def list(self) -> list[EnvironmentInfo]:
         with self._lock:
-            recs = [r for r in self._envs.values() if not r.internal]
+            recs = [r for r in self._envs.values() if not r.internal and r.state != st.DESTROYING]
         return [r.info(self._quotas(r)) for r in sorted(recs, key=lambda r: r.started_mono)]
 
     def _quotas(self, rec: EnvRecord) -> Quotas | None:
@@ -279,6 +328,8 @@ class NodeService:
         out = {f"{k}_total": float(v) for k, v in self.counters.snapshot().items()}
         out["environments"] = float(sum(1 for s in states if s in st.LIVE_STATES))
         out["environments_max"] = float(self.config.max_environments)
+        with self._lock:
+            out["destroys_pending"] = float(len(self._destroys))
         if self.stages is not None:
             out.update(self.stages.metrics())
         return out
@@ -319,7 +370,7 @@ class NodeService:
         """A blocking exec whose caller holds `control` (`rollstack.run.execpump.ExecControl`):
         stdin written while it runs, signals, its pid. For long-lived processes (the E2B API)."""
         rec = self._running(env_id)
-        self.counters["execs"] += 1
+        self.counters.bump("execs")
         return to_wire(self._exec(rec, request, on_output, control))
 
     def set_timeout(self, env_id: str, seconds: float) -> EnvironmentInfo:

@@ -47,6 +47,15 @@ DIFF_BASE = "/"
 """The diff names paths from the environment root (the evaluator applies it the same way)."""
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What `Stages.prepare` computed for a plan (shared by the environments of one group)."""
+
+    stack: Any
+    refs: list[Any]
+    lowers: list[Path]
+
+
 @dataclass
 class Built:
     runtime: Environment
@@ -85,7 +94,7 @@ class Stages:
 
         cfg = self.config
         cfg.root.mkdir(parents=True, exist_ok=True)
-        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root))
+        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root, exec_agent=cfg.exec_agent))
         spec = self._spec = cfg.store or default_store_spec()
         self.store = open_store(spec)
         self.resolver = Resolver(self.store, cfg.resolve_cache, cfg.resolve_ttl)
@@ -178,7 +187,8 @@ class Stages:
             cpu=float(cfg.capacity_cpu or os.cpu_count() or 1),
             memory=int(cfg.capacity_memory or max(ram - cfg.reserve_memory, 1 << 30)),
         )
-        return Provisioner(detect_backend(), PolicyConfig(), capacity, on_terminate=on_terminate).start()
+        policy = PolicyConfig(cpu_overcommit=cfg.cpu_overcommit)
+        return Provisioner(detect_backend(), policy, capacity, on_terminate=on_terminate).start()
 
     def stop(self) -> None:
         adopted_daemon = self.lazy is not None and getattr(self.lazy, "process", None) is None
@@ -210,25 +220,34 @@ class Stages:
 
     # -- create / teardown ----------------------------------------------------------------------
 
-    def build(self, rec: EnvRecord, timings: Timings) -> Built:
-        """Resolve, ensure layers, mount + mutate + start; fills the phase timings."""
-        from rollstack.run.ocispec import SpecParams
-
-        plan = rec.plan
+    def prepare(self, plan: Any, timings: Timings | None = None) -> Prepared:
+        """The work every environment of one plan shares: resolve, the layers' TOCs, the lowers.
+        `count` creates (a GRPO group) do it once."""
         t = time.perf_counter()
         stack = self.resolver.resolve(plan)
-        timings.resolve = round(time.perf_counter() - t, 6)
+        t_resolved = time.perf_counter()
         refs = list(stack.layers)
-
-        t = time.perf_counter()
         self.lazy.add_layers(refs)
         if plan.fetch.eager:
             self.lazy.fetch_all(refs)
+        lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
+        if timings is not None:
+            timings.resolve = round(t_resolved - t, 6)
+            timings.toc = round(time.perf_counter() - t_resolved, 6)
+        return Prepared(stack, refs, lowers)
+
+    def build(self, rec: EnvRecord, timings: Timings, prepared: Prepared | None = None) -> Built:
+        """Resolve, ensure layers (unless `prepared`), mount + mutate + start; fills the timings."""
+        from rollstack.run.ocispec import SpecParams
+
+        plan = rec.plan
+        shared = prepared or self.prepare(plan, timings)
+        stack, refs, lowers = shared.stack, shared.refs, shared.lowers
+        t = time.perf_counter()
         trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
         self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
                             trace_key=trace_key, fallback_key=stack_key)
-        lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
-        timings.toc = round(time.perf_counter() - t, 6)
+        timings.toc = round(timings.toc + time.perf_counter() - t, 6)
 
         params = SpecParams(
             env_id=rec.id,
@@ -266,6 +285,15 @@ class Stages:
             doc = {}
         keys = ("fetched_bytes", "from_cache_bytes", "from_peer_bytes")
         return {k: int(doc.get(k, 0) or 0) for k in keys}
+
+    def release(self, rec: EnvRecord) -> None:
+        """The cheap, immediate part of an asynchronous destroy: leave the provisioner (its
+        quotas no longer count for admission) and SIGKILL the environment's PID 1 (the kernel
+        then kills its whole pid namespace). `teardown` does the rest later."""
+        if self.provisioner is not None:
+            _try([], self.provisioner.unregister, rec.id)
+        if rec.runtime is not None:
+            _try([], rec.runtime.kill_init)
 
     def teardown(self, rec: EnvRecord) -> None:
         """Undo whatever part of `build` happened. Raises if something could not be reclaimed."""

@@ -24,6 +24,7 @@ import os
 import resource
 import select
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,8 +32,9 @@ from typing import Callable, Mapping, Sequence
 
 from rollstack.host.cgroups import CGROUP_PARENT
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
-from rollstack.run import cgroupfs, overlay, procs
+from rollstack.run import agent, cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
+from rollstack.run.execpump import check_request
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
@@ -53,6 +55,9 @@ class RuntimeConfig:
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
     runc_binary: str = "runc"
+    exec_agent: bool = True
+    """Serve execs through PID 1 (rollstack-execd, run/agent.py) when the init is execd; False:
+    every exec is a `runc exec` (the fallback path, also taken when an agent is unreachable)."""
     subreaper: bool = True
     """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
     exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host
@@ -94,6 +99,11 @@ class EnvironmentRuntime:
             self._init = find_init_binaries()
         return self._init
 
+    @property
+    def uses_agent(self) -> bool:
+        """New environments get rollstack-execd's exec socket."""
+        return self.config.exec_agent and self.init.agent
+
     def env_dir(self, env_id: str) -> Path:
         return self.root / "envs" / env_id
 
@@ -131,7 +141,13 @@ class EnvironmentRuntime:
                 env.timings["mutation"] = time.monotonic() - t1
             t2 = time.monotonic()
             (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
-            env.pid = self.runc.run_detached(env_id, env.bundle)
+            listener = agent.bind_listener(env.dir) if self.uses_agent else None
+            try:
+                env.pid = self.runc.run_detached(
+                    env_id, env.bundle, listen_fd=listener.fileno() if listener else None)
+            finally:
+                if listener is not None:
+                    listener.close()  # the init holds its own copy
             env.timings["start"] = time.monotonic() - t2
         except BaseException:
             try:
@@ -236,10 +252,29 @@ class Environment:
              env: Mapping[str, str] | None = None, stdin: bytes | None = None,
              timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
              on_output: OnOutput | None = None, control: ExecControl | None = None) -> ExecResult:
-        """Run argv (or a shell string through `/bin/sh -c`) in the environment.
+        """Run argv (or a shell string through `/bin/sh -c`) in the environment: through its
+        exec agent (PID 1) when it has one, else (or when the agent is unreachable) `runc exec`.
 
-        `control`: a handle the caller keeps while it runs (open stdin, signals, pid)."""
+        `control`: a handle the caller keeps while it runs (open stdin, signals, pid); such an
+        exec always goes through `runc exec` (the agent protocol has no open stdin or signals)."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if self.runtime.config.exec_agent and control is None:
+            check_request(argv, cwd, env, timeout, output_limit)
+            pump = agent.AgentPump(agent.socket_path(self.dir), argv, cwd, env, stdin, timeout,
+                                   output_limit, on_output, 0.2, self.id)
+            try:
+                return pump.run()
+            except agent.AgentUnavailable as e:
+                if not self.meta_path.exists():
+                    raise EnvironmentGone(f"environment {self.id} has no state") from e
+                # no agent (catatonit init, made before the agent) or it is not listening
+                # (the container is gone: runc exec says so precisely)
+            except RuntimeFailure as e:
+                # the shim dies with everything else when PID 1 is killed (destroy, OOM end)
+                init = self._init_pid()
+                if init is None or _wait_exit(init, [], timeout=0.5) or self.status() != "running":
+                    raise EnvironmentGone(f"environment {self.id} is not running: {e}") from e
+                raise
         return self.runtime.runc.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
                                       timeout=timeout, output_limit=output_limit,
                                       on_output=on_output, control=control)
@@ -276,6 +311,28 @@ class Environment:
 
     # -- teardown ----------------------------------------------------------------------------
 
+    def kill_init(self) -> bool:
+        """SIGKILL the environment's PID 1 without runc (the kernel then ends its whole pid
+        namespace); cheap, for asynchronous destroys. Only a process that is still in this
+        environment's cgroup is signalled (through a pidfd: no pid-reuse race). True if sent."""
+        pid = self._init_pid()
+        if pid is None:
+            return False
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        try:
+            if f"/{self.runtime.config.cgroup_parent.strip('/')}/{self.id}" not in \
+                    Path(f"/proc/{pid}/cgroup").read_text():
+                return False
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
     def destroy(self) -> None:
         """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""
         runc, errors = self.runtime.runc, []
@@ -283,12 +340,17 @@ class Environment:
         if (runc.root / self.id).exists():
             # kill + wait + plain delete: `runc delete --force` sleeps >= 100 ms polling.
             members = self._members()
-            try:
-                runc.kill(self.id, "KILL")
-            except RuntimeFailure:
-                pass  # not running any more: delete below handles it
-            if init_pid is not None:
-                _wait_exit(init_pid, members)
+            if not self.kill_init():  # PID 1 through a pidfd: no runc process needed
+                try:
+                    runc.kill(self.id, "KILL")
+                except RuntimeFailure:
+                    pass  # not running any more: delete below handles it
+            exited = init_pid is not None and _wait_exit(init_pid, members)
+            if exited:
+                # init (and so its whole pid namespace) is dead: what `runc delete` would still
+                # do is remove its state dir (cgroups are removed below); skip that Go process
+                shutil.rmtree(runc.root / self.id, ignore_errors=True)
+        if (runc.root / self.id).exists():
             try:
                 runc.delete(self.id)
             except RuntimeFailure:
@@ -321,8 +383,8 @@ def _set_child_subreaper() -> None:
         raise RuntimeFailure(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
 
 
-def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> None:
-    """Block until `pid` has exited (zombie or gone), at most `timeout` seconds.
+def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> bool:
+    """Block until `pid` has exited (zombie or gone), at most `timeout` seconds; True if it did.
 
     Meanwhile reap any of the environment's `members` that were re-parented to us: the init
     cannot finish exiting while a member of its pid namespace is an unreaped zombie.
@@ -330,13 +392,14 @@ def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> 
     try:
         fd = os.pidfd_open(pid)
     except OSError:
-        return  # already gone
+        return True  # already gone
     try:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             procs.reap(members)
             if select.select([fd], [], [], 0.01)[0]:
-                return
+                return True
+        return False
     finally:
         os.close(fd)
 

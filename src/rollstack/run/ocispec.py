@@ -68,11 +68,16 @@ class InitBinaries:
     """Host paths of the static binaries bind-mounted into every environment."""
 
     init: str = "/usr/bin/catatonit"
-    """PID 1: reaps zombies; started as `init -P` (pause: no child)."""
+    """PID 1: reaps zombies. rollstack-execd (native/execd) also serves execs; catatonit is
+    started as `init -P` (pause: no child)."""
     exec_wrapper: str = "/usr/bin/tini-static"
     """Wraps every exec as `tini -s -g -- argv` (subreaper: the exec's whole tree stays below it)."""
     shell: str = "/bin/busybox"
     """Static busybox: its `sh` reports each exec's exit status on an extra fd (see runc.py)."""
+    init_args: tuple[str, ...] = ("-P",)
+    """Arguments of PID 1 after its path."""
+    agent: bool = False
+    """PID 1 is rollstack-execd: it serves execs on a socket passed as its fd 3 (run/agent.py)."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +246,7 @@ def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": [INIT_PATH, "-P"],
+            "args": [INIT_PATH, *params.init.init_args],
             "env": _env_list(params.env),
             "cwd": params.cwd,
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},

@@ -215,6 +215,7 @@ def test_lifecycle_leaves_nothing_behind(corpus: str, tmp_path: Path) -> None:
             assert service.exec(doc.id, ExecRequest(command="echo x > /tmp/f; sleep 100 & true")).exit_code == 0
             service.destroy(doc.id)
         assert service.list() == []
+        assert service.wait_destroyed(60)  # destroys finish in the background
         assert not any(leftovers(root).values()), leftovers(root)
         # only this test's processes: the machine is shared (other `sleep 100`s are not ours)
         assert _processes_in_cgroups_of(ids) == []
