@@ -22,7 +22,7 @@ from rollstack.client._base import (
 )
 from rollstack.client import routes
 from rollstack.client.environment import EnvironmentFacade
-from rollstack.httppool import PerThreadClient
+from rollstack.core.httppool import PerThreadClient
 from rollstack.node.models import (
     CreateResponse,
     EnvironmentInfo,
@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 class HttpService:
     """The `EnvironmentService` interface over HTTP (the routes are `client.routes`). Safe to
-    share between threads: each thread gets its own `httpx.Client` (`rollstack.httppool.PerThreadClient`
+    share between threads: each thread gets its own `httpx.Client` (`rollstack.core.httppool.PerThreadClient`
     says why)."""
 
     def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None) -> None:

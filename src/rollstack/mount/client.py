@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 import httpx
 
 from rollstack.errors import NodeUnavailable, RollstackError, from_dict
-from rollstack.httppool import PerThreadClient
+from rollstack.core.httppool import PerThreadClient
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
 
 
@@ -42,7 +42,7 @@ class LazyStoreClient:
         self.socket_path = Path(socket_path)
         self.process = process
         # one connection pool per thread: a pool shared by the node's create threads failed
-        # with EBADF under bursts (rollstack.httppool)
+        # with EBADF under bursts (rollstack.core.httppool)
         self._pool = PerThreadClient(lambda ssl_context: httpx.Client(
             transport=httpx.HTTPTransport(uds=str(self.socket_path), verify=ssl_context),
             base_url="http://lazystore", timeout=timeout), f"lazy store at {self.socket_path}")
