@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, replace
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import zstandard
 
@@ -20,6 +20,7 @@ from rollstack.format import paths as layer_paths
 from rollstack.format import toc_codec
 from rollstack.format.chunk import encode_chunk
 from rollstack.format.footer import Footer
+from rollstack.format.pipeline import ChunkPipeline
 from rollstack.format.toc import TOC_ZSTD_LEVEL, Chunk, Compression, EntryType, Toc, TocEntry
 
 DEFAULT_CHUNK_SIZE = 1 << 20
@@ -71,7 +72,7 @@ class _HashingSink:
 
 class LayerWriter:
     def __init__(self, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 level: int = DEFAULT_LEVEL) -> None:
+                 level: int = DEFAULT_LEVEL, threads: int = 1) -> None:
         if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
             raise InvalidRequest(f"chunk size {chunk_size} outside [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
         self._sink = _HashingSink(out)
@@ -83,6 +84,13 @@ class LayerWriter:
         self._chunk_refs = 0
         self._payload = 0
         self._finished = False
+        # threads > 1: digests + zstd frames on a pool, committed in input order (same bytes)
+        self._pipe = ChunkPipeline(level, threads, self._commit) if threads > 1 else None
+
+    def close(self) -> None:
+        """Stop the chunk workers (after `finish`, or to abandon a failed conversion)."""
+        if self._pipe is not None:
+            self._pipe.close()
 
     # -- adding entries -----------------------------------------------------------------
     def add(self, entry: TocEntry, payload: BinaryIO | None = None) -> TocEntry:
@@ -113,6 +121,8 @@ class LayerWriter:
 
     def _put(self, entry: TocEntry) -> None:
         cur = self._entries.get(entry.path)
+        if cur is not None and self._pipe is not None and EntryType.REG in (cur.type, entry.type):
+            self._pipe.drain()  # comparing duplicates needs their chunk digests
         if cur is None:
             self._entries[entry.path] = entry
         elif EntryType.WHITEOUT in (cur.type, entry.type) and cur.type is not entry.type:
@@ -148,23 +158,31 @@ class LayerWriter:
             data = _read_full(payload, self.chunk_size)
             if not data:
                 break
-            entry.chunks.append(self._store_chunk(size, data))
+            if self._pipe is not None:
+                self._pipe.submit(entry, size, data)
+            else:
+                self._store_chunk(entry, size, data)
             size += len(data)
             if len(data) < self.chunk_size:
                 break
         entry.size = size
         self._payload += size
 
-    def _store_chunk(self, file_offset: int, data: bytes) -> Chunk:
+    def _store_chunk(self, entry: TocEntry, file_offset: int, data: bytes) -> None:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self._commit(entry, file_offset, len(data), digest, lambda: encode_chunk(data, self._cctx))
+
+    def _commit(self, entry: TocEntry, file_offset: int, size: int, digest: str,
+                stored: Callable[[], tuple[bytes, Compression]]) -> None:
+        """Chunk `digest` of `entry` at `file_offset`, in input order: write it unless stored."""
         self._chunk_refs += 1
         where = self._stored.get(digest)
         if where is None:  # identical chunks are stored once per layer
-            stored, comp = encode_chunk(data, self._cctx)
-            where = (self._sink.offset, len(stored), comp)
-            self._sink.write(stored)
+            data, comp = stored()
+            where = (self._sink.offset, len(data), comp)
+            self._sink.write(data)
             self._stored[digest] = where
-        return Chunk(file_offset, len(data), where[0], where[1], digest, where[2])
+        entry.chunks.append(Chunk(file_offset, size, where[0], where[1], digest, where[2]))
 
     # -- finishing ----------------------------------------------------------------------
     def finish(self) -> LayerInfo:
@@ -172,6 +190,11 @@ class LayerWriter:
         if self._finished:
             raise RuntimeError("LayerWriter.finish() called twice")
         self._finished = True
+        if self._pipe is not None:
+            try:
+                self._pipe.drain()
+            finally:
+                self._pipe.close()
         payload_end = self._sink.offset
         for d in sorted(self._opaque):
             if d not in self._entries:
