@@ -16,10 +16,12 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from rollstack.errors import InvalidRequest, ManifestNotFound, RegistryError, SourceInvalid
 from rollstack.plan.groups import BuiltLayer, Progress, publish_layers, split_name_tag
@@ -40,6 +42,8 @@ class ImportResult:
     cached: int = 0  # layers taken from the conversion cache
     uploaded_bytes: int = 0
     uploaded_blobs: int = 0
+    transfer: str = ""  # how converted layers were read: "layout", "registry-stream", "skopeo" ("" if all cached)
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -184,6 +188,13 @@ class _RegistryImage:
         _skopeo(["copy", "-q", f"--src-tls-verify={self.tls}", self.pinned, f"oci:{dest}:image"])
         return _OciLayout(dest, "image")
 
+    def streamer(self) -> Any:
+        """A `store.stream.BlobStream` factory over the registry's blob API, or None when it
+        cannot be reached that way (then layers come through `skopeo copy`)."""
+        from rollstack.store.stream import open_registry_repo
+
+        return open_registry_repo(self.ref, tls_verify=self.tls == "true")
+
 
 def _open_source(image_ref: str, tls_verify: bool) -> _OciLayout | _RegistryImage:
     if image_ref.startswith("oci:"):
@@ -203,30 +214,29 @@ def _open_source(image_ref: str, tls_verify: bool) -> _OciLayout | _RegistryImag
 # -- the import ------------------------------------------------------------------------------------
 def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, kind: str | None = None,
                  tls_verify: bool = False, created: str | None = None, progress: Progress | None = None,
-                 work_dir: Path | None = None) -> ImportResult:
-    """Convert IMAGE_REF's layers into group NAME:TAG in `store` (conversions cached by source digest)."""
-    from rollstack.format.convert import convert
+                 work_dir: Path | None = None, threads: int | None = None) -> ImportResult:
+    """Convert IMAGE_REF's layers into group NAME:TAG in `store` (conversions cached by source digest).
 
+    Cached layers are not downloaded or decompressed at all. The others stream into the
+    converter (from the layout's file, or from the registry in ranged GETs on a download thread,
+    digest-checked), and each finished blob is uploaded on a thread while the next one converts."""
+    t0 = time.perf_counter()
     name, tag = split_name_tag(name_tag)
     cache = ConversionCache(cache_dir)
     source = _open_source(image_ref, tls_verify)
     result = ImportResult(name, tag, "", image_ref, source.manifest_digest)
-    built: list[BuiltLayer] = []
-    with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp:
-        todo = [layer for layer in source.layers if not _usable(cache, layer.digest, store, name)]
-        layout = source if isinstance(source, _OciLayout) else (source.download(Path(tmp) / "oci") if todo else None)
+    todo = [layer for layer in source.layers if not _usable(cache, layer.digest, store, name)]
+    with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp, \
+            _Uploader(store, name) as uploader:
+        open_layer, result.transfer = _layer_opener(source, Path(tmp)) if todo else (None, "")
         if progress and todo:
             progress.start(f"convert {len(todo)} layer(s) of {image_ref}", sum(layer.size for layer in todo))
+        built: list[BuiltLayer] = []
         for layer in source.layers:
             hit = cache.get(layer.digest) if layer not in todo else None
             if hit is None:
-                assert layout is not None
-                dest = Path(tmp) / f"{layer.digest.split(':', 1)[-1]}.blob"
-                info = convert(layout.blob(layer.digest), dest)
-                final = cache.blob_path(info.digest)
-                shutil.move(str(dest), final)
-                cache.put(layer.digest, info.digest, info.size)
-                hit = (info.digest, info.size)
+                assert open_layer is not None
+                hit = _convert_layer(cache, layer, open_layer, threads)
                 result.converted += 1
                 if progress:
                     progress.advance(layer.size)
@@ -234,15 +244,82 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
                 result.cached += 1
             path = cache.blob_path(hit[0])
             built.append(BuiltLayer(hit[0], hit[1], path if path.exists() else None, layer.digest))
+            if built[-1].path is not None:
+                uploader.submit(built[-1])
         if progress and todo:
             progress.done()
+        uploader.wait()
         published = publish_layers(store, name, tag, built, kind=kind, source_desc=image_ref,
                                    created=created, progress=progress)
     result.digest = published.digest
     result.layers = published.layers
-    result.uploaded_bytes, result.uploaded_blobs = published.uploaded_bytes, published.uploaded_blobs
+    result.uploaded_bytes = published.uploaded_bytes + uploader.uploaded_bytes
+    result.uploaded_blobs = published.uploaded_blobs + uploader.uploaded_blobs
+    result.seconds = round(time.perf_counter() - t0, 3)
     return result
 
+
+def _layer_opener(source: _OciLayout | _RegistryImage, tmp: Path) -> tuple[Callable[[_SourceLayer], BinaryIO], str]:
+    """How to read a source layer's bytes front to back: a file, or a registry stream."""
+    if isinstance(source, _OciLayout):
+        return (lambda layer: open(source.blob(layer.digest), "rb", buffering=0)), "layout"
+    streams = source.streamer()
+    if streams is not None:
+        return (lambda layer: streams(layer.digest, layer.size)), "registry-stream"
+    layout = source.download(tmp / "oci")  # registries only skopeo can talk to
+    return (lambda layer: open(layout.blob(layer.digest), "rb", buffering=0)), "skopeo"
+
+
+def _convert_layer(cache: ConversionCache, layer: _SourceLayer, open_layer: Callable[[_SourceLayer], BinaryIO],
+                   threads: int | None) -> tuple[str, int]:
+    """One source layer -> a blob in the cache (written next to it, renamed into place)."""
+    from rollstack.format.convert import convert_tar
+
+    fd, tmp_name = tempfile.mkstemp(prefix=".convert-", suffix=".tmp", dir=cache.blobs)
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as out, open_layer(layer) as src:
+            try:
+                info = convert_tar(src, out, threads=threads)
+            except SourceInvalid as exc:
+                raise SourceInvalid(f"layer {layer.digest}: {exc}") from None
+        os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, cache.blob_path(info.digest))
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    cache.put(layer.digest, info.digest, info.size)
+    return info.digest, info.size
+
+
+class _Uploader:
+    """Uploads finished blobs on one thread, in order, while later layers convert."""
+
+    def __init__(self, store: Any, repo: str) -> None:
+        self._store, self._repo = store, repo
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstack-upload")
+        self._futures: list[Future[bool]] = []
+        self.uploaded_bytes = 0
+        self.uploaded_blobs = 0
+
+    def submit(self, layer: BuiltLayer) -> None:
+        fut = self._pool.submit(self._store.put_blob, self._repo, layer.digest, layer.path)
+        fut.add_done_callback(lambda f, n=layer.size: self._count(f, n))
+        self._futures.append(fut)
+
+    def _count(self, fut: Future[bool], size: int) -> None:
+        if not fut.cancelled() and fut.exception() is None and fut.result():
+            self.uploaded_bytes += size
+            self.uploaded_blobs += 1
+
+    def wait(self) -> None:
+        for fut in self._futures:
+            fut.result()  # an upload's error surfaces here
+
+    def __enter__(self) -> "_Uploader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 def _usable(cache: ConversionCache, source_digest: str, store: Any, repo: str) -> bool:
     hit = cache.get(source_digest)
