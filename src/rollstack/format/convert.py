@@ -21,7 +21,8 @@ import zlib
 from decimal import Decimal, InvalidOperation
 from lzma import LZMAError
 from pathlib import Path
-from typing import BinaryIO
+from dataclasses import replace
+from typing import BinaryIO, Callable
 
 import zstandard
 
@@ -93,13 +94,22 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+# lower(path) -> (entry, payload) of what the layers below have at `path` (hardlinks resolved), or None
+Lower = Callable[[str], "tuple[TocEntry, BinaryIO | None] | None"]
+
+
 def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                level: int = DEFAULT_LEVEL, threads: int | None = None) -> LayerInfo:
+                level: int = DEFAULT_LEVEL, threads: int | None = None, lower: Lower | None = None) -> LayerInfo:
     """A (maybe compressed) tar stream, read once front to back -> a layer blob written to `out`.
 
     gzip is decoded off this thread (format/tarstream.py: a pigz child, or zlib on a thread);
     chunks are digested and compressed on `threads` workers (default: one per core); the blob
-    is byte-identical for any thread count (see format/pipeline.py)."""
+    is byte-identical for any thread count (see format/pipeline.py).
+
+    `lower` lets an image layer hardlink to a file only a lower layer has (Docker and containerd
+    allow it: the link is made in the unpacked tree): that file is copied into this layer at its
+    path, with its metadata, and the hardlink points at the copy, which is exactly the upper
+    layer overlayfs gets when containerd links a lower file (copy-up, then link)."""
     writer = LayerWriter(out, chunk_size=chunk_size, level=level,
                          threads=default_threads() if threads is None else threads)
     member = "<archive start>"
@@ -112,7 +122,7 @@ def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAUL
                 if ti is None:
                     break
                 member = ti.name
-                _add_tar_member(writer, tf, ti)
+                _add_tar_member(writer, tf, ti, lower)
                 tf.members.clear()  # O(1) memory per member: we never look members up again
             member = "<archive end>"
             drain(reader)
@@ -126,7 +136,7 @@ def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAUL
         writer.close()
 
 
-def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInfo) -> None:
+def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInfo, lower: Lower | None = None) -> None:
     path = layer_paths.normalize(ti.name)
     name = path.rsplit("/", 1)[-1]
     if name == OPAQUE_MARKER:
@@ -147,6 +157,8 @@ def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInf
     elif ti.issym():
         writer.add(TocEntry(path, EntryType.SYMLINK, link=ti.linkname, xattrs=xattrs, **common))
     elif ti.islnk():
+        if lower is not None:
+            _copy_up(writer, lower, layer_paths.normalize(ti.linkname, what=f"hardlink target of {path!r}"))
         writer.add(TocEntry(path, EntryType.HARDLINK, link=ti.linkname, xattrs=xattrs, **common))
     elif ti.ischr() or ti.isblk():
         etype = EntryType.CHAR if ti.ischr() else EntryType.BLOCK
@@ -159,6 +171,18 @@ def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInf
         entry = writer.add(TocEntry(path, EntryType.REG, xattrs=xattrs, **common), f or io.BytesIO())
         if entry.size != ti.size:
             raise SourceInvalid(f"entry {path!r}: archive is truncated ({entry.size} of {ti.size} bytes)")
+
+
+def _copy_up(writer: LayerWriter, lower: Lower, target: str) -> None:
+    """A hardlink's target that this layer lacks but a lower layer has: copy it up first."""
+    if writer.has(target):
+        return
+    found = lower(target)
+    if found is None:
+        return  # not below either: the writer rejects the hardlink, naming it
+    entry, payload = found
+    writer.add(replace(entry, path=target, chunks=[], link=entry.link if entry.type is not EntryType.HARDLINK else ""),
+               payload)
 
 
 def _tar_mtime_ns(ti: tarfile.TarInfo, path: str) -> int:

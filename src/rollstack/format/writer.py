@@ -112,6 +112,10 @@ class LayerWriter:
         self._put(entry)
         return entry
 
+    def has(self, path: str) -> bool:
+        """Whether this layer already has an entry (of any type) at `path`."""
+        return path in self._entries
+
     def mark_opaque(self, directory: str) -> None:
         """OCI `.wh..wh..opq`: `directory` hides everything below it in lower layers."""
         self._opaque.add(directory)

@@ -77,17 +77,21 @@ class ConversionCache:
         except (OSError, ValueError):
             return {}
 
-    def get(self, source_digest: str) -> tuple[str, int] | None:
+    def get(self, source_digest: str, below: list[str] | None = None) -> tuple[str, int] | None:
+        """The conversion of `source_digest`. One that copied files up from lower layers (a
+        hardlink to a lower file) is only valid over the same layers `below` (source digests)."""
         hit = self._read().get(source_digest)
-        return (hit["digest"], int(hit["size"])) if hit else None
+        if not hit or ("below" in hit and hit["below"] != (below or [])):
+            return None
+        return hit["digest"], int(hit["size"])
 
     def blob_path(self, digest: str) -> Path:
         return self.blobs / digest.split(":", 1)[-1]
 
-    def put(self, source_digest: str, digest: str, size: int) -> None:
+    def put(self, source_digest: str, digest: str, size: int, below: list[str] | None = None) -> None:
         with self._locked():
             doc = self._read()
-            doc[source_digest] = {"digest": digest, "size": size}
+            doc[source_digest] = {"digest": digest, "size": size, **({"below": below} if below is not None else {})}
             tmp = self.map_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
             os.replace(tmp, self.map_path)
@@ -225,18 +229,19 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
     cache = ConversionCache(cache_dir)
     source = _open_source(image_ref, tls_verify)
     result = ImportResult(name, tag, "", image_ref, source.manifest_digest)
-    todo = [layer for layer in source.layers if not _usable(cache, layer.digest, store, name)]
+    below = {layer.digest: [x.digest for x in source.layers[:i]] for i, layer in enumerate(source.layers)}
+    todo = [layer for layer in source.layers if not _usable(cache, layer.digest, below[layer.digest], store, name)]
     with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp, \
-            _Uploader(store, name) as uploader:
+            _Uploader(store, name) as uploader, _Lowers(store, name) as lowers:
         open_layer, result.transfer = _layer_opener(source, Path(tmp)) if todo else (None, "")
         if progress and todo:
             progress.start(f"convert {len(todo)} layer(s) of {image_ref}", sum(layer.size for layer in todo))
         built: list[BuiltLayer] = []
         for layer in source.layers:
-            hit = cache.get(layer.digest) if layer not in todo else None
+            hit = cache.get(layer.digest, below[layer.digest]) if layer not in todo else None
             if hit is None:
                 assert open_layer is not None
-                hit = _convert_layer(cache, layer, open_layer, threads)
+                hit = _convert_layer(cache, layer, open_layer, threads, lowers, below[layer.digest])
                 result.converted += 1
                 if progress:
                     progress.advance(layer.size)
@@ -244,6 +249,7 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
                 result.cached += 1
             path = cache.blob_path(hit[0])
             built.append(BuiltLayer(hit[0], hit[1], path if path.exists() else None, layer.digest))
+            lowers.push(hit[0], built[-1].path)
             if built[-1].path is not None:
                 uploader.submit(built[-1])
         if progress and todo:
@@ -271,15 +277,16 @@ def _layer_opener(source: _OciLayout | _RegistryImage, tmp: Path) -> tuple[Calla
 
 
 def _convert_layer(cache: ConversionCache, layer: _SourceLayer, open_layer: Callable[[_SourceLayer], BinaryIO],
-                   threads: int | None) -> tuple[str, int]:
+                   threads: int | None, lowers: "_Lowers", below: list[str]) -> tuple[str, int]:
     """One source layer -> a blob in the cache (written next to it, renamed into place)."""
     from rollstack.format.convert import convert_tar
 
     fd, tmp_name = tempfile.mkstemp(prefix=".convert-", suffix=".tmp", dir=cache.blobs)
+    lowers.used = False
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as out, open_layer(layer) as src:
             try:
-                info = convert_tar(src, out, threads=threads)
+                info = convert_tar(src, out, threads=threads, lower=lowers)
             except SourceInvalid as exc:
                 raise SourceInvalid(f"layer {layer.digest}: {exc}") from None
         os.chmod(tmp_name, 0o644)
@@ -287,8 +294,77 @@ def _convert_layer(cache: ConversionCache, layer: _SourceLayer, open_layer: Call
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    cache.put(layer.digest, info.digest, info.size)
+    cache.put(layer.digest, info.digest, info.size, below if lowers.used else None)
     return info.digest, info.size
+
+
+class _Lowers:
+    """The already converted layers below the converting one, opened on first use: a source
+    layer may hardlink to a file only a lower layer has (see `convert_tar`'s `lower`)."""
+
+    def __init__(self, store: Any, repo: str) -> None:
+        self._store, self._repo = store, repo
+        self._layers: list[tuple[str, Path | None]] = []
+        self._readers: list[Any] = []
+        self._stack: Any = None
+        self.used = False  # the current conversion copied something up
+
+    def push(self, digest: str, path: Path | None) -> None:
+        self._layers.append((digest, path))
+        self._stack = None
+
+    def __call__(self, path: str) -> tuple[Any, BinaryIO | None] | None:
+        from rollstack.format.toc import EntryType
+
+        if not self._layers:
+            return None
+        if self._stack is None:
+            self._open()
+        found = self._stack.lookup(path)
+        if found is None or found[0] < 0 or found[1].type in (EntryType.DIR, EntryType.WHITEOUT):
+            return None
+        index, entry = found  # a lower hardlink comes back as its target (path = where the bytes are)
+        self.used = True
+        reader = self._readers[index]
+        return entry, (_EntryStream(reader, entry) if entry.type is EntryType.REG else None)
+
+    def _open(self) -> None:
+        from rollstack.format.reader import LayerReader
+        from rollstack.format.source import FileBlobSource
+        from rollstack.plan.stack import LayerStack
+        from rollstack.store.source import StoreBlobSource
+
+        self.close()
+        self._readers = [LayerReader(FileBlobSource(p) if p is not None else StoreBlobSource(self._store, self._repo, d))
+                         for d, p in self._layers]
+        self._stack = LayerStack([r.toc for r in self._readers])
+
+    def close(self) -> None:
+        for r in self._readers:
+            getattr(r.source, "close", lambda: None)()
+        self._readers = []
+
+    def __enter__(self) -> "_Lowers":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _EntryStream:
+    """A lower layer's regular file read front to back (verified chunk by chunk)."""
+
+    def __init__(self, reader: Any, entry: Any) -> None:
+        self._reader, self._entry, self._pos = reader, entry, 0
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._entry.size - self._pos
+        n = left if n < 0 else min(n, left)
+        if n <= 0:
+            return b""
+        data = self._reader.read(self._entry, self._pos, n)
+        self._pos += len(data)
+        return data
 
 
 class _Uploader:
@@ -321,8 +397,8 @@ class _Uploader:
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-def _usable(cache: ConversionCache, source_digest: str, store: Any, repo: str) -> bool:
-    hit = cache.get(source_digest)
+def _usable(cache: ConversionCache, source_digest: str, below: list[str], store: Any, repo: str) -> bool:
+    hit = cache.get(source_digest, below)
     if hit is None:
         return False
     return cache.blob_path(hit[0]).exists() or store.has_blob(repo, hit[0])
