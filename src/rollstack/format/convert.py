@@ -22,7 +22,7 @@ from decimal import Decimal, InvalidOperation
 from lzma import LZMAError
 from pathlib import Path
 from dataclasses import replace
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Protocol
 
 import zstandard
 
@@ -94,8 +94,16 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-# lower(path) -> (entry, payload) of what the layers below have at `path` (hardlinks resolved), or None
-Lower = Callable[[str], "tuple[TocEntry, BinaryIO | None] | None"]
+class Lower(Protocol):
+    """What the layers below an image layer have (`group import` knows them, see `convert_tar`)."""
+
+    def __call__(self, path: str) -> TocEntry | None:
+        """The entry at `path` in the merged lower layers (a hardlink as its target), or None."""
+        ...
+
+    def payload(self, entry: TocEntry) -> BinaryIO:
+        """A regular file's bytes (an entry `__call__` returned)."""
+        ...
 
 
 def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -127,7 +135,7 @@ def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAUL
             member = "<archive end>"
             drain(reader)
             stream.check()
-        return writer.finish()
+        return writer.finish(existing_dir=lower)
     except RollstackError:
         raise
     except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError, OSError, ValueError, LZMAError) as exc:
@@ -177,12 +185,10 @@ def _copy_up(writer: LayerWriter, lower: Lower, target: str) -> None:
     """A hardlink's target that this layer lacks but a lower layer has: copy it up first."""
     if writer.has(target):
         return
-    found = lower(target)
-    if found is None:
-        return  # not below either: the writer rejects the hardlink, naming it
-    entry, payload = found
-    writer.add(replace(entry, path=target, chunks=[], link=entry.link if entry.type is not EntryType.HARDLINK else ""),
-               payload)
+    entry = lower(target)
+    if entry is None or entry.type in (EntryType.DIR, EntryType.WHITEOUT):
+        return  # not a file below either: the writer rejects the hardlink, naming it
+    writer.add(replace(entry, path=target, chunks=[]), lower.payload(entry) if entry.type is EntryType.REG else None)
 
 
 def _tar_mtime_ns(ti: tarfile.TarInfo, path: str) -> int:

@@ -189,8 +189,13 @@ class LayerWriter:
         entry.chunks.append(Chunk(file_offset, size, where[0], where[1], digest, where[2]))
 
     # -- finishing ----------------------------------------------------------------------
-    def finish(self) -> LayerInfo:
-        """Complete the entry set, write TOC + footer, return the blob's descriptor + stats."""
+    def finish(self, existing_dir: Callable[[str], TocEntry | None] | None = None) -> LayerInfo:
+        """Complete the entry set, write TOC + footer, return the blob's descriptor + stats.
+
+        `existing_dir(path)`: the directory lower layers already have at `path`, if any; a
+        directory this layer only implies (a parent of its entries, an opaque marker without
+        its directory's header) then keeps that one's metadata, as unpacking onto the lower
+        tree would, instead of becoming 0755 root:root over it."""
         if self._finished:
             raise RuntimeError("LayerWriter.finish() called twice")
         self._finished = True
@@ -202,8 +207,8 @@ class LayerWriter:
         payload_end = self._sink.offset
         for d in sorted(self._opaque):
             if d not in self._entries:
-                self._entries[d] = TocEntry(d, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=True)
-        self._add_implicit_dirs()
+                self._entries[d] = _implicit_dir(d, existing_dir, opaque=True)
+        self._add_implicit_dirs(existing_dir)
         toc = Toc(self._entries.values())
         raw = toc_codec.encode_raw(toc.entries)
         raw_len = len(raw)
@@ -220,20 +225,28 @@ class LayerWriter:
             stored_payload_size=payload_end, chunk_size=self.chunk_size,
         )
 
-    def _add_implicit_dirs(self) -> None:
+    def _add_implicit_dirs(self, existing_dir: Callable[[str], TocEntry | None] | None) -> None:
         if "" not in self._entries:
-            self._entries[""] = TocEntry("", EntryType.DIR, IMPLICIT_DIR_MODE)
+            self._entries[""] = _implicit_dir("", existing_dir)
         elif self._entries[""].type is not EntryType.DIR:
             raise SourceInvalid("the layer root is not a directory")
         for path in list(self._entries):
             for anc in layer_paths.ancestors(path):
                 cur = self._entries.get(anc)
                 if cur is None:
-                    self._entries[anc] = TocEntry(anc, EntryType.DIR, IMPLICIT_DIR_MODE)
+                    self._entries[anc] = _implicit_dir(anc, existing_dir)
                 elif cur.type is EntryType.WHITEOUT:  # deleted then recreated in this layer
                     self._entries[anc] = TocEntry(anc, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=True)
                 elif cur.type is not EntryType.DIR:
                     raise SourceInvalid(f"entry {path!r} lies below {anc!r}, which is a {cur.type.value}, not a directory")
+
+
+def _implicit_dir(path: str, existing_dir: Callable[[str], TocEntry | None] | None, opaque: bool = False) -> TocEntry:
+    below = existing_dir(path) if existing_dir is not None else None
+    if below is None or below.type is not EntryType.DIR:
+        return TocEntry(path, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=opaque)
+    return TocEntry(path, EntryType.DIR, below.mode, below.uid, below.gid, below.mtime_ns,
+                    xattrs=dict(below.xattrs), opaque=opaque)
 
 
 def _check_fields(e: TocEntry) -> None:

@@ -307,26 +307,28 @@ class _Lowers:
         self._layers: list[tuple[str, Path | None]] = []
         self._readers: list[Any] = []
         self._stack: Any = None
+        self._where: dict[int, int] = {}  # id(entry) -> its layer index
         self.used = False  # the current conversion copied something up
 
     def push(self, digest: str, path: Path | None) -> None:
         self._layers.append((digest, path))
         self._stack = None
 
-    def __call__(self, path: str) -> tuple[Any, BinaryIO | None] | None:
-        from rollstack.format.toc import EntryType
-
+    def __call__(self, path: str) -> Any:
         if not self._layers:
             return None
         if self._stack is None:
             self._open()
         found = self._stack.lookup(path)
-        if found is None or found[0] < 0 or found[1].type in (EntryType.DIR, EntryType.WHITEOUT):
+        if found is None or found[0] < 0:
             return None
+        self.used = True  # the conversion now depends on the layers below
         index, entry = found  # a lower hardlink comes back as its target (path = where the bytes are)
-        self.used = True
-        reader = self._readers[index]
-        return entry, (_EntryStream(reader, entry) if entry.type is EntryType.REG else None)
+        self._where[id(entry)] = index
+        return entry
+
+    def payload(self, entry: Any) -> BinaryIO:
+        return _EntryStream(self._readers[self._where[id(entry)]], entry)  # type: ignore[return-value]
 
     def _open(self) -> None:
         from rollstack.format.reader import LayerReader
