@@ -211,3 +211,35 @@ def test_multilayer_import_matches_umoci_unpack(tmp_path: Path, oci_store):
     assert again.digest == result.digest
     other = import_image(f"oci:{layout}:multi", f"{name}:2", oci_store, cache_dir=tmp_path / "cache")
     assert other.converted == 0 and oci_store.get_manifest(name, "2").digest == other.digest
+
+
+def test_registry_layers_stream_into_the_converter(tmp_path: Path, registry, registry_store, oci_store):
+    """From a registry, layers stream (ranged GETs, digest-checked) instead of `skopeo copy`; the
+    blobs are the same as from the layout, and a registry store as destination works too."""
+    layout = build_layout(tmp_path / "image")
+    remote = registry.url.split("://", 1)[1] + f"/src/multi-{uuid.uuid4().hex[:8]}:t"
+    subprocess.run(["skopeo", "copy", "-q", "--dest-tls-verify=false", f"oci:{layout}:multi", f"docker://{remote}"],
+                   check=True, capture_output=True)
+    from_layout = import_image(f"oci:{layout}:multi", f"os/a-{uuid.uuid4().hex[:6]}:1", oci_store,
+                               cache_dir=tmp_path / "c1")
+    name = f"os/b-{uuid.uuid4().hex[:6]}"
+    streamed = import_image(f"docker://{remote}", f"{name}:1", registry_store, cache_dir=tmp_path / "c2")
+    assert streamed.transfer == "registry-stream" and streamed.converted == len(LAYERS)
+    assert [x["digest"] for x in streamed.layers] == [x["digest"] for x in from_layout.layers]
+    assert streamed.uploaded_blobs == len(LAYERS) + 1  # the layers (uploaded while converting) + config
+    for layer in streamed.layers:
+        assert registry_store.has_blob(name, layer["digest"])
+
+
+def test_blob_stream_checks_the_digest() -> None:
+    """A registry serving other bytes than the digest names fails the read at the end."""
+    from rollstack.errors import IntegrityError
+    from rollstack.store.stream import BlobStream
+
+    class Lying:
+        def read_blob(self, repo, digest, offset, length):
+            return b"\x1f\x8b" + b"x" * (length - 2) if offset == 0 else b"x" * length
+
+    with pytest.raises(IntegrityError), BlobStream(Lying(), "r", "sha256:" + "0" * 64, 100, block=30) as s:
+        while s.read(1000):
+            pass
