@@ -231,14 +231,20 @@ class LayerWriter:
         elif self._entries[""].type is not EntryType.DIR:
             raise SourceInvalid("the layer root is not a directory")
         for path in list(self._entries):
-            for anc in layer_paths.ancestors(path):
+            # walk up to the nearest directory this layer names: that one checks its own
+            # ancestors when its turn comes (O(entries), not O(entries x depth))
+            anc = layer_paths.parent(path) if path else None
+            while anc:
                 cur = self._entries.get(anc)
                 if cur is None:
                     self._entries[anc] = _implicit_dir(anc, existing_dir)
                 elif cur.type is EntryType.WHITEOUT:  # deleted then recreated in this layer
                     self._entries[anc] = TocEntry(anc, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=True)
-                elif cur.type is not EntryType.DIR:
+                elif cur.type is EntryType.DIR:
+                    break
+                else:
                     raise SourceInvalid(f"entry {path!r} lies below {anc!r}, which is a {cur.type.value}, not a directory")
+                anc = layer_paths.parent(anc)
 
 
 def _implicit_dir(path: str, existing_dir: Callable[[str], TocEntry | None] | None, opaque: bool = False) -> TocEntry:

@@ -42,6 +42,7 @@ class ImportResult:
     cached: int = 0  # layers taken from the conversion cache
     uploaded_bytes: int = 0
     uploaded_blobs: int = 0
+    payload_bytes: int = 0  # unpacked file bytes of the layers converted now
     transfer: str = ""  # how converted layers were read: "layout", "registry-stream", "skopeo" ("" if all cached)
     seconds: float = 0.0
 
@@ -241,7 +242,8 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
             hit = cache.get(layer.digest, below[layer.digest]) if layer not in todo else None
             if hit is None:
                 assert open_layer is not None
-                hit = _convert_layer(cache, layer, open_layer, threads, lowers, below[layer.digest])
+                hit, payload = _convert_layer(cache, layer, open_layer, threads, lowers, below[layer.digest])
+                result.payload_bytes += payload
                 result.converted += 1
                 if progress:
                     progress.advance(layer.size)
@@ -277,7 +279,7 @@ def _layer_opener(source: _OciLayout | _RegistryImage, tmp: Path) -> tuple[Calla
 
 
 def _convert_layer(cache: ConversionCache, layer: _SourceLayer, open_layer: Callable[[_SourceLayer], BinaryIO],
-                   threads: int | None, lowers: "_Lowers", below: list[str]) -> tuple[str, int]:
+                   threads: int | None, lowers: "_Lowers", below: list[str]) -> tuple[tuple[str, int], int]:
     """One source layer -> a blob in the cache (written next to it, renamed into place)."""
     from rollstack.format.convert import convert_tar
 
@@ -295,7 +297,7 @@ def _convert_layer(cache: ConversionCache, layer: _SourceLayer, open_layer: Call
         Path(tmp_name).unlink(missing_ok=True)
         raise
     cache.put(layer.digest, info.digest, info.size, below if lowers.used else None)
-    return info.digest, info.size
+    return (info.digest, info.size), info.payload_size
 
 
 class _Lowers:
