@@ -49,9 +49,15 @@ def default_image(cache: Path = CACHE) -> Path:
     _log(f"building {dest} (debootstrap + pip; once, cached)")
     _run(["debootstrap", "--variant=minbase", f"--cache-dir={_debs(cache)}", f"--include={','.join(DEBS)}",
           "bookworm", str(root), MIRROR], "debootstrap")
+    from rollstack.bench.corpus_tree import HOST_CA_BUNDLE, default_env
+
     shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
-    _run(["chroot", str(root), "pip", "install", "--no-cache-dir", "--break-system-packages", *PIP], "pip install")
-    _run(["chroot", str(root), "sh", "-c", "apt-get clean && rm -rf /var/lib/apt/lists/* && : > /etc/resolv.conf"], "cleanup")
+    shutil.copy(HOST_CA_BUNDLE, root / "tmp/host-ca.crt")  # the host's CAs (a TLS proxy may sit in between)
+    env = {**default_env(), "PIP_CERT": "/tmp/host-ca.crt"}
+    _run(["env", "-i", *(f"{k}={v}" for k, v in env.items()), shutil.which("chroot") or "/usr/sbin/chroot", str(root),
+          "pip", "install", "--break-system-packages", *PIP], "pip install")
+    _run(["chroot", str(root), "sh", "-c", "apt-get clean && rm -rf /var/lib/apt/lists/* /tmp/host-ca.crt /root/.cache "
+          "&& : > /etc/resolv.conf"], "cleanup")
     _remove(work / "layout")
     write_layout(root, work / "layout")
     (work / "layout").rename(dest)

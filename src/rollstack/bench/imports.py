@@ -49,7 +49,8 @@ def _timed_import(ref: str, store_root: Path, cache: Path, name_tag: str, **kw: 
     return {"seconds": round(seconds, 3), "cpu_seconds": round(cpu, 2), "load_before": load, "load_after": _load(),
             "payload_bytes": result.payload_bytes, "mb_per_s": round(mb / seconds, 1) if mb else None,
             "converted": result.converted, "cached": result.cached, "uploaded_bytes": result.uploaded_bytes,
-            "transfer": result.transfer, "digest": result.digest, "manifest_written": manifest == result.digest}
+            "transfer": result.transfer, "digest": result.digest, "manifest_written": manifest == result.digest,
+            "layers": [layer["digest"] for layer in result.layers]}
 
 
 def _verify(cache: Path) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def run(ref: str, work: Path, *, registry: bool, serial: bool) -> dict[str, Any]
             doc["serial"] = _timed_import(ref, work / "store-serial", work / "cache-serial", "bench/imported:1", threads=1)
         finally:
             tarstream.GZIP_DECODER = old
-        doc["serial"]["same_blobs"] = doc["serial"]["digest"] == doc["cold"]["digest"]
+        doc["serial"]["same_blobs"] = doc["serial"]["layers"] == doc["cold"]["layers"]
     if registry:
         doc["registry"] = _from_registry(ref, work)
     return doc
@@ -90,7 +91,8 @@ def _from_registry(ref: str, work: Path) -> dict[str, Any]:
         remote = server.url.split("://", 1)[1] + "/bench/source:1"
         subprocess.run(["skopeo", "copy", "-q", "--dest-tls-verify=false", ref, f"docker://{remote}"],
                        check=True, capture_output=True)
-        return _timed_import(f"docker://{remote}", work / "store-registry", work / "cache-registry", "bench/imported:1")
+        out = _timed_import(f"docker://{remote}", work / "store-registry", work / "cache-registry", "bench/imported:1")
+    return out
 
 
 def _human(doc: dict[str, Any]) -> None:
