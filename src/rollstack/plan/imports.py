@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 from rollstack.errors import InvalidRequest, ManifestNotFound, RegistryError, SourceInvalid
 from rollstack.plan.groups import BuiltLayer, Progress, publish_layers, split_name_tag
+from rollstack.plan.import_io import LowerLayers, Uploader
 
 INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
 MANIFEST_TYPES = {"application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"}
@@ -79,12 +79,14 @@ class ConversionCache:
             return {}
 
     def get(self, source_digest: str, below: list[str] | None = None) -> tuple[str, int] | None:
-        """The conversion of `source_digest`. One that copied files up from lower layers (a
-        hardlink to a lower file) is only valid over the same layers `below` (source digests)."""
-        hit = self._read().get(source_digest)
-        if not hit or ("below" in hit and hit["below"] != (below or [])):
-            return None
-        return hit["digest"], int(hit["size"])
+        """The conversion of `source_digest`. One that asked the lower layers (an implied
+        directory's metadata, a hardlink target) is only valid over the same layers `below`
+        (source digests, bottom first), so it is filed under both."""
+        doc = self._read()
+        hit = doc.get(source_digest)
+        if not hit or "below" in hit:  # ("below" in a plain entry: written by an older version)
+            hit = doc.get(_chain_key(source_digest, below or []))
+        return (hit["digest"], int(hit["size"])) if hit else None
 
     def blob_path(self, digest: str) -> Path:
         return self.blobs / digest.split(":", 1)[-1]
@@ -92,10 +94,19 @@ class ConversionCache:
     def put(self, source_digest: str, digest: str, size: int, below: list[str] | None = None) -> None:
         with self._locked():
             doc = self._read()
-            doc[source_digest] = {"digest": digest, "size": size, **({"below": below} if below is not None else {})}
+            if below is None:
+                doc[source_digest] = {"digest": digest, "size": size}
+            else:
+                doc[_chain_key(source_digest, below)] = {"digest": digest, "size": size, "below": below}
             tmp = self.map_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
             os.replace(tmp, self.map_path)
+
+
+def _chain_key(source_digest: str, below: list[str]) -> str:
+    import hashlib
+
+    return f"{source_digest}@below:{hashlib.sha256(' '.join(below).encode()).hexdigest()[:32]}"
 
 
 # -- reading images --------------------------------------------------------------------------------
@@ -233,7 +244,7 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
     below = {layer.digest: [x.digest for x in source.layers[:i]] for i, layer in enumerate(source.layers)}
     todo = [layer for layer in source.layers if not _usable(cache, layer.digest, below[layer.digest], store, name)]
     with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp, \
-            _Uploader(store, name) as uploader, _Lowers(store, name) as lowers:
+            Uploader(store, name) as uploader, LowerLayers(store, name) as lowers:
         open_layer, result.transfer = _layer_opener(source, Path(tmp)) if todo else (None, "")
         if progress and todo:
             progress.start(f"convert {len(todo)} layer(s) of {image_ref}", sum(layer.size for layer in todo))
@@ -279,7 +290,7 @@ def _layer_opener(source: _OciLayout | _RegistryImage, tmp: Path) -> tuple[Calla
 
 
 def _convert_layer(cache: ConversionCache, layer: _SourceLayer, open_layer: Callable[[_SourceLayer], BinaryIO],
-                   threads: int | None, lowers: "_Lowers", below: list[str]) -> tuple[tuple[str, int], int]:
+                   threads: int | None, lowers: LowerLayers, below: list[str]) -> tuple[tuple[str, int], int]:
     """One source layer -> a blob in the cache (written next to it, renamed into place)."""
     from rollstack.format.convert import convert_tar
 
@@ -299,107 +310,6 @@ def _convert_layer(cache: ConversionCache, layer: _SourceLayer, open_layer: Call
     cache.put(layer.digest, info.digest, info.size, below if lowers.used else None)
     return (info.digest, info.size), info.payload_size
 
-
-class _Lowers:
-    """The already converted layers below the converting one, opened on first use: a source
-    layer may hardlink to a file only a lower layer has (see `convert_tar`'s `lower`)."""
-
-    def __init__(self, store: Any, repo: str) -> None:
-        self._store, self._repo = store, repo
-        self._layers: list[tuple[str, Path | None]] = []
-        self._readers: list[Any] = []
-        self._stack: Any = None
-        self._where: dict[int, int] = {}  # id(entry) -> its layer index
-        self.used = False  # the current conversion copied something up
-
-    def push(self, digest: str, path: Path | None) -> None:
-        self._layers.append((digest, path))
-        self._stack = None
-
-    def __call__(self, path: str) -> Any:
-        if not self._layers:
-            return None
-        if self._stack is None:
-            self._open()
-        found = self._stack.lookup(path)
-        if found is None or found[0] < 0:
-            return None
-        self.used = True  # the conversion now depends on the layers below
-        index, entry = found  # a lower hardlink comes back as its target (path = where the bytes are)
-        self._where[id(entry)] = index
-        return entry
-
-    def payload(self, entry: Any) -> BinaryIO:
-        return _EntryStream(self._readers[self._where[id(entry)]], entry)  # type: ignore[return-value]
-
-    def _open(self) -> None:
-        from rollstack.format.reader import LayerReader
-        from rollstack.format.source import FileBlobSource
-        from rollstack.plan.stack import LayerStack
-        from rollstack.store.source import StoreBlobSource
-
-        self.close()
-        self._readers = [LayerReader(FileBlobSource(p) if p is not None else StoreBlobSource(self._store, self._repo, d))
-                         for d, p in self._layers]
-        self._stack = LayerStack([r.toc for r in self._readers])
-
-    def close(self) -> None:
-        for r in self._readers:
-            getattr(r.source, "close", lambda: None)()
-        self._readers = []
-
-    def __enter__(self) -> "_Lowers":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class _EntryStream:
-    """A lower layer's regular file read front to back (verified chunk by chunk)."""
-
-    def __init__(self, reader: Any, entry: Any) -> None:
-        self._reader, self._entry, self._pos = reader, entry, 0
-
-    def read(self, n: int = -1) -> bytes:
-        left = self._entry.size - self._pos
-        n = left if n < 0 else min(n, left)
-        if n <= 0:
-            return b""
-        data = self._reader.read(self._entry, self._pos, n)
-        self._pos += len(data)
-        return data
-
-
-class _Uploader:
-    """Uploads finished blobs on one thread, in order, while later layers convert."""
-
-    def __init__(self, store: Any, repo: str) -> None:
-        self._store, self._repo = store, repo
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollstack-upload")
-        self._futures: list[Future[bool]] = []
-        self.uploaded_bytes = 0
-        self.uploaded_blobs = 0
-
-    def submit(self, layer: BuiltLayer) -> None:
-        fut = self._pool.submit(self._store.put_blob, self._repo, layer.digest, layer.path)
-        fut.add_done_callback(lambda f, n=layer.size: self._count(f, n))
-        self._futures.append(fut)
-
-    def _count(self, fut: Future[bool], size: int) -> None:
-        if not fut.cancelled() and fut.exception() is None and fut.result():
-            self.uploaded_bytes += size
-            self.uploaded_blobs += 1
-
-    def wait(self) -> None:
-        for fut in self._futures:
-            fut.result()  # an upload's error surfaces here
-
-    def __enter__(self) -> "_Uploader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
 def _usable(cache: ConversionCache, source_digest: str, below: list[str], store: Any, repo: str) -> bool:
     hit = cache.get(source_digest, below)

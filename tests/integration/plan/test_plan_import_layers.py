@@ -119,11 +119,11 @@ def _write_blob(root: Path, data: bytes) -> dict:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def build_layout(root: Path, tag: str = "multi") -> Path:
+def build_layout(root: Path, tag: str = "multi", layers_spec: list[list[tuple]] | None = None) -> Path:
     (root / "blobs/sha256").mkdir(parents=True)
     (root / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
     layers, diff_ids = [], []
-    for members in LAYERS:
+    for members in layers_spec or LAYERS:
         raw = _layer_tar(members)
         diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
         layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
@@ -243,3 +243,26 @@ def test_blob_stream_checks_the_digest() -> None:
     with pytest.raises(IntegrityError), BlobStream(Lying(), "r", "sha256:" + "0" * 64, 100, block=30) as s:
         while s.read(1000):
             pass
+
+
+def test_a_layer_that_copied_up_from_below_is_reconverted_when_the_layers_below_change(tmp_path: Path, oci_store):
+    """The same upper layer bytes over a different lower layer: its cached conversion (which
+    copied the hardlink target up from the old lower layer) must not be reused."""
+    from rollstack.format.reader import LayerReader
+    from rollstack.store import StoreBlobSource
+
+    top = [H("bin/tool-link", "bin/tool"), F("bin/other", b"o")]
+    a = build_layout(tmp_path / "a", "t", [[D("bin"), F("bin/tool", b"version A\n", 0o755)], top])
+    b = build_layout(tmp_path / "b", "t", [[D("bin"), F("bin/tool", b"version B\n", 0o700)], top])
+    cache = tmp_path / "cache"
+    name = f"os/chain-{uuid.uuid4().hex[:8]}"
+    first = import_image(f"oci:{a}:t", f"{name}:a", oci_store, cache_dir=cache)
+    second = import_image(f"oci:{b}:t", f"{name}:b", oci_store, cache_dir=cache)
+    assert (first.converted, second.converted, second.cached) == (2, 2, 0)
+    for result, want, mode in ((first, b"version A\n", 0o755), (second, b"version B\n", 0o700)):
+        reader = LayerReader(StoreBlobSource(oci_store, name, result.layers[1]["digest"]))
+        copied = reader.toc.lookup("bin/tool")
+        assert copied is not None and copied.mode == mode and reader.read(copied) == want
+        assert reader.toc.lookup("bin/tool-link").link == "bin/tool"
+    again = import_image(f"oci:{a}:t", f"{name}:a", oci_store, cache_dir=cache)
+    assert again.converted == 0 and again.digest == first.digest
