@@ -102,8 +102,10 @@ def import_cmd(
     doc = {**result.to_dict(), "store": st.url}
 
     def human(d: dict[str, Any]) -> None:
+        rate = f" ({d['payload_bytes'] / 1e6 / d['seconds']:.0f} MB/s unpacked)" if d["converted"] and d["seconds"] else ""
         stderr.print(f"{d['name']}:{d['tag']}: {len(d['layers'])} layer(s) from {image}, "
-                     f"converted {d['converted']}, cached {d['cached']}, uploaded {d['uploaded_bytes']} bytes")
+                     f"converted {d['converted']}, cached {d['cached']}, uploaded {d['uploaded_bytes']} bytes "
+                     f"in {d['seconds']:.2f} s{rate}")
         stdout.print(d["digest"])
 
     emit(doc, as_json, human)
