@@ -25,6 +25,7 @@ DEBS = ("python3", "python3-pip", "python3-venv", "ca-certificates", "git")
 PIP = ("numpy==1.26.4", "pandas==2.2.3", "scipy==1.13.1", "sympy==1.13.3", "pytest==8.3.3",
        "hypothesis==6.115.0", "requests==2.32.3", "jinja2==3.1.4", "pyyaml==6.0.2")
 TAG = "bench"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
 def _log(msg: str) -> None:
@@ -49,11 +50,11 @@ def default_image(cache: Path = CACHE) -> Path:
     _log(f"building {dest} (debootstrap + pip; once, cached)")
     _run(["debootstrap", "--variant=minbase", f"--cache-dir={_debs(cache)}", f"--include={','.join(DEBS)}",
           "bookworm", str(root), MIRROR], "debootstrap")
-    from rollstack.bench.corpus_tree import HOST_CA_BUNDLE, default_env
-
     shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
     shutil.copy(HOST_CA_BUNDLE, root / "tmp/host-ca.crt")  # the host's CAs (a TLS proxy may sit in between)
-    env = {**default_env(), "PIP_CERT": "/tmp/host-ca.crt"}
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
+           "PIP_INDEX_URL": "https://pypi.org/simple", "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_ROOT_USER_ACTION": "ignore", "PIP_DEFAULT_TIMEOUT": "120", "PIP_CERT": "/tmp/host-ca.crt"}
     _run(["env", "-i", *(f"{k}={v}" for k, v in env.items()), shutil.which("chroot") or "/usr/sbin/chroot", str(root),
           "pip", "install", "--break-system-packages", *PIP], "pip install")
     _run(["chroot", str(root), "sh", "-c", "apt-get clean && rm -rf /var/lib/apt/lists/* /tmp/host-ca.crt /root/.cache "
