@@ -11,6 +11,7 @@ seeking mode a forward-only view of the stream (much cheaper per member than its
 from __future__ import annotations
 
 import bz2
+import fcntl
 import io
 import lzma
 import os
@@ -108,6 +109,19 @@ def _tell(stream: BinaryIO) -> int | None:
         return None
 
 
+def _big_pipe(proc: subprocess.Popen[bytes]) -> None:
+    """1 MiB pipe buffer (from 64 KiB): pigz keeps inflating while we are descheduled. Same CPU;
+    wall time for a 1 GB tar in 4 loaded pairs: 12.3/12.0/15.1/15.3 s vs 23.3/14.5/19.3/15.2 s."""
+    if PIPE_BYTES:
+        try:
+            fcntl.fcntl(proc.stdout.fileno(), 1031, PIPE_BYTES)  # type: ignore[union-attr]  # F_SETPIPE_SZ
+        except OSError:  # over /proc/sys/fs/pipe-max-size for an unprivileged user: keep the default
+            pass
+
+
+PIPE_BYTES = int(os.environ.get("ROLLSTACK_PIGZ_PIPE_BYTES", str(1 << 20)))
+
+
 def _pigz(stream: BinaryIO, head: bytes, start: int | None) -> Decoded:
     """gzip decoded by a pigz child (another core; it checks the CRC and length trailer). A
     regular file is handed over as pigz's stdin; anything else is fed by a thread."""
@@ -115,8 +129,10 @@ def _pigz(stream: BinaryIO, head: bytes, start: int | None) -> Decoded:
     if start is not None:
         stream.seek(start)
         proc = subprocess.Popen(PIGZ, stdin=stream, stdout=subprocess.PIPE, stderr=errors)
+        _big_pipe(proc)
         return Decoded(proc.stdout, proc, None, errors)  # type: ignore[arg-type]
     proc = subprocess.Popen(PIGZ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
+    _big_pipe(proc)
     decoded = Decoded(proc.stdout, proc, None, errors)  # type: ignore[arg-type]
 
     def feed() -> None:
