@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
@@ -243,9 +243,11 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
     result = ImportResult(name, tag, "", image_ref, source.manifest_digest)
     below = {layer.digest: [x.digest for x in source.layers[:i]] for i, layer in enumerate(source.layers)}
     todo = [layer for layer in source.layers if not _usable(cache, layer.digest, below[layer.digest], store, name)]
-    with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp, \
+    with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp, ExitStack() as stack, \
             Uploader(store, name) as uploader, LowerLayers(store, name) as lowers:
-        open_layer, result.transfer = _layer_opener(source, Path(tmp)) if todo else (None, "")
+        closers: list[Callable[[], None]] = []
+        stack.callback(lambda: [close() for close in closers])
+        open_layer, result.transfer = _layer_opener(source, Path(tmp), closers) if todo else (None, "")
         if progress and todo:
             progress.start(f"convert {len(todo)} layer(s) of {image_ref}", sum(layer.size for layer in todo))
         built: list[BuiltLayer] = []
@@ -278,12 +280,14 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
     return result
 
 
-def _layer_opener(source: _OciLayout | _RegistryImage, tmp: Path) -> tuple[Callable[[_SourceLayer], BinaryIO], str]:
+def _layer_opener(source: _OciLayout | _RegistryImage, tmp: Path,
+                  closers: list[Callable[[], None]]) -> tuple[Callable[[_SourceLayer], BinaryIO], str]:
     """How to read a source layer's bytes front to back: a file, or a registry stream."""
     if isinstance(source, _OciLayout):
         return (lambda layer: open(source.blob(layer.digest), "rb", buffering=0)), "layout"
     streams = source.streamer()
     if streams is not None:
+        closers.append(streams.close)
         return (lambda layer: streams(layer.digest, layer.size)), "registry-stream"
     layout = source.download(tmp / "oci")  # registries only skopeo can talk to
     return (lambda layer: open(layout.blob(layer.digest), "rb", buffering=0)), "skopeo"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from rollstack.errors import IntegrityError, RollstackError
 
@@ -108,9 +108,22 @@ def parse_docker_ref(ref: str) -> tuple[str, str] | None:
     return host, path
 
 
-def open_registry_repo(ref: str, *, tls_verify: bool) -> Callable[[str, int], BlobStream] | None:
-    """A factory of `BlobStream`s for the repository of image `ref`, or None when the registry
-    does not answer our client (https first; plain http too unless `tls_verify`)."""
+class RegistryBlobs:
+    """`BlobStream`s of one repository (call it with digest, size); `close()` the client after."""
+
+    def __init__(self, store: Any, repo: str) -> None:
+        self.store, self.repo = store, repo
+
+    def __call__(self, digest: str, size: int) -> BlobStream:
+        return BlobStream(self.store, self.repo, digest, size)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def open_registry_repo(ref: str, *, tls_verify: bool) -> RegistryBlobs | None:
+    """Blob streams for the repository of image `ref`, or None when the registry does not
+    answer our client (https first; plain http too unless `tls_verify`)."""
     from rollstack.store.registry import RegistryStore
     from rollstack.store.retry import RetryPolicy
 
@@ -125,5 +138,5 @@ def open_registry_repo(ref: str, *, tls_verify: bool) -> Callable[[str, int], Bl
         except (RollstackError, OSError):
             store.close()
             continue
-        return lambda digest, size, store=store: BlobStream(store, repo, digest, size)  # type: ignore[misc]
+        return RegistryBlobs(store, repo)
     return None
