@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml scripts/setup-system.sh third_party/pyfuse3/build.sh th
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip==24.3.1
 	bash third_party/pyfuse3/build.sh $(BIN)
-	$(BIN)/pip install -q -e '.[dev,minisweagent]'
+	$(BIN)/pip install -q -e '.[dev,minisweagent,adapters,cluster]'
+	$(BIN)/pip install -q --no-deps 'verifiers==0.4.0' 'prime-sandboxes==0.5.1'  # see the adapters extra in pyproject.toml
 	$(BIN)/python -c 'import pyfuse3; assert pyfuse3.ROLLSTACK_PATCH, "the patched pyfuse3 is not installed"'
 	touch $(STAMP)
 

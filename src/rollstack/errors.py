@@ -29,6 +29,9 @@ HTTP status + JSON in the node agent, -> one `error: <code>: <message>` line in 
     ├── EnvironmentGone           environment_gone      409
     ├── RuntimeFailure            runtime_error         500
     ├── NodeUnavailable           node_unavailable      503
+    │   ├── NodeLost              node_lost             503   (retryable: the env's node died)
+    │   └── ClusterUnavailable    cluster_unavailable   503   (no Ray cluster / no rollstack node)
+    ├── RootInUse                 root_in_use           409   (a live agent holds the node root)
     └── InternalError             internal_error        500
 """
 
@@ -42,6 +45,8 @@ class RollstackError(Exception):
 
     code = "rollstack_error"
     status = 500
+    retryable = False
+    """True when the same call may succeed if retried elsewhere or later (e.g. `node_lost`)."""
 
     def __init__(self, message: str = "", **details: Any) -> None:
         super().__init__(message)
@@ -94,6 +99,24 @@ class EnvironmentNotFound(NotFound):
     code = "environment_not_found"
 
 
+class TemplateNotFound(NotFound):
+    """A published plan (`NAME:TAG`, an E2B templateID) that is not in the store."""
+
+    code = "template_not_found"
+
+
+class SandboxNotFound(NotFound):
+    """No E2B sandbox with that id on this node (never created here, killed, expired)."""
+
+    code = "sandbox_not_found"
+
+
+class AlreadyExists(InvalidRequest):
+    """Creating what is there already (a directory in an environment)."""
+
+    code, status = "already_exists", 409
+
+
 class FormatError(RollstackError, ValueError):
     code, status = "format_error", 422
 
@@ -130,6 +153,12 @@ class ExecTimeout(RollstackError, TimeoutError):
     code, status = "exec_timeout", 504
 
 
+class CommandFailed(RollstackError, RuntimeError):
+    """A command run with `check=True` (adapters, e.g. slime's protocol) exited non-zero."""
+
+    code, status = "command_failed", 422
+
+
 class OomTerminated(RollstackError):
     code, status = "oom_terminated", 409
 
@@ -144,6 +173,21 @@ class RuntimeFailure(RollstackError, OSError):
 
 class NodeUnavailable(RollstackError, ConnectionError):
     code, status = "node_unavailable", 503
+
+
+class NodeLost(NodeUnavailable):
+    """The environment's node died or restarted: the environment is gone; resample elsewhere."""
+
+    code, status = "node_lost", 503
+    retryable = True
+
+
+class ClusterUnavailable(NodeUnavailable):
+    code, status = "cluster_unavailable", 503
+
+
+class RootInUse(RollstackError):
+    code, status = "root_in_use", 409
 
 
 class InternalError(RollstackError):

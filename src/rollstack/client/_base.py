@@ -22,6 +22,8 @@ TOKEN_FILE = "token"
 CONNECT_TIMEOUT = 10.0
 SHORT_TIMEOUT = 60.0
 """Seconds for calls that do not run user work (files, list, destroy...)."""
+EXEC_ANSWER_SLACK = 30.0
+"""Seconds past an exec's own timeout the node has to answer it (it reports the timeout itself)."""
 
 
 def default_node() -> str:
@@ -40,15 +42,21 @@ def default_token(root: Path | str | None = None) -> str | None:
         return None
 
 
-def plan_to_wire(plan: Any) -> dict[str, Any]:
-    """A plan given as a dict, a path to a YAML/JSON file, or a `Plan` -> the JSON the API takes.
+def plan_to_wire(plan: Any) -> dict[str, Any] | str:
+    """A plan given as a dict, a path to a YAML/JSON file, a `Plan`, or a published plan's
+    `NAME:TAG` -> the JSON the API takes.
 
     A file plan is validated here and its mutation file (relative to the plan file) is read and
     sent inline as `mutation_text`, since the node cannot see the caller's files. A dict goes as
-    is (the node validates it).
+    is (the node validates it). A string that is no existing file but spells `NAME[:TAG]` goes
+    as is: the node resolves it from its store (`rollstack plan publish`).
     """
     if isinstance(plan, dict):
         return plan
+    from rollstack.plan.published import is_plan_ref
+
+    if isinstance(plan, (str, Path)) and is_plan_ref(str(plan)):
+        return str(plan)
     if not isinstance(plan, (str, Path)) and getattr(plan, "model_dump", None) is None:
         raise InvalidRequest(f"a plan is a dict, a path or a Plan, not {type(plan).__name__}")
     from rollstack.plan.model import load_plan
@@ -78,7 +86,7 @@ def exec_request(
 
 def request_timeout(seconds: float | None) -> httpx.Timeout:
     """For calls that run user work: no read deadline of ours beyond the work's own plus slack."""
-    read = None if seconds is None else seconds + 30.0
+    read = None if seconds is None else seconds + EXEC_ANSWER_SLACK
     return httpx.Timeout(connect=CONNECT_TIMEOUT, read=read, write=SHORT_TIMEOUT, pool=None)
 
 
@@ -86,6 +94,14 @@ def request_timeout(seconds: float | None) -> httpx.Timeout:
 class Settings:
     url: str = field(default_factory=default_node)
     token: str | None = None
+
+    @classmethod
+    def of(cls, url: str | None, token: str | None) -> "Settings":
+        """What a client was given, with the defaults ($ROLLSTACK_NODE, the token) for the rest."""
+        settings = cls(token=token if token is not None else default_token())
+        if url:
+            settings.url = url
+        return settings
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}

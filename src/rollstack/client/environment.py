@@ -108,6 +108,10 @@ class EnvironmentFacade:
     def health(self) -> Any:
         return self._service.health()
 
+    def metrics(self) -> dict[str, float]:
+        """The node's gauges (`<name>_total` counters, environments, lazy store...)."""
+        return self._service.metrics()
+
     def close(self) -> None:
         pass
 

@@ -55,10 +55,11 @@ def _default_decoder() -> Decoder:
 
 
 class _Flight:
-    __slots__ = ("event", "urgent", "data", "tier", "error")
+    __slots__ = ("event", "urgent", "data", "tier", "error", "at_registry")
 
     def __init__(self) -> None:
         self.event = trio.Event()
+        self.at_registry = False  # past memory/disk/peers: being pulled from the registry (waits on no one)
         self.urgent = False  # a read is blocked on it: decode and hand it over first
         self.data: bytes | None = None
         self.tier = Tier.REGISTRY
@@ -312,6 +313,8 @@ class ChunkFetcher:
             if self.peers is not None and pending and len(pending) <= 64:
                 await self._from_peers(layer, pending, priority, account)
             if pending:
+                for _, f in pending.values():
+                    f.at_registry = True
                 await self._from_registry(layer, pending, priority, account, max_request)
         except BaseException as exc:  # noqa: BLE001 - flights must complete even on cancellation
             err = exc if isinstance(exc, RollstackError) else RegistryUnavailable(f"fetch failed: {exc!r}")

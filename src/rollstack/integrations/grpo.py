@@ -8,7 +8,7 @@ Error handling, by error code (`rollstack.errors`):
   rollouts in flight (`AdaptiveLimit`, raised again by successes), and a rollout that cannot get
   an evaluator admitted after `max_retries` gives its environment back and starts over
   (`requeues`), so a node smaller than the concurrency never deadlocks on scoring;
-- environment lost (`oom_terminated`, `environment_gone`): the rollout is resampled from scratch in
+- environment lost (`oom_terminated`, `environment_gone`, `node_lost`: its node died): the rollout is resampled from scratch in
   a fresh environment, up to `max_resamples` times (the sample is never scored half-done);
 - the task itself is broken (`plan_invalid`, `group_not_found`, `mutation_failed`,
   `invalid_request`): give up on the whole group at once (its other rollouts are not started);
@@ -33,7 +33,7 @@ from rollstack.integrations.policies import Policy
 from rollstack.integrations.tasks import Planner, SweTask, template_planner
 
 TRANSIENT = frozenset({"registry_unavailable", "insufficient_capacity", "node_unavailable"})
-RESAMPLE = frozenset({"oom_terminated", "environment_gone"})
+RESAMPLE = frozenset({"oom_terminated", "environment_gone", "node_lost"})
 GIVE_UP = frozenset({"plan_invalid", "group_not_found", "mutation_failed", "invalid_request"})
 ABORT = frozenset({"unauthorized"})
 
@@ -383,4 +383,5 @@ async def run_batch(
 
 
 def results_json(groups: list[list[RolloutResult]]) -> list[list[dict[str, Any]]]:
+    """Every rollout result as a plain dict, grouped as `run_batch` returned them (examples/)."""
     return [[asdict(r) for r in g] for g in groups]

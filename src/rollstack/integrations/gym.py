@@ -194,6 +194,12 @@ class RolloutEnv(_Episodes):
             return obs, 0.0, False, False, info
         return self._finish(ending, obs, info)
 
+    def truncate(self, ending: str = "step_limit") -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """End the running episode now, as a truncation (scored unless `evaluate_on_truncation`
+        is off): for a caller that counts turns of its own, e.g. model outputs without a command."""
+        self._check_running()
+        return self._finish(ending, "", {})
+
     def _finish(self, ending: str, obs: str, info: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         assert self.state is not None
         self.state.done = True

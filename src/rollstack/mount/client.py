@@ -200,6 +200,9 @@ class LazyStoreClient:
         resp = self._http.get("/metrics")
         return resp.text
 
+    def set_peers(self, urls: Sequence[str], self_url: str | None = None) -> list[str]:
+        return self._call("PUT", "/v1/peers", {"urls": list(urls), "self": self_url})["urls"]
+
     def drop_caches(self) -> None:
         self._call("POST", "/v1/drop_caches", {})
 

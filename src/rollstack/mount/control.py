@@ -10,7 +10,9 @@ JSON in, JSON out; errors as `{"error": {"code", "message"}}` with the error's H
     DELETE /v1/envs/<id>               end env -> final stats
     POST /v1/prefetch                  {"trace_key": k, "env_id": id|null} -> prefetch a stored trace
     GET  /v1/stats                     node-wide stats
-    GET  /v1/chunks/<digest>           chunk bytes (peers), 404 if absent
+    GET  /v1/chunks/<digest>[?wait=S[&stage=registry]]  chunk bytes (peers), 404 if absent (wait: up to S s
+                                       for a fetch in flight here; stage=registry: only one at the registry stage)
+    PUT  /v1/peers                     {"urls": [...], "self": url|null} -> replace the peer set (cluster membership)
     POST /v1/drop_caches               empty memory + disk chunk caches (benchmarks)
     POST /v1/shutdown                  unmount and exit
     GET  /metrics                      Prometheus text
@@ -59,7 +61,7 @@ class ControlApi:
             return _json(500, {"error": {"code": "internal_error", "message": repr(err)}})
 
     async def _route(self, method: str, path: str, body: bytes) -> Response:
-        path = path.split("?", 1)[0]
+        path, _, query = path.partition("?")
         svc = self.svc
         if path == "/healthz":
             return _json(200, {"ok": True, "mountpoint": str(svc.config.mountpoint), "pid": os.getpid(),
@@ -69,7 +71,7 @@ class ControlApi:
             return 200, CONTENT_TYPE_LATEST, generate_latest(svc.metrics.registry)
         m = _CHUNK.match(path)
         if m and method == "GET":
-            data = await svc.chunk_bytes(m.group(1))
+            data = await svc.chunk_bytes(m.group(1), _wait(query), "stage=registry" not in query.split("&"))
             if data is None:
                 return _json(404, {"error": {"code": "not_found", "message": "chunk not cached here"}})
             return 200, "application/octet-stream", data
@@ -80,6 +82,11 @@ class ControlApi:
             return _json(200, await svc.add_layers(_layers(doc)))
         if path == "/v1/fetch_all" and method == "POST":
             return _json(200, await svc.fetch_all(_layers(doc), background=bool(doc.get("background", False))))
+        if path == "/v1/peers" and method == "PUT":
+            urls = doc.get("urls")
+            if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+                raise InvalidRequest("peers needs 'urls': a list of strings")
+            return _json(200, {"urls": svc.set_peers(urls, _opt_str(doc, "self"))})
         if path == "/v1/drop_caches" and method == "POST":
             svc.drop_caches()
             return _json(200, {"ok": True})
@@ -107,6 +114,17 @@ class ControlApi:
             if method == "DELETE":
                 return _json(200, svc.end_env(env_id))
         raise NotFound(f"no route {method} {path}")
+
+
+def _wait(query: str) -> float:
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key == "wait":
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                raise InvalidRequest(f"wait={value!r} is not a number of seconds") from None
+    return 0.0
 
 
 def _scratch_env() -> Any:

@@ -368,8 +368,15 @@ class LazyStoreService:
             of.ahead_until = start + len(ahead) - 1
             self.fetcher.spawn(self.fetcher.prefetch, of.layer.remote, ahead, acct, Priority.PREFETCH, True)
 
-    async def chunk_bytes(self, digest: str) -> bytes | None:
-        """A chunk we hold (memory or disk), for peers."""
+    async def chunk_bytes(self, digest: str, wait: float = 0.0, any_stage: bool = True) -> bytes | None:
+        """A chunk we hold (memory or disk), for peers. With `wait`, a chunk we are fetching right
+        now is waited for (up to `wait` s): a peer that starts on the same chunk a moment later
+        gets it from us instead of pulling it from the registry too. `any_stage=False`: only a
+        fetch already at the registry stage is waited for (it waits on no peer: no wait cycle)."""
+        flight = self.fetcher._inflight.get(digest) if wait > 0 else None  # noqa: SLF001
+        if flight is not None and (any_stage or flight.at_registry):
+            with trio.move_on_after(min(wait, 10.0)):  # bounded: a stuck fetch must not hold peers
+                await flight.event.wait()
         data = self.memory.get(digest)
         if data is None:
             data = self.fetcher.unwritten(digest)
@@ -556,7 +563,7 @@ class LazyStoreService:
             "disk_cache": {"bytes": self.disk.bytes, "budget": self.disk.budget, "chunks": len(self.disk),
                            "evictions": self.disk.evictions, "rejected": self.disk.rejected,
                            **self.fetcher.writeback_queue()},
-            "peers": {"urls": list(self.config.peers),
+            "peers": {"urls": list(self.peers.urls if self.peers else self.config.peers),
                       "hits": self.peers.hits if self.peers else 0, "misses": self.peers.misses if self.peers else 0},
             "fetch": self.metrics.snapshot(),
             "background": self.fetcher.gate.snapshot(),
@@ -567,6 +574,17 @@ class LazyStoreService:
             "shared_trace_publish_errors": self.shared["publish_errors"],
             "uptime_seconds": round(time.time() - self.started, 3),
         }
+
+    def set_peers(self, urls: list[str], self_url: str | None = None) -> list[str]:
+        """Replace the peers asked before the registry (a cluster's members come and go);
+        `self_url`, this daemon's own peer URL, orders the nodes (see PeerClient)."""
+        fc = self.config.fetch
+        if self.peers is None:
+            self.peers = PeerClient(urls, timeout=fc.peer_timeout, dead_for=fc.peer_dead_for, self_url=self_url)
+        else:
+            self.peers.set_urls(urls, self_url)
+        self.fetcher.peers = self.peers if self.peers.urls else None
+        return list(self.peers.urls)
 
     def drop_caches(self) -> None:
         self.fetcher.drop_queued()

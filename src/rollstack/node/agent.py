@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollstack.errors import InternalError, NodeUnavailable, RuntimeFailure
+from rollstack.errors import InternalError, NodeUnavailable, RootInUse, RuntimeFailure
 from rollstack.node.config import NodeConfig
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,17 @@ def serve(config: NodeConfig) -> None:
     from rollstack.node.service import NodeService
 
     config.root.mkdir(parents=True, exist_ok=True)
+    lock = hold_root(config)  # noqa: F841 - held (flock) for the life of this process
     token = ensure_token(config.token_path)
     service = NodeService(config)
+    # A stop request while starting (recovery, the lazy store) must not kill us half-way with
+    # mounts and environments up: note it, finish starting, then stop at once.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _note_signal)
     service.start()
     try:
+        if _SIGNALLED:
+            return
         config.pid_path.write_text(f"{os.getpid()}\n")
         _write_info(config)
         host, port = config.host_port()
@@ -80,6 +87,55 @@ def serve(config: NodeConfig) -> None:
         _unlink_if_ours(config.pid_path)
 
 
+def _lock_path(config: NodeConfig) -> Path:
+    return config.root / "agent.lock"
+
+
+def holder(config: NodeConfig) -> dict[str, Any]:
+    """What the agent holding the root announced (agent.json), best effort."""
+    try:
+        return json.loads((config.root / "agent.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _in_use(config: NodeConfig) -> RootInUse:
+    doc = holder(config)
+    who = f"node agent pid {doc.get('pid', '?')} serving {doc.get('url', '?')}"
+    return RootInUse(f"root {config.root} is held by {who}; stop it first (rollstack node stop --root {config.root})",
+                     root=str(config.root), pid=doc.get("pid"), url=doc.get("url"))
+
+
+def hold_root(config: NodeConfig) -> Any:
+    """Take the root's exclusive lock (flock on <root>/agent.lock) for this process's life, or
+    raise RootInUse naming the agent that holds it: two agents on one root abort each other's
+    FUSE connection and kill each other's environments."""
+    import fcntl
+
+    f = open(_lock_path(config), "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise _in_use(config) from None
+    return f
+
+
+def root_held(config: NodeConfig) -> bool:
+    """True if a live agent holds the root's lock (probe: take it and let go at once)."""
+    import fcntl
+
+    if not _lock_path(config).exists():
+        return False
+    with open(_lock_path(config), "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
+
+
 def _write_info(config: NodeConfig) -> None:
     """`<root>/agent.json`: where this agent listens, so status/stop find it from the root alone."""
     doc = {"pid": os.getpid(), "url": config.url(), "listen": config.listen, "token_file": str(config.token_path)}
@@ -97,7 +153,11 @@ def running_config(config: NodeConfig) -> NodeConfig:
         return config
 
 
+_SIGNALLED: list[int] = []
+
+
 def _note_signal(signum: int, _frame: Any) -> None:
+    _SIGNALLED.append(signum)
     log.info("signal %d: stopping", signum)
 
 
@@ -139,6 +199,8 @@ def start(config: NodeConfig) -> dict[str, Any]:
     pid = read_pid(config)
     if pid is not None and healthy(config):
         return {"pid": pid, "url": config.url(), "root": str(config.root), "already_running": True}
+    if root_held(config):  # a live agent on this root, listening elsewhere (or not up yet)
+        raise _in_use(config)
     config.root.mkdir(parents=True, exist_ok=True)
     ensure_token(config.token_path)
     logf = open(config.log_path, "ab")
@@ -222,7 +284,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m rollstack.node.agent serve CONFIG_JSON", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(NodeConfig.model_validate(json.loads(argv[1])))
+    try:
+        serve(NodeConfig.model_validate(json.loads(argv[1])))
+    except RootInUse as exc:
+        print(f"error: {exc.code}: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -36,6 +36,7 @@ from rollstack.node.models import (
     ExecRequest,
     ExecResult,
     Health,
+    NodeInfo,
     Stats,
 )
 from rollstack.node.protocol import EnvironmentService
@@ -54,6 +55,7 @@ def create_app(
     token: str | None,
     threads: int = DEFAULT_THREADS,
     max_body: int = 1 << 30,
+    e2b: bool = True,
 ) -> FastAPI:
     """The API over `service`. `token=None` disables auth (in-process tests only)."""
     state: dict[str, Any] = {}
@@ -97,6 +99,12 @@ def create_app(
     @app.get("/healthz", response_model=Health)
     async def healthz() -> Health:
         return await call("health", service.health)
+
+    @app.get("/v1/node", dependencies=auth, response_model=NodeInfo)
+    async def node() -> NodeInfo:
+        from rollstack.node.info import node_info
+
+        return await call("node", node_info, service)
 
     @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
     async def prometheus() -> Response:
@@ -165,6 +173,10 @@ def create_app(
     async def stats(env_id: str) -> Stats:
         return await call("stats", service.stats, env_id)
 
+    if e2b:  # the E2B-compatible API beside /v1 (rollstack.e2b; docs/e2b.md)
+        from rollstack.e2b import install
+
+        install(app, service, token)
     return app
 
 

@@ -49,6 +49,8 @@ class NodeConfig(BaseModel):
     """No layer is materialized while the node's filesystem has less than this free."""
     peers: list[str] = Field(default_factory=list)
     """Peer nodes' chunk endpoints (the lazy store asks them before the registry)."""
+    lazy_listen: str | None = None
+    """host:port on which the lazy store daemon also serves its API over TCP (for peers); None: unix socket only."""
     exec_output_limit: int = 16 << 20
     """Bytes of stdout (and of stderr) an exec keeps; past it the output is truncated and flagged."""
     max_file_bytes: int = Field(default=1 << 30, gt=0)

@@ -17,10 +17,11 @@ class _Wire(BaseModel):
 
 
 class CreateRequest(BaseModel):
-    """`POST /v1/environments`: the plan (the YAML plan as JSON; a mutation may be inline)."""
+    """`POST /v1/environments`: the plan (the YAML plan as JSON; a mutation may be inline), or a
+    published plan's `NAME:TAG` (resolved from the node's store)."""
 
     model_config = ConfigDict(extra="forbid")
-    plan: dict[str, Any]
+    plan: dict[str, Any] | str
 
 
 class Timings(_Wire):
@@ -171,3 +172,21 @@ class Health(_Wire):
     status: str = "ok"
     environments: int = 0
     version: str | None = None
+
+
+class NodeInfo(_Wire):
+    """`GET /v1/node`: what a pool places by (capacity left, hot layers, live envs per task)."""
+
+    instance: str
+    """Changes every time the agent starts: an environment id is only valid within one instance."""
+    environments: int = 0
+    env_ids: list[str] = Field(default_factory=list)
+    capacity: dict[str, float] = Field(default_factory=dict)
+    """cpu (cores), memory (bytes), slots (environments)."""
+    free: dict[str, float] = Field(default_factory=dict)
+    """Still admissible: cpu, memory, slots."""
+    hot_layers: list[str] = Field(default_factory=list)
+    """Layer digests loaded in the lazy store or materialized on this node."""
+    groups: dict[str, int] = Field(default_factory=dict)
+    """Trace key (task) -> live environments of it here."""
+    status: str = "ok"

@@ -10,6 +10,9 @@ Concurrency: every method blocks and is safe to call from many threads at once. 
 guards only the id -> record map and admission counting (never held across I/O); each record has
 its own lock that destroy holds, so creates, execs and destroys of different environments run in
 parallel, and an exec never holds a lock (a long command must not block destroy).
+
+Size (~440 lines): one class whose methods are the node API's operations, each a short
+orchestration over `Stages`; splitting it would split the one place the stages meet.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rollstack.errors import (
 from rollstack.node import record as st
 from rollstack.node import recovery
 from rollstack.node.config import NodeConfig
+from rollstack.node.counters import Counters
 from rollstack.node.execution import stream, to_wire
 from rollstack.node.models import (
     CreateResponse,
@@ -67,8 +71,8 @@ class NodeService:
         self._reaper: threading.Thread | None = None
         self.stages: Stages | None = None
         self.started_at = time.time()
-        self.counters = {"created": 0, "destroyed": 0, "create_failures": 0, "execs": 0, "evaluations": 0, "reaped": 0,
-                         "lazy_daemon_restarts": 0}
+        self.counters = Counters(("created", "destroyed", "create_failures", "execs", "evaluations", "reaped",
+                                  "lazy_daemon_restarts"))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -123,10 +127,13 @@ class NodeService:
     def create(self, plan: dict[str, Any] | Any) -> CreateResponse:
         return self._create(self._load(plan), internal=False)
 
-    @staticmethod
-    def _load(plan: dict[str, Any] | Any) -> Any:
+    def _load(self, plan: dict[str, Any] | Any) -> Any:
         from rollstack.plan.model import load_plan
 
+        if isinstance(plan, str):  # a published plan, NAME:TAG (never a path on the node's disk)
+            from rollstack.plan.published import load_published
+
+            return load_published(self._stages().store, plan)
         if isinstance(plan, dict) and plan.get("mutation") and plan.get("mutation_text") is None:
             # A mutation file path would be read on the node's disk: refuse; clients send it inline.
             text = str(plan["mutation"])
@@ -159,10 +166,10 @@ class NodeService:
                     "plan": rec.plan.model_dump(mode="json", exclude_none=True),
                     "timeout": rec.timeout, "started_at": rec.started_at,
                 })
-            self.counters["created"] += 1
+            self.counters.bump("created")
             return rec.created
         except BaseException:
-            self.counters["create_failures"] += 1
+            self.counters.bump("create_failures")
             try:
                 self._teardown(rec, final=st.FAILED)
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
@@ -214,7 +221,7 @@ class NodeService:
                     while len(self._gone) > _TOMBSTONES:
                         self._gone.pop(next(iter(self._gone)))
                 if final == st.DESTROYED:
-                    self.counters["destroyed"] += 1
+                    self.counters.bump("destroyed")
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -269,7 +276,7 @@ class NodeService:
     def metrics(self) -> dict[str, float]:
         with self._lock:
             states = [r.state for r in self._envs.values()]
-        out = {f"{k}_total": float(v) for k, v in self.counters.items()}
+        out = {f"{k}_total": float(v) for k, v in self.counters.snapshot().items()}
         out["environments"] = float(sum(1 for s in states if s in st.LIVE_STATES))
         out["environments_max"] = float(self.config.max_environments)
         if self.stages is not None:
@@ -280,31 +287,54 @@ class NodeService:
 
     def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
         rec = self._running(env_id)
-        self.counters["execs"] += 1
+        self.counters.bump("execs")
         return to_wire(self._exec(rec, request, None))
 
     def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
         rec = self._running(env_id)
-        self.counters["execs"] += 1
+        self.counters.bump("execs")
         return stream(lambda on_output: self._exec(rec, request, on_output), to_wire, name=f"exec-{env_id}")
 
-    def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any) -> Any:
+    def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any, control: Any = None) -> Any:
         """Run the command; an OOM ending (provisioner or kernel) becomes OomTerminated."""
         stages = self._stages()
         kills = stages.oom_kills(rec)
-        rec.execs += 1
+        with self._lock:  # parallel execs in one environment
+            rec.execs += 1
         try:
-            result = stages.exec(rec, request, on_output)
+            result = stages.exec(rec, request, on_output, control)
         except (EnvironmentGone, RuntimeFailure):
             # runc cannot start a process in an environment being ended for lack of memory
             self._check_kernel_oom(rec, stages, kills)
             self._raise_if_oom(rec)
             raise
         finally:
-            rec.execs -= 1
+            with self._lock:
+                rec.execs -= 1
         self._check_kernel_oom(rec, stages, kills)
         self._raise_if_oom(rec)
         return result
+
+    def exec_attached(self, env_id: str, request: ExecRequest, on_output: Any, control: Any) -> ExecResult:
+        """A blocking exec whose caller holds `control` (`rollstack.run.execpump.ExecControl`):
+        stdin written while it runs, signals, its pid. For long-lived processes (the E2B API)."""
+        rec = self._running(env_id)
+        self.counters["execs"] += 1
+        return to_wire(self._exec(rec, request, on_output, control))
+
+    def set_timeout(self, env_id: str, seconds: float) -> EnvironmentInfo:
+        """From now on the environment lives `seconds` more (the reaper ends it then)."""
+        if not 0 < seconds < 10**9:
+            raise InvalidRequest(f"timeout must be a positive number of seconds, not {seconds}")
+        rec = self._running(env_id)
+        rec.timeout = rec.age() + float(seconds)
+        rec.event("timeout_set", seconds=float(seconds))
+        if not rec.internal:
+            recovery.save_record(self.config.root, rec.id, {
+                "plan": rec.plan.model_dump(mode="json", exclude_none=True),
+                "timeout": rec.timeout, "started_at": rec.started_at,
+            })
+        return rec.info(self._quotas(rec))
 
     def _check_kernel_oom(self, rec: EnvRecord, stages: Stages, kills_before: int) -> None:
         if rec.state == st.RUNNING and stages.oom_kills(rec) > kills_before:
@@ -356,6 +386,14 @@ class NodeService:
             self._check_files(rec)
             return self._stages().diff(rec, binary)
 
+    def with_root(self, env_id: str, fn: Any) -> Any:
+        """`fn(root)` with the environment's merged root dir (a host path: wrap it in a
+        `rollstack.run.files.SafeRoot`), not racing destroy. For directory operations."""
+        rec = self._get(env_id)
+        with rec.lock:
+            self._check_files(rec)
+            return fn(rec.runtime.files.root)
+
     @staticmethod
     def _check_files(rec: EnvRecord) -> None:
         # The root stays mounted after an OOM kill, so files and diff still work then.
@@ -384,7 +422,7 @@ class NodeService:
             data = self._read_reward(created.id, path) if path else None
         finally:
             self.destroy(created.id)
-        self.counters["evaluations"] += 1
+        self.counters.bump("evaluations")
         t_end = time.perf_counter()
         return Evaluation(
             reward=reward_from(ev, result.exit_code, data),
@@ -426,7 +464,7 @@ class NodeService:
                 with self._lock:
                     live = [r for r in self._envs.values() if r.state in st.LIVE_STATES]
                 stages.reattach(live)
-                self.counters["lazy_daemon_restarts"] += 1
+                self.counters.bump("lazy_daemon_restarts")
         except Exception:  # noqa: BLE001 - retried on the next tick
             log.exception("restarting the lazy store daemon failed")
 
@@ -438,5 +476,5 @@ class NodeService:
         for env_id in expired:
             log.info("environment %s expired; destroying", env_id)
             self._destroy_quietly(env_id)
-            self.counters["reaped"] += 1
+            self.counters.bump("reaped")
         return expired

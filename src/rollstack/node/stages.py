@@ -7,6 +7,10 @@
 
 Start order is recovery first (a previous run's environments are destroyed before anything new
 mounts over their paths), then the lazy store, then the provisioner. Stop is the reverse.
+The stages' types are `node.seams` (protocols) and the stages' own classes.
+
+Size (~430 lines): one class, one method per call the service makes into a stage; the seam is
+kept in one file so every cross-stage call is visible in one place.
 """
 
 from __future__ import annotations
@@ -18,27 +22,35 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from rollstack.errors import InsufficientCapacity, InvalidRequest
+from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest
 from rollstack.node.config import NodeConfig
+from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
+from rollstack.node.seams import LazyStore, Materializer
 from rollstack.mount import holder
 from rollstack.node import recovery
 from rollstack.node.recovery import end_orphan_daemon
 
+if TYPE_CHECKING:
+    from rollstack.plan.model import Plan
+    from rollstack.plan.resolve import LayerRef, Resolver
+    from rollstack.provision.controller import Provisioner
+    from rollstack.run.environment import Environment, EnvironmentRuntime, Leftovers
+    from rollstack.store.base import ArtifactStore
+
 log = logging.getLogger(__name__)
 
-CGROUP_PARENT = "rollstack"
 DIFF_BASE = "/"
 """The diff names paths from the environment root (the evaluator applies it the same way)."""
 
 
 @dataclass
 class Built:
-    runtime: Any
-    refs: list[Any]
+    runtime: Environment
+    refs: list[LayerRef]
     stack_digest: str | None
     fetch: dict[str, int] = field(default_factory=dict)
 
@@ -46,14 +58,14 @@ class Built:
 class Stages:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self.store: Any = None
-        self.resolver: Any = None
-        self.lazy: Any = None
-        self.runtime: Any = None
-        self.provisioner: Any = None
-        self.materializer: Any = None
-        self.recovered: Any = None
-        self.adopted: list[Any] = []
+        self.store: ArtifactStore | None = None
+        self.resolver: Resolver | None = None
+        self.lazy: LazyStore | None = None
+        self.runtime: EnvironmentRuntime | None = None
+        self.provisioner: Provisioner | None = None
+        self.materializer: Materializer | None = None
+        self.recovered: Leftovers | None = None
+        self.adopted: list[tuple[Environment, dict[str, Any]]] = []
 
     @classmethod
     def start(cls, config: NodeConfig, on_terminate: Callable[..., None]) -> "Stages":
@@ -106,7 +118,7 @@ class Stages:
                 except Exception:  # noqa: BLE001 - it still runs, only without elastic quotas
                     log.exception("re-registering adopted environment %s failed", env.id)
 
-    def _live_daemon(self) -> Any:
+    def _live_daemon(self) -> LazyStore | None:
         """A client of the lazy store daemon a previous agent left serving our mountpoint, if healthy."""
         from rollstack.mount.client import LazyStoreClient
 
@@ -144,7 +156,7 @@ class Stages:
                 log.exception("re-registering environment %s with the lazy store failed", rec.id)
         return n
 
-    def _start_lazy(self, spec: str) -> Any:
+    def _start_lazy(self, spec: str) -> LazyStore:
         """A daemon on the node's mountpoint: `LazyStoreClient.start` clears a dead predecessor's
         stale mount, or the daemon takes a connection its fd-holder keeps over."""
         from rollstack.mount.client import LazyStoreClient
@@ -152,9 +164,10 @@ class Stages:
         lazy = self.config.lazy_dir
         end_orphan_daemon(lazy / "mnt", lazy / "state")
         cfg = self.config
-        return LazyStoreClient.start(lazy / "mnt", lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers)
+        return LazyStoreClient.start(lazy / "mnt", lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers,
+                                     listen=cfg.lazy_listen)
 
-    def _start_provisioner(self, on_terminate: Callable[..., None]) -> Any:
+    def _start_provisioner(self, on_terminate: Callable[..., None]) -> Provisioner:
         from rollstack.provision.backend import detect_backend
         from rollstack.provision.config import NodeCapacity, PolicyConfig
         from rollstack.provision.controller import Provisioner
@@ -188,7 +201,7 @@ class Stages:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def admit(self, env_id: str, plan: Any) -> None:
+    def admit(self, env_id: str, plan: Plan) -> None:
         """Raises InsufficientCapacity when the provisioner cannot reserve the plan's start quotas."""
         if self.provisioner is None:
             return
@@ -273,7 +286,8 @@ class Stages:
 
     # -- use ----------------------------------------------------------------------------------
 
-    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: Any) -> Any:
+    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: Any, control: Any = None) -> Any:
+        extra = {} if control is None else {"control": control}
         return rec.runtime.exec(
             req.resolved_argv(),
             cwd=req.cwd,
@@ -282,30 +296,19 @@ class Stages:
             timeout=req.timeout,
             output_limit=self.config.exec_output_limit,
             on_output=on_output,
+            **extra,
         )
 
     def oom_kills(self, rec: EnvRecord) -> int:
         """Processes the kernel's OOM killer ended in the environment so far (a cheap file read)."""
         if rec.oom_file is None:
-            from rollstack.run.cgroupfs import env_cgroup_dirs
-
-            for cg in env_cgroup_dirs(rec.id, CGROUP_PARENT):
-                for name in ("memory.oom_control", "memory.events"):
-                    if (cg / name).exists():
-                        rec.oom_file = cg / name
-                        break
-                if rec.oom_file is not None:
-                    break
+            rec.oom_file = oom_counter_file(rec.id, CGROUP_PARENT)
             if rec.oom_file is None:
                 return 0
         try:
-            for line in rec.oom_file.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
+            return oom_kill_count(rec.oom_file.read_text())
+        except OSError:  # the cgroup is gone: the environment is being torn down
+            return 0
 
     def read_file(self, rec: EnvRecord, path: str) -> bytes:
         limit = self.config.max_file_bytes
@@ -329,7 +332,7 @@ class Stages:
             return None
         try:
             q = self.provisioner.quotas(env_id)
-        except Exception:  # noqa: BLE001 - not (or no longer) provisioned
+        except EnvironmentNotFound:  # not (or no longer) provisioned
             return None
         return Quotas(cpu_limit=q.get("cpu"), memory_limit=q.get("memory"))
 
@@ -343,7 +346,7 @@ class Stages:
             return []
         try:
             return [_as_dict(s) for s in self.provisioner.history(env_id)]
-        except Exception:  # noqa: BLE001 - an unknown env has no history
+        except EnvironmentNotFound:  # not (or no longer) provisioned: no history
             return []
 
     def history(self, env_id: str) -> tuple[list[Sample], list[dict[str, Any]]]:
@@ -352,7 +355,7 @@ class Stages:
         if self.provisioner is not None:
             try:
                 events = [_as_dict(e) for e in self.provisioner.events(env_id)]
-            except Exception:  # noqa: BLE001
+            except EnvironmentNotFound:
                 events = []
         return samples, events
 
@@ -361,7 +364,8 @@ class Stages:
         if self.lazy is not None:
             try:
                 stats = self.lazy.stats() or {}
-            except Exception:  # noqa: BLE001 - metrics never fail a scrape
+            except Exception:  # noqa: BLE001 - metrics never fail a scrape; the gap is logged
+                log.warning("lazy store stats failed; /metrics goes without them", exc_info=True)
                 stats = {}
             for key, value in _flatten(stats, "lazy"):
                 out[key] = value
@@ -372,7 +376,7 @@ class Stages:
         return out
 
 
-def trace_keys(stack_digest: str | None, plan: Any) -> tuple[str | None, str | None]:
+def trace_keys(stack_digest: str | None, plan: Plan) -> tuple[str | None, str | None]:
     """(task key, stack key) of the lazy store's access traces: the rollouts of one task (same
     stack and mutation: a GRPO group; plan names usually differ per rollout, so they are left
     out) share the first; every task on the stack, the second (what the first seconds of any
@@ -383,7 +387,7 @@ def trace_keys(stack_digest: str | None, plan: Any) -> tuple[str | None, str | N
     return f"{stack_digest}/task/{task}", f"{stack_digest}/stack"
 
 
-def _mutator(plan: Any) -> Callable[[Path], None] | None:
+def _mutator(plan: Plan) -> Callable[[Path], None] | None:
     if not plan.mutation_text:
         return None
     from rollstack.plan.mutation import apply_mutation

@@ -17,30 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollstack.core.units import GiB, parse_size
 from rollstack.errors import InvalidRequest, PlanInvalid
 from rollstack.plan.refs import GroupRef
-
-GIB = 1024**3
-_UNITS = {
-    "": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*?)B?\s*$")
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from `256Mi`, `1.5Gi`, `512M`, `1024` (binary units Ki/Mi/Gi/Ti, decimal k/M/G/T)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a size")
-    if isinstance(value, (int, float)):
-        if value != value or value in (float("inf"), float("-inf")) or value < 0:
-            raise ValueError(f"{value!r} is not a size")
-        return int(value)
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m and m.group(2) in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2)])
-    raise ValueError(f"{value!r} is not a size (use e.g. 256Mi, 4Gi, 512M or bytes)")
 
 
 def _check_groups(refs: list[str]) -> list[str]:
@@ -82,11 +61,11 @@ class Resources(_Model):
 
     cpu: float = Field(1.0, gt=0, allow_inf_nan=False)
     """cores at start"""
-    memory: int = 1 * GIB
+    memory: int = 1 * GiB
     """bytes at start (`256Mi`, `4Gi`, ...)"""
     max_cpu: float = Field(64.0, gt=0, allow_inf_nan=False)
     """the most cores the quota may grow to"""
-    max_memory: int = 32 * GIB
+    max_memory: int = 32 * GiB
     """the most bytes the quota may grow to"""
 
     @field_validator("memory", "max_memory", mode="before")

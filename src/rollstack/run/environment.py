@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import logging
 import os
 import resource
 import select
@@ -28,12 +29,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from rollstack.host.cgroups import CGROUP_PARENT
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
+from rollstack.run.execpump import ExecControl
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -45,7 +48,7 @@ class RuntimeConfig:
 
     root: Path
     """State dir (envs/, runc/). Must be on a local fs that can hold overlay upper dirs."""
-    cgroup_parent: str = "rollstack"
+    cgroup_parent: str = CGROUP_PARENT
     """Environments' cgroups are `<parent>/<env-id>` in every hierarchy."""
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
@@ -134,7 +137,7 @@ class EnvironmentRuntime:
             try:
                 env.destroy()
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
-                pass
+                logging.getLogger(__name__).exception("cleaning up the failed create of %s failed", env_id)
             raise
         return env
 
@@ -232,12 +235,14 @@ class Environment:
     def exec(self, cmd: Sequence[str] | str, *, cwd: str | None = None,
              env: Mapping[str, str] | None = None, stdin: bytes | None = None,
              timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
-             on_output: OnOutput | None = None) -> ExecResult:
-        """Run argv (or a shell string through `/bin/sh -c`) in the environment."""
+             on_output: OnOutput | None = None, control: ExecControl | None = None) -> ExecResult:
+        """Run argv (or a shell string through `/bin/sh -c`) in the environment.
+
+        `control`: a handle the caller keeps while it runs (open stdin, signals, pid)."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         return self.runtime.runc.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
                                       timeout=timeout, output_limit=output_limit,
-                                      on_output=on_output)
+                                      on_output=on_output, control=control)
 
     @property
     def files(self) -> SafeRoot:

@@ -14,6 +14,7 @@ import re
 import select
 import selectors
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,105 @@ class ExecResult:
 
 
 
+class ExecControl:
+    """A caller's handle on one exec in flight: a stdin it writes while the command runs,
+    signals, the command's host pid. Thread-safe; used by long-lived processes (rollstack.e2b).
+
+    With `open_stdin`, the command's stdin is a pipe that stays open until `close_stdin()` (or
+    the command's end) instead of a fixed buffer. `signal(SIGKILL)` ends the command's whole
+    tree (as a timeout does); other signals go to tini, which forwards them to the command's
+    process group. Everything is a no-op returning False once the command has ended.
+    """
+
+    def __init__(self, open_stdin: bool = False) -> None:
+        self.open_stdin = open_stdin
+        self._lock = threading.Lock()
+        self._stdin_w = -1
+        self._pump: "ExecPump | None" = None
+        self.started = threading.Event()
+        """Set once runc is spawned (stdin usable) or the exec failed before that."""
+        self.ended = threading.Event()
+
+    def _attach(self, pump: "ExecPump", stdin_w: int) -> None:
+        with self._lock:
+            self._pump, self._stdin_w = pump, stdin_w
+            if stdin_w >= 0:
+                os.set_blocking(stdin_w, False)
+        self.started.set()
+
+    def _detach(self) -> None:
+        with self._lock:
+            self._pump = None
+            if self._stdin_w >= 0:
+                _close(self._stdin_w)
+                self._stdin_w = -1
+        self.started.set()
+        self.ended.set()
+
+    def finish(self) -> None:
+        """Mark the exec over (idempotent): for callers whose exec failed before it started."""
+        self._detach()
+
+    def pid(self, wait: float = 2.0) -> int | None:
+        """The host pid of the command's tini (None before it started or after it ended)."""
+        pump = self._pump
+        return pump._exec_pid(wait) if pump is not None else None
+
+    def write_stdin(self, data: bytes, timeout: float = 30.0) -> bool:
+        """Write all of `data` to the command's stdin; False if stdin is closed or the command
+        ended. Raises InvalidRequest if the command does not read it within `timeout`."""
+        self.started.wait(timeout)
+        with self._lock:
+            fd = self._stdin_w
+            if fd < 0:
+                return False
+            view, deadline = memoryview(data), time.monotonic() + timeout
+            while view:
+                try:
+                    n = os.write(fd, view[:65536])
+                    view = view[n:]
+                    continue
+                except BlockingIOError:
+                    pass
+                except (BrokenPipeError, OSError):
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise InvalidRequest(f"the command did not read its stdin within {timeout:g} s")
+                select.select([], [fd], [], min(left, 0.5))
+            return True
+
+    def close_stdin(self) -> bool:
+        self.started.wait(30.0)
+        with self._lock:
+            if self._stdin_w < 0:
+                return False
+            _close(self._stdin_w)
+            self._stdin_w = -1
+            return True
+
+    def signal(self, sig: int, wait: float = 10.0) -> bool:
+        """Send `sig` (waiting up to `wait` s for the command to exist); False if it has ended."""
+        self.started.wait(30.0)
+        deadline = time.monotonic() + wait
+        while True:
+            pump = self._pump
+            if pump is None:
+                return False
+            pid = pump._exec_pid(0.25)  # runc writes the pid file once the command is spawned
+            if pid is not None:
+                break
+            if time.monotonic() >= deadline:
+                return False
+        if sig == signal.SIGKILL:
+            return bool(pump._kill_tree())
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 def runc_message(stderr: str) -> str:
     """runc's error text without the logrus decoration (time=... level=error msg="...")."""
     text = stderr.strip()
@@ -64,8 +164,11 @@ class ExecPump:
 
     def __init__(self, cmd: list[str], pid_file: Path, stdin: bytes | None,
                  timeout: float | None, limit: int, on_output: OnOutput | None,
-                 drain_grace: float, container_id: str) -> None:
-        self.cmd, self.pid_file, self.stdin = cmd, pid_file, stdin
+                 drain_grace: float, container_id: str, control: ExecControl | None = None) -> None:
+        self.cmd, self.pid_file, self.stdin, self.control = cmd, pid_file, stdin, control
+        if control is not None and control.open_stdin and stdin is not None:
+            control.finish()
+            raise InvalidRequest("stdin is either a buffer or an open stream, not both")
         self.timeout, self.limit, self.on_output = timeout, limit, on_output
         self.drain_grace, self.container_id = drain_grace, container_id
         self.buf = {"stdout": bytearray(), "stderr": bytearray()}
@@ -91,7 +194,8 @@ class ExecPump:
     def _spawn(self) -> tuple[int, dict[str, int], int]:
         """posix_spawn runc with its fds wired; returns (pid, {name: read fd}, stdin write fd)."""
         pipes = {name: os.pipe() for name in ("stdout", "stderr", "runc")}
-        stdin_r, stdin_w = os.pipe() if self.stdin is not None else (-1, -1)
+        open_stdin = self.control is not None and self.control.open_stdin
+        stdin_r, stdin_w = os.pipe() if self.stdin is not None or open_stdin else (-1, -1)
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             actions = [
@@ -122,11 +226,23 @@ class ExecPump:
 
     def run(self) -> ExecResult:
         start = time.monotonic()
-        runc_pid, readers, stdin_w = self._spawn()
+        try:
+            runc_pid, readers, stdin_w = self._spawn()
+        except BaseException:
+            if self.control is not None:
+                self.control._detach()
+            raise
+        if self.control is not None:
+            # the caller owns an open stdin from here on; the pump never writes or closes it
+            self.control._attach(self, stdin_w if self.control.open_stdin else -1)
+            if self.control.open_stdin:
+                stdin_w = -1
         code: int | None = None
         try:
             timed_out, code = self._pump(runc_pid, readers, stdin_w, start)
         finally:
+            if self.control is not None:
+                self.control._detach()
             for fd in readers.values():
                 _close(fd)
             if code is None:  # interrupted: do not leave runc or the command running

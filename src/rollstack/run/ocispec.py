@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rollstack.errors import InvalidRequest
+from rollstack.host.cgroups import CGROUP_PARENT
 
 INIT_DIR = "/.rollstack"
 INIT_PATH = f"{INIT_DIR}/init"
@@ -94,7 +95,7 @@ class SpecParams:
     nofile: int = 65536
     """RLIMIT_NOFILE soft and hard."""
     cpu_period_us: int = 100_000
-    cgroup_parent: str = "rollstack"
+    cgroup_parent: str = CGROUP_PARENT
     capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
     init: InitBinaries = field(default_factory=InitBinaries)
     shm_bytes: int = 64 * 1024 * 1024
@@ -147,7 +148,7 @@ def seccomp_profile(arch: str) -> dict[str, Any]:
     return profile
 
 
-def cgroup_path(env_id: str, parent: str = "rollstack") -> str:
+def cgroup_path(env_id: str, parent: str = CGROUP_PARENT) -> str:
     """The spec's `linux.cgroupsPath` for an environment (absolute, cgroupfs driver)."""
     return f"/{parent.strip('/')}/{env_id}"
 

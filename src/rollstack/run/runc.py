@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
 from rollstack.run.execpump import (
-    DEFAULT_OUTPUT_LIMIT, TIMEOUT_EXIT_CODE, ExecPump, ExecResult, OnOutput, runc_message,
+    DEFAULT_OUTPUT_LIMIT, TIMEOUT_EXIT_CODE, ExecControl, ExecPump, ExecResult, OnOutput, runc_message,
 )
 from rollstack.run.ocispec import EXEC_WRAPPER_PATH, SHELL_PATH, cpu_quota
 
@@ -153,7 +153,8 @@ class Runc:
     def exec(self, container_id: str, argv: Sequence[str], *, cwd: str | None = None,
              env: Mapping[str, str] | None = None, stdin: bytes | None = None,
              timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
-             on_output: OnOutput | None = None, drain_grace: float = 0.2) -> ExecResult:
+             on_output: OnOutput | None = None, drain_grace: float = 0.2,
+             control: ExecControl | None = None) -> ExecResult:
         """Run `argv` in the container (see the module docstring for tree/timeout/output rules)."""
         if not argv or any(not isinstance(a, str) or "\x00" in a for a in argv):
             raise InvalidRequest("argv must be a non-empty list of strings without NUL")
@@ -176,7 +177,7 @@ class Runc:
                  EXEC_WRAPPER_PATH, "-s", "-g", "--", *argv]
         try:
             return ExecPump(self._cmd(*args), pid_file, stdin, timeout, output_limit, on_output,
-                            drain_grace, container_id).run()
+                            drain_grace, container_id, control).run()
         finally:
             pid_file.unlink(missing_ok=True)
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from components import require_tool
 BUSYBOX = "/bin/busybox"
 
 
 def _need(binary: str) -> None:
-    if shutil.which(binary) is None and not os.access(binary, os.X_OK):
-        pytest.skip(f"{binary} missing on this host")
+    require_tool(binary)
 
 
 @pytest.fixture(scope="session")

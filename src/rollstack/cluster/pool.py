@@ -1,0 +1,370 @@
+"""`Pool` / `AsyncPool`: many node agents with `Client`'s / `AsyncClient`'s interface.
+
+    with rollstack.Pool(address="10.0.0.1:6379") as pool:        # the Ray cluster's head
+        with pool.create("plan.yaml") as env:                       # placed by rollstack.cluster.placement
+            env.exec("pytest -q")                                    # straight to its node: no proxy hop
+
+`create` resolves the plan's stack against the cluster's store, asks `place()` for a node (hot
+layers, the GRPO group's node up to the spread limit, free capacity) and creates it there; a node
+that answers `insufficient_capacity` or is unreachable is skipped and the next choice is tried;
+a full pool answers `insufficient_capacity` naming the pool. Every later call on the environment
+goes to that node's own URL. When the node dies or restarts under it, the call raises
+`NodeLost` (`node_lost`, retryable: resample the rollout elsewhere).
+
+Members: the Ray node actors (`address=`), or `nodes=[{"node_id", "url", "token"}]` for a pool
+over agents started by other means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+from rollstack.client._base import Settings, plan_to_wire
+from rollstack.client.environment import Environment
+from rollstack.cluster.directory import Directory, Placer
+from rollstack.cluster.placement import PlacementPolicy, PlacementRequest, place
+from rollstack.errors import (
+    EnvironmentNotFound,
+    InsufficientCapacity,
+    NodeLost,
+    NodeUnavailable,
+    RollstackError,
+)
+from rollstack.node.models import EnvironmentInfo, Health
+
+
+def _ray_source(address: str | None) -> Callable[[], list[dict[str, Any]]]:
+    from rollstack.cluster import ray_env
+
+    ray_env.connect(address)
+    return lambda: ray_env.members(timeout=3.0)
+
+
+class _Core:
+    """What both pools share: members, placement, error translation."""
+
+    def __init__(self, address: str | None, nodes: list[dict[str, Any]] | None, store: str | None,
+                 policy: PlacementPolicy, interval: float, name: str) -> None:
+        source = (lambda: list(nodes)) if nodes is not None else _ray_source(address)
+        self.name = name
+        self.directory = Directory(source, interval=interval)
+        if store is None:
+            store = next((d.get("store") for d in source() if d.get("store")), None)
+        self.placer = Placer(store)
+        self.policy = policy
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=100_000)
+        """Recent placements: node, and the share of the stack's bytes already hot there (benchmarks)."""
+        self.first_lost: dict[str, float] = {}
+        """node_id -> time.monotonic() of the first `node_lost` this pool raised for it."""
+
+    def choose(self, req: PlacementRequest, exclude: set[str]) -> tuple[str, dict[str, Any]]:
+        """(node, decision record); the caller sets record["created"] once the node took it."""
+        views = self.directory.views()
+        node_id = place(req, views, self.policy, exclude=frozenset(exclude), pool=self.name)[0]
+        view = next(v for v in views if v.node_id == node_id)
+        total = sum(size for _, size in req.layers)
+        hot = sum(size for digest, size in req.layers if digest in view.hot_layers)
+        record = {"node": node_id, "hot": hot / total if total else 0.0, "t": time.monotonic(), "created": False}
+        self.decisions.append(record)
+        return node_id, record
+
+    def translate(self, exc: RollstackError, node_id: str, instance: str | None) -> RollstackError:
+        """A failed call on an environment of `node_id` -> NodeLost when the node is gone or restarted."""
+        if isinstance(exc, (NodeUnavailable, EnvironmentNotFound)) and not isinstance(exc, NodeLost):
+            if self.directory.lost(node_id, instance):
+                m = self.directory.member(node_id)
+                self.first_lost.setdefault(node_id, time.monotonic())
+                return NodeLost(f"node {node_id} ({m.url if m else '?'}) was lost: {exc}", node=node_id)
+        return exc
+
+    def close(self) -> None:
+        self.directory.close()
+
+
+class _BoundService:
+    """The `EnvironmentService` of one environment: its node's HTTP service, errors translated."""
+
+    def __init__(self, core: _Core, node_id: str, http: Any, instance: str | None) -> None:
+        self._core, self.node_id, self._http, self._instance = core, node_id, http, instance
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._http, name)
+        if not callable(fn):
+            return fn
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                out = fn(*args, **kwargs)
+            except RollstackError as exc:
+                raise self._core.translate(exc, self.node_id, self._instance) from exc
+            if name == "exec_stream":
+                return self._stream(out)
+            return out
+
+        return call
+
+    def _stream(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from chunks
+        except RollstackError as exc:
+            raise self._core.translate(exc, self.node_id, self._instance) from exc
+
+
+class Pool:
+    """The pool over HTTP, synchronously (see the module docstring)."""
+
+    def __init__(self, address: str | None = None, *, nodes: list[dict[str, Any]] | None = None,
+                 store: str | None = None, policy: PlacementPolicy | None = None, interval: float = 1.0,
+                 name: str = "pool") -> None:
+        self._core = _Core(address, nodes, store, policy or PlacementPolicy(), interval, name)
+        self._services: dict[str, Any] = {}
+
+    @property
+    def directory(self) -> Directory:
+        return self._core.directory
+
+    def _http(self, node_id: str) -> Any:
+        from rollstack.client.sync import HttpService
+
+        m = self._core.directory.member(node_id)
+        if m is None:
+            raise NodeLost(f"node {node_id} is not a member of the pool", node=node_id)
+        svc = self._services.get(node_id)
+        if svc is None or svc.settings.url != m.url:
+            svc = self._services[node_id] = HttpService(Settings(url=m.url, token=m.token))
+        return svc
+
+    def _bound(self, node_id: str) -> _BoundService:
+        return _BoundService(self._core, node_id, self._http(node_id), self._core.directory.instance(node_id))
+
+    def create(self, plan: Any, count: int | None = None) -> Any:
+        """One environment, or a list of `count` (placed together, created in parallel)."""
+        wire = plan_to_wire(plan)
+        if count is None:
+            return self._create_one(wire, self._core.placer.request(wire))
+        req = self._core.placer.request(wire)
+        with ThreadPoolExecutor(max_workers=min(16, max(1, count))) as ex:
+            futures = [ex.submit(self._create_one, wire, req) for _ in range(count)]
+            envs, errors = [], []
+            for f in futures:
+                try:
+                    envs.append(f.result())
+                except RollstackError as exc:
+                    errors.append(exc)
+        if errors:
+            for env in envs:
+                env.destroy()
+            raise errors[0]
+        return envs
+
+    def _create_one(self, wire: dict[str, Any], req: PlacementRequest) -> Environment:
+        core, excluded = self._core, set()
+        while True:
+            node_id, record = core.choose(req, excluded)  # raises InsufficientCapacity naming the pool
+            core.directory.reserve(node_id, req)
+            try:
+                bound = self._bound(node_id)
+                created = bound._http.create(wire)  # noqa: SLF001 - the raw call: errors handled here
+            except InsufficientCapacity:
+                excluded.add(node_id)
+                continue
+            except NodeUnavailable:
+                core.directory.mark_dead(node_id)
+                excluded.add(node_id)
+                continue
+            finally:
+                core.directory.release(node_id, req)
+            record["created"] = True
+            env = Environment(bound, created.id, created)
+            env.node_id = node_id  # type: ignore[attr-defined]
+            return env
+
+    def _locate(self, env_id: str) -> str:
+        self._core.directory.poll()
+        for m in list(self._core.directory.members.values()):
+            if m.alive and env_id in (m.info or {}).get("env_ids", []):
+                return m.node_id
+        raise EnvironmentNotFound(f"no environment {env_id!r} in the pool")
+
+    def get(self, env_id: str) -> Environment:
+        node_id = self._locate(env_id)
+        env = Environment(self._bound(node_id), env_id)
+        env.node_id = node_id  # type: ignore[attr-defined]
+        return env
+
+    def destroy(self, env_id: str) -> None:
+        self.get(env_id).destroy()
+
+    def list(self) -> list[EnvironmentInfo]:
+        out: list[EnvironmentInfo] = []
+        for m in list(self._core.directory.members.values()):
+            if m.alive:
+                try:
+                    out += self._http(m.node_id).list()
+                except NodeUnavailable:
+                    self._core.directory.mark_dead(m.node_id)
+        return out
+
+    def health(self) -> Health:
+        views = self._core.directory.views()
+        alive = [v for v in views if v.alive]
+        n = sum(int((self._core.directory.members[v.node_id].info or {}).get("environments", 0)) for v in alive)
+        return Health(status="ok" if alive else "unavailable", environments=n)
+
+    def nodes(self) -> list[Any]:
+        return self._core.directory.views()
+
+    def close(self) -> None:
+        for svc in self._services.values():
+            svc.close()
+        self._core.close()
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- async ----------------------------------------------------------------------------------------
+
+class _AsyncBound:
+    """The async twin of `_BoundService`: one node's `AsyncHttpService`, errors translated."""
+
+    def __init__(self, core: _Core, node_id: str, http: Any, instance: str | None) -> None:
+        self._core, self.node_id, self._http, self._instance = core, node_id, http, instance
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._http, name)
+        if not callable(fn):
+            return fn
+        if name == "exec_stream":
+            return functools.wraps(fn)(lambda *a, **kw: self._stream(fn(*a, **kw)))
+
+        @functools.wraps(fn)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except RollstackError as exc:
+                raise await self._translate(exc) from exc
+
+        return call
+
+    async def _translate(self, exc: RollstackError) -> RollstackError:
+        return await asyncio.to_thread(self._core.translate, exc, self.node_id, self._instance)
+
+    async def _stream(self, chunks: Any) -> Any:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except RollstackError as exc:
+            raise await self._translate(exc) from exc
+
+
+class AsyncPool:
+    """`Pool` with async/await (`AsyncClient`'s interface)."""
+
+    def __init__(self, address: str | None = None, *, nodes: list[dict[str, Any]] | None = None,
+                 store: str | None = None, policy: PlacementPolicy | None = None, interval: float = 1.0,
+                 name: str = "pool") -> None:
+        self._core = _Core(address, nodes, store, policy or PlacementPolicy(), interval, name)
+        self._services: dict[str, Any] = {}
+
+    @property
+    def directory(self) -> Directory:
+        return self._core.directory
+
+    def _service(self, node_id: str) -> Any:
+        """The node's `AsyncHttpService` (one per node URL; a node back on a new URL gets a new one)."""
+        from rollstack.client.aio import AsyncHttpService
+
+        m = self._core.directory.member(node_id)
+        if m is None:
+            raise NodeLost(f"node {node_id} is not a member of the pool", node=node_id)
+        svc = self._services.get(node_id)
+        if svc is None or svc.settings.url != m.url:
+            svc = self._services[node_id] = AsyncHttpService(Settings.of(m.url, m.token or ""))
+        return svc
+
+    async def create(self, plan: Any, count: int | None = None) -> Any:
+        from rollstack.client.aio import AsyncEnvironment
+
+        wire = plan_to_wire(plan)
+        req = await asyncio.to_thread(self._core.placer.request, wire)
+        if count is not None:
+            results = await asyncio.gather(*(self._create_one(wire, req, AsyncEnvironment) for _ in range(count)),
+                                           return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                await asyncio.gather(*(r.destroy() for r in results if not isinstance(r, BaseException)),
+                                     return_exceptions=True)
+                raise errors[0]
+            return list(results)
+        return await self._create_one(wire, req, AsyncEnvironment)
+
+    async def _create_one(self, wire: dict[str, Any], req: PlacementRequest, cls: Any) -> Any:
+        core, excluded = self._core, set()
+        while True:
+            node_id, record = core.choose(req, excluded)
+            core.directory.reserve(node_id, req)
+            try:
+                service = self._service(node_id)
+                created = await service.create(wire)
+            except InsufficientCapacity:
+                excluded.add(node_id)
+                continue
+            except NodeUnavailable:
+                core.directory.mark_dead(node_id)
+                excluded.add(node_id)
+                continue
+            finally:
+                core.directory.release(node_id, req)
+            record["created"] = True
+            env = cls(_AsyncBound(core, node_id, service, core.directory.instance(node_id)), created.id, created)
+            env.node_id = node_id
+            return env
+
+    async def get(self, env_id: str) -> Any:
+        from rollstack.client.aio import AsyncEnvironment
+
+        node_id = await asyncio.to_thread(Pool._locate, self, env_id)  # type: ignore[arg-type]
+        env = AsyncEnvironment(_AsyncBound(self._core, node_id, self._service(node_id),  # type: ignore[arg-type]
+                                           self._core.directory.instance(node_id)), env_id)
+        env.node_id = node_id  # type: ignore[attr-defined]
+        return env
+
+    async def list(self) -> list[EnvironmentInfo]:
+        out: list[EnvironmentInfo] = []
+        for m in list(self._core.directory.members.values()):
+            if m.alive:
+                try:
+                    out += await self._service(m.node_id).list()
+                except NodeUnavailable:
+                    self._core.directory.mark_dead(m.node_id)
+        return out
+
+    async def health(self) -> Health:
+        return Pool.health(self)  # type: ignore[arg-type]
+
+    def nodes(self) -> list[Any]:
+        return self._core.directory.views()
+
+    async def aclose(self) -> None:
+        for svc in self._services.values():
+            await svc.aclose()
+        await asyncio.to_thread(self._core.close)
+
+    async def __aenter__(self) -> "AsyncPool":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+__all__ = ["Pool", "AsyncPool"]

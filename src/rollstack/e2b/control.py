@@ -1,0 +1,241 @@
+"""E2B's REST surface: the control plane (`/sandboxes`, `/v2/sandboxes`) and envd's `/files`
+and `/health`, as a FastAPI app of its own (its errors are E2B's `{"code", "message"}`).
+
+Control-plane routes authenticate with `X-API-KEY` (= the node's bearer token; `Authorization:
+Bearer` works too). envd routes (`/files`, `/health`) are gated by the dispatcher
+(rollstack.e2b.app: `E2b-Sandbox-Id` + `X-Access-Token`) before they get here.
+Not supported (501): pause/resume, snapshots, fork, metrics, logs, network updates.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import zlib
+from functools import partial
+from typing import Any, Callable, TypeVar
+from urllib.parse import parse_qsl
+
+import anyio
+import anyio.to_thread
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rollstack.e2b.models import ConnectRequest, E2BError, NewSandbox, TimeoutRequest, WrittenFile
+from rollstack.e2b.sandboxes import SandboxTable
+from rollstack.errors import InvalidRequest, NotFound, RollstackError, Unauthorized
+from rollstack.run.files import split_request
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_MAX_FILE = 1 << 30
+
+
+def e2b_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(E2BError(code=status, message=message).dump(), status_code=status, headers=headers)
+
+
+def error_from(exc: BaseException) -> JSONResponse:
+    if isinstance(exc, RollstackError):
+        status = exc.status
+        if exc.code == "insufficient_capacity":
+            status = 429  # E2B's answer to "too many sandboxes"; the SDK backs off and retries
+        return e2b_error(status, f"{exc.code}: {exc.message}" if exc.message else exc.code)
+    log.error("E2B API call failed", exc_info=exc)
+    return e2b_error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def create_control_app(table: SandboxTable, service: Any, token: str | None, threads: int = 64) -> FastAPI:
+    app = FastAPI(title="rollstack E2B-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+    limiter: dict[str, anyio.CapacityLimiter] = {}
+    max_file = int(getattr(getattr(service, "config", None), "max_file_bytes", DEFAULT_MAX_FILE))
+
+    async def call(fn: Callable[..., T], *args: Any) -> T:
+        if "l" not in limiter:
+            limiter["l"] = anyio.CapacityLimiter(threads)
+        return await anyio.to_thread.run_sync(partial(fn, *args), limiter=limiter["l"])
+
+    def api_key(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("x-api-key", "")
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and not given:
+            given = bearer.strip()
+        if not given or not hmac.compare_digest(given.encode(), token.encode()):
+            raise Unauthorized("missing or wrong X-API-KEY (the node's token)")
+
+    auth = [Depends(api_key)]
+
+    @app.exception_handler(RollstackError)
+    async def _rollstack(_req: Request, exc: RollstackError) -> JSONResponse:
+        return error_from(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return e2b_error(400, f"{loc or 'body'}: {first.get('msg', 'invalid request')}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return e2b_error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        return error_from(exc)
+
+    # -- control plane ----------------------------------------------------------------------
+
+    async def create(req: NewSandbox) -> JSONResponse:
+        box = await call(table.create, req)
+        return JSONResponse(box.created().dump(), status_code=201)
+
+    app.post("/v2/sandboxes", dependencies=auth, status_code=201)(create)
+    app.post("/sandboxes", dependencies=auth, status_code=201)(create)
+
+    async def list_sandboxes(metadata: str | None = Query(None)) -> JSONResponse:
+        wanted = dict(parse_qsl(metadata, keep_blank_values=True)) if metadata else None
+        boxes = await call(table.list, wanted)
+        return JSONResponse([b.listed().dump() for b in boxes])
+
+    app.get("/v2/sandboxes", dependencies=auth)(list_sandboxes)
+    app.get("/sandboxes", dependencies=auth)(list_sandboxes)
+
+    @app.get("/sandboxes/{sandbox_id}", dependencies=auth)
+    async def get_sandbox(sandbox_id: str) -> JSONResponse:
+        return JSONResponse((await call(table.get, sandbox_id)).detail().dump())
+
+    @app.post("/sandboxes/{sandbox_id}/timeout", dependencies=auth, status_code=204)
+    async def set_timeout(sandbox_id: str, req: TimeoutRequest) -> Response:
+        await call(table.set_timeout, sandbox_id, req.timeout)
+        return Response(status_code=204)
+
+    async def connect(sandbox_id: str, request: Request) -> JSONResponse:
+        raw = await request.body()
+        try:
+            req = ConnectRequest.model_validate_json(raw) if raw.strip() else ConnectRequest()
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid connect request: {exc.errors()[0].get('msg')}") from None
+        box = await call(table.get, sandbox_id)
+        if req.timeout is not None:
+            box = await call(table.set_timeout, sandbox_id, req.timeout)
+        return JSONResponse(box.created().dump(), status_code=200)
+
+    app.post("/v2/sandboxes/{sandbox_id}/connect", dependencies=auth)(connect)
+    app.post("/sandboxes/{sandbox_id}/connect", dependencies=auth)(connect)
+
+    @app.delete("/sandboxes/{sandbox_id}", dependencies=auth, status_code=204)
+    async def kill(sandbox_id: str) -> Response:
+        await call(table.kill, sandbox_id)
+        return Response(status_code=204)
+
+    @app.api_route("/sandboxes/{sandbox_id}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"], dependencies=auth)
+    async def unsupported(sandbox_id: str, rest: str) -> JSONResponse:
+        return e2b_error(501, f"{rest.split('/')[0]!r} is not supported by rollstack (see docs/e2b.md)")
+
+    # -- envd HTTP: /health, /files ---------------------------------------------------------
+
+    @app.get("/health", status_code=204)
+    async def health() -> Response:
+        return Response(status_code=204)
+
+    def box_of(request: Request) -> str:
+        box = table.peek(request.headers.get("e2b-sandbox-id", ""))
+        if box is None:  # the dispatcher checked it; it ended in between
+            raise NotFound("sandbox was not found")
+        return box.id
+
+    @app.get("/files")
+    async def read_file(request: Request, path: str = Query(..., min_length=1)) -> Response:
+        sandbox_id = box_of(request)
+        split_request(path)
+        data = await call(service.read_file, sandbox_id, _abs(path))
+        return Response(data, media_type="application/octet-stream")
+
+    @app.post("/files")
+    async def write_files(request: Request, path: str | None = Query(None)) -> JSONResponse:
+        sandbox_id = box_of(request)
+        if any(k.lower().startswith("x-metadata-") for k in request.headers):
+            raise InvalidRequest("file metadata is not supported")
+        ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        body = await _read_capped(request, max_file + (1 << 20))
+        if request.headers.get("content-encoding", "").lower() == "gzip":
+            body = _gunzip(body, max_file)
+        files: list[tuple[str, bytes]] = []
+        if ctype == "multipart/form-data":
+            files = await _multipart(request, body, path)
+        else:
+            if not path:
+                raise InvalidRequest("an octet-stream upload needs ?path=")
+            files = [(path, body)]
+        out = []
+        for name, data in files:
+            split_request(name)
+            await call(service.write_file, sandbox_id, _abs(name), data)
+            target = _abs(name)
+            out.append(WrittenFile(name=target.rsplit("/", 1)[-1], path=target).dump())
+        return JSONResponse(out)
+
+    return app
+
+
+def _abs(path: str) -> str:
+    return "/" + "/".join(split_request(path))
+
+
+async def _read_capped(request: Request, cap: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise InvalidRequest(f"{declared} bytes exceed the files API limit")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise InvalidRequest("the upload exceeds the files API limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise InvalidRequest(f"the body is not valid gzip: {exc}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise InvalidRequest("the decompressed upload exceeds the files API limit")
+    return out
+
+
+async def _multipart(request: Request, body: bytes, path: str | None) -> list[tuple[str, bytes]]:
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    form = await Request(request.scope, replay).form(max_files=1000, max_fields=1000)
+    try:
+        uploads = [v for _, v in form.multi_items() if not isinstance(v, str)]
+        if not uploads:
+            raise InvalidRequest("the multipart upload holds no file")
+        if len(uploads) == 1 and path:
+            return [(path, await uploads[0].read())]
+        out = []
+        for up in uploads:
+            if not up.filename:
+                raise InvalidRequest("each uploaded file needs its path as filename")
+            out.append((up.filename, await up.read()))
+        return out
+    finally:
+        await form.close()
+

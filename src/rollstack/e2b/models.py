@@ -1,0 +1,98 @@
+"""Wire bodies of the E2B control plane (`/sandboxes`, `/v2/sandboxes`) and of envd's `/files`.
+
+Field names are E2B's (camelCase, `templateID`, `sandboxID` ...), read from the `e2b` SDK's
+generated API client (`e2b.api.client.models`). Requests accept and ignore the fields rollstack
+has no use for (auto-pause, network, volume mounts ...: see docs/e2b.md), so a newer SDK that
+sends more still works; answers carry every field the SDK requires.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENVD_VERSION = "0.5.7"
+"""The envd version we answer as: stdin control (0.3.0), default user (0.4.0), CloseStdin
+(0.5.2), octet-stream uploads (0.5.7); not file metadata (0.6.2) nor watch entries (0.6.3)."""
+
+CLIENT_ID = "rollstack"
+DEFAULT_TIMEOUT = 15
+"""Seconds a sandbox lives when the create request names no timeout (E2B's default)."""
+MAX_TIMEOUT = 7 * 24 * 3600
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class NewSandbox(_In):
+    """`POST /v2/sandboxes` and `POST /sandboxes`."""
+
+    template_id: str = Field(alias="templateID", min_length=1, max_length=512)
+    timeout: int = Field(DEFAULT_TIMEOUT, ge=1, le=MAX_TIMEOUT)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
+
+
+class TimeoutRequest(_In):
+    """`POST /sandboxes/{id}/timeout`: seconds from now."""
+
+    timeout: int = Field(ge=1, le=MAX_TIMEOUT)
+
+
+class ConnectRequest(_In):
+    """`POST /v2/sandboxes/{id}/connect`: an optional new timeout (seconds from now)."""
+
+    timeout: int | None = Field(None, ge=1, le=MAX_TIMEOUT)
+
+
+class CreatedSandbox(_Out):
+    template_id: str = Field(alias="templateID")
+    sandbox_id: str = Field(alias="sandboxID")
+    client_id: str = Field(CLIENT_ID, alias="clientID")
+    envd_version: str = Field(ENVD_VERSION, alias="envdVersion")
+    envd_access_token: str | None = Field(None, alias="envdAccessToken")
+    alias: str | None = None
+
+
+class ListedSandbox(_Out):
+    template_id: str = Field(alias="templateID")
+    alias: str | None = None
+    sandbox_id: str = Field(alias="sandboxID")
+    client_id: str = Field(CLIENT_ID, alias="clientID")
+    started_at: datetime = Field(alias="startedAt")
+    end_at: datetime = Field(alias="endAt")
+    cpu_count: int = Field(alias="cpuCount")
+    memory_mb: int = Field(alias="memoryMB")
+    disk_size_mb: int = Field(0, alias="diskSizeMB")
+    state: str = "running"
+    envd_version: str = Field(ENVD_VERSION, alias="envdVersion")
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class SandboxDetail(ListedSandbox):
+    envd_access_token: str | None = Field(None, alias="envdAccessToken")
+
+
+class E2BError(_Out):
+    """E2B's error body: the HTTP status again as `code`, and a message."""
+
+    code: int
+    message: str
+
+
+class WrittenFile(_Out):
+    """One entry of the `POST /files` answer."""
+
+    name: str
+    type: str = "file"
+    path: str

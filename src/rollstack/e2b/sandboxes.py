@@ -1,0 +1,142 @@
+"""E2B sandboxes of one node: each is a node environment created from a published plan.
+
+The sandbox id is the environment id. What E2B has and rollstack's environments do not (the
+template name, metadata, default env vars, the envd access token, the process table) lives in
+this table, in memory: a node restart forgets it (re-adopted environments are then reachable
+through `/v1` only). The node stays the authority on liveness: an environment the reaper ended
+(its timeout) or `/v1` destroyed is dropped here the next time it is looked up.
+
+All methods block (they call the service); the API runs them in worker threads.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import secrets
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from rollstack.e2b.models import CreatedSandbox, ListedSandbox, NewSandbox, SandboxDetail
+from rollstack.e2b.processes import ProcessTable
+from rollstack.errors import EnvironmentGone, EnvironmentNotFound, OomTerminated, SandboxNotFound
+
+
+@dataclass
+class Sandbox:
+    id: str
+    template_id: str
+    access_token: str
+    started_at: datetime
+    end_at: datetime
+    cpu_count: int
+    memory_mb: int
+    processes: ProcessTable
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    has_bash: bool | None = None
+    """Whether /bin/bash exists in the sandbox (probed on first use; see envd_process)."""
+
+    def token_ok(self, given: str | None, node_token: str | None) -> bool:
+        if node_token is None:
+            return True
+        if not given:
+            return False
+        return any(hmac.compare_digest(given.encode(), t.encode()) for t in (self.access_token, node_token))
+
+    def created(self) -> CreatedSandbox:
+        return CreatedSandbox(template_id=self.template_id, sandbox_id=self.id,
+                              envd_access_token=self.access_token)
+
+    def listed(self) -> ListedSandbox:
+        return ListedSandbox(template_id=self.template_id, sandbox_id=self.id, started_at=self.started_at,
+                             end_at=self.end_at, cpu_count=self.cpu_count, memory_mb=self.memory_mb,
+                             metadata=self.metadata)
+
+    def detail(self) -> SandboxDetail:
+        return SandboxDetail(**self.listed().model_dump(), envd_access_token=self.access_token)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class SandboxTable:
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        self._boxes: dict[str, Sandbox] = {}
+        self._lock = threading.Lock()
+
+    def create(self, req: NewSandbox) -> Sandbox:
+        """A new environment from the published plan `req.template_id`, living `req.timeout` s."""
+        created = self.service.create(req.template_id)
+        try:
+            info = self.service.set_timeout(created.id, float(req.timeout))
+        except BaseException:
+            self.service.destroy(created.id)
+            raise
+        quotas = info.quotas
+        cpu = getattr(quotas, "cpu_limit", None) or 1
+        memory = getattr(quotas, "memory_limit", None) or 0
+        now = _now()
+        box = Sandbox(
+            id=created.id, template_id=req.template_id, access_token=secrets.token_urlsafe(24),
+            started_at=now, end_at=now + timedelta(seconds=req.timeout),
+            cpu_count=max(1, math.ceil(float(cpu))), memory_mb=int(memory) // (1024 * 1024),
+            processes=ProcessTable(self.service, created.id, req.env_vars),
+            metadata=dict(req.metadata), env_vars=dict(req.env_vars),
+        )
+        with self._lock:
+            self._boxes[box.id] = box
+        return box
+
+    def peek(self, sandbox_id: str) -> Sandbox | None:
+        with self._lock:
+            return self._boxes.get(sandbox_id)
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        """The live sandbox `sandbox_id` (SandboxNotFound if it is not, or no longer, running)."""
+        box = self.peek(sandbox_id)
+        if box is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} was not found on this node")
+        try:
+            state = self.service.info(sandbox_id).state
+        except (EnvironmentNotFound, EnvironmentGone, OomTerminated):
+            state = "gone"
+        if state != "running":
+            self._forget(sandbox_id)
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} was not found on this node (it is {state})")
+        return box
+
+    def list(self, metadata: dict[str, str] | None = None) -> list[Sandbox]:
+        running = {e.id for e in self.service.list() if e.state == "running"}
+        with self._lock:
+            for gone in [i for i in self._boxes if i not in running]:
+                self._boxes.pop(gone)
+            boxes = sorted(self._boxes.values(), key=lambda b: b.started_at)
+        if metadata:
+            boxes = [b for b in boxes if all(b.metadata.get(k) == v for k, v in metadata.items())]
+        return boxes
+
+    def set_timeout(self, sandbox_id: str, seconds: int) -> Sandbox:
+        box = self.get(sandbox_id)
+        self.service.set_timeout(sandbox_id, float(seconds))
+        box.end_at = _now() + timedelta(seconds=seconds)
+        return box
+
+    def kill(self, sandbox_id: str) -> None:
+        """Destroy the sandbox's environment (its processes end with it)."""
+        box = self.get(sandbox_id)
+        self._forget(sandbox_id)
+        box.processes.kill_all()
+        self.service.destroy(sandbox_id)
+
+    def _forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._boxes.pop(sandbox_id, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._boxes.clear()

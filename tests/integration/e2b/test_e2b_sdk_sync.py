@@ -1,0 +1,207 @@
+"""The unmodified `e2b` SDK (sync) against a real node: sandboxes from a published template,
+commands (foreground, streamed, background, stdin, signals, reconnect), files, timeouts,
+listing, kill, and the SDK's own exceptions for bad input."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+from e2b import (  # noqa: E402
+    AuthenticationException, CommandExitException, FileNotFoundException, FileType,
+    InvalidArgumentException, NotFoundException, Sandbox, SandboxException, SandboxNotFoundException,
+    SandboxNotRunningException, SandboxQuery,
+)
+
+
+@pytest.fixture
+def sbx(e2b_node):
+    box = Sandbox.create(e2b_node.template, timeout=180, metadata={"suite": "sync"})
+    try:
+        yield box
+    finally:
+        box.kill()
+
+
+def test_create_run_and_kill(e2b_node):
+    box = Sandbox.create(e2b_node.template, timeout=120)
+    assert box.sandbox_id.startswith("e")
+    r = box.commands.run("echo hello; echo oops >&2; cat /work/app/hello.txt")
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "hello\nbug\n", "oops\n")  # mutation applied
+    assert box.is_running()
+    info = box.get_info()
+    assert info.template_id == e2b_node.template and info.sandbox_id == box.sandbox_id
+    assert box.kill() is True
+    assert not box.is_running()
+    assert Sandbox.kill(box.sandbox_id) is False  # 404 after the 204
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(box.sandbox_id)
+    assert e2b_node.service.list() == [] or box.sandbox_id not in {e.id for e in e2b_node.service.list()}
+
+
+def test_nonzero_exit_raises_the_sdk_exception(sbx):
+    with pytest.raises(CommandExitException) as info:
+        sbx.commands.run("echo out; echo err >&2; exit 3")
+    assert info.value.exit_code == 3
+    assert info.value.stdout == "out\n" and info.value.stderr == "err\n"
+
+
+def test_output_is_streamed_while_the_command_runs(sbx):
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    r = sbx.commands.run("for i in 1 2 3; do echo line$i; sleep 0.4; done",
+                         on_stdout=lambda s: seen.append((time.monotonic() - t0, s)))
+    end = time.monotonic() - t0
+    assert "".join(s for _, s in seen) == r.stdout == "line1\nline2\nline3\n"
+    assert seen[0][0] < end - 0.4  # the first line came ~0.8 s before the command ended
+
+
+def test_envs_cwd_and_sandbox_env_vars(e2b_node):
+    box = Sandbox.create(e2b_node.template, timeout=60, envs={"FROM_CREATE": "c"})
+    try:
+        r = box.commands.run("echo $FROM_CREATE $FROM_RUN; pwd", envs={"FROM_RUN": "r"}, cwd="/tmp")
+        assert r.stdout == "c r\n/tmp\n"
+    finally:
+        box.kill()
+
+
+def test_background_command_list_and_kill(sbx):
+    handle = sbx.commands.run("echo started; touch /tmp/ready; sleep 60", background=True)
+    procs = {p.pid: p for p in sbx.commands.list()}
+    assert handle.pid in procs
+    assert procs[handle.pid].args[-1] == "echo started; touch /tmp/ready; sleep 60"
+    deadline = time.monotonic() + 20
+    while not sbx.files.exists("/tmp/ready") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert handle.kill() is True
+    with pytest.raises(CommandExitException) as info:
+        handle.wait()
+    assert info.value.exit_code == -1  # envd's report of a killed process
+    assert "started\n" in info.value.stdout
+    assert handle.pid not in {p.pid for p in sbx.commands.list()}
+    assert sbx.commands.kill(handle.pid) is False  # gone: NOT_FOUND -> False
+
+
+def test_stdin_send_and_close(sbx):
+    handle = sbx.commands.run("cat; echo done", background=True, stdin=True)
+    sbx.commands.send_stdin(handle.pid, "abc\n")
+    sbx.commands.send_stdin(handle.pid, b"def\n")
+    sbx.commands.close_stdin(handle.pid)
+    r = handle.wait()
+    assert r.stdout == "abc\ndef\ndone\n"
+
+
+def test_stdin_to_a_process_without_stdin_is_refused(sbx):
+    handle = sbx.commands.run("sleep 30", background=True)
+    try:
+        with pytest.raises(InvalidArgumentException):
+            sbx.commands.send_stdin(handle.pid, "x")
+    finally:
+        handle.kill()
+
+
+def test_reconnect_to_a_background_command(sbx):
+    handle = sbx.commands.run("while [ ! -f /tmp/go ]; do sleep 0.05; done; echo late; exit 4", background=True)
+    handle.disconnect()
+    again = sbx.commands.connect(handle.pid)
+    sbx.files.write("/tmp/go", "")
+    with pytest.raises(CommandExitException) as info:
+        again.wait()
+    assert info.value.exit_code == 4 and info.value.stdout == "late\n"
+
+
+def test_command_timeout_kills_the_process(sbx):
+    from e2b import TimeoutException
+
+    with pytest.raises((TimeoutException, CommandExitException)):
+        sbx.commands.run("sleep 30", timeout=1)
+    deadline = time.monotonic() + 10
+    while sbx.commands.list() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sbx.commands.list() == []  # killed at its deadline, not left running
+
+
+def test_files_write_read_list_and_tree_ops(sbx):
+    info = sbx.files.write("/work/notes/a.txt", "alpha\n")
+    assert info.path == "/work/notes/a.txt" and info.name == "a.txt"
+    assert sbx.files.read("/work/notes/a.txt") == "alpha\n"
+    sbx.files.write("/work/notes/b.bin", io.BytesIO(b"\x00\x01\x02"))  # octet-stream upload
+    assert bytes(sbx.files.read("/work/notes/b.bin", format="bytes")) == b"\x00\x01\x02"
+    sbx.files.write_files([{"path": "/work/notes/c.txt", "data": "c"}, {"path": "/work/d/e.txt", "data": "e"}])
+    names = {e.name: e for e in sbx.files.list("/work/notes")}
+    assert set(names) == {"a.txt", "b.bin", "c.txt"}
+    assert names["a.txt"].type == FileType.FILE and names["a.txt"].size == 6
+    deep = {e.path for e in sbx.files.list("/work", depth=2)}
+    assert {"/work/notes", "/work/notes/a.txt", "/work/d/e.txt"} <= deep
+    assert sbx.files.exists("/work/notes/a.txt") and not sbx.files.exists("/work/notes/zzz")
+    assert sbx.files.get_info("/work/notes").type == FileType.DIR
+    assert sbx.files.make_dir("/work/new/sub") is True
+    assert sbx.files.make_dir("/work/new/sub") is False  # already there
+    moved = sbx.files.rename("/work/notes/a.txt", "/work/new/sub/a.txt")
+    assert moved.path == "/work/new/sub/a.txt"
+    assert sbx.commands.run("cat /work/new/sub/a.txt").stdout == "alpha\n"  # seen inside too
+    sbx.files.remove("/work/new")
+    assert not sbx.files.exists("/work/new/sub/a.txt")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.read("/work/notes/missing.txt")
+
+
+def test_symlinks_never_lead_out_of_the_sandbox(sbx, tmp_path: Path):
+    sbx.commands.run("ln -s /etc /tmp/evil && ln -s ../../../.. /tmp/up")
+    with pytest.raises(SandboxException):
+        sbx.files.read("/tmp/evil/passwd")  # absolute symlink: refused, not the host's /etc
+    with pytest.raises(SandboxException):
+        sbx.files.write("/tmp/up/x", "no")  # would climb above the root
+    link = sbx.files.get_info("/tmp/evil")
+    assert link.type == FileType.SYMLINK and link.symlink_target == "/etc"
+    sbx.files.remove("/tmp/evil")  # the link itself, not what it names
+    assert Path("/etc/passwd").exists()
+    assert not sbx.files.exists("/tmp/evil")
+
+
+def test_timeout_list_and_connect(e2b_node):
+    box = Sandbox.create(e2b_node.template, timeout=120, metadata={"suite": "list"})
+    try:
+        listed = Sandbox.list(query=SandboxQuery(metadata={"suite": "list"})).next_items()
+        assert [s.sandbox_id for s in listed] == [box.sandbox_id]
+        assert listed[0].template_id == e2b_node.template
+        again = Sandbox.connect(box.sandbox_id)
+        assert again.commands.run("echo via-connect").stdout == "via-connect\n"
+        box.set_timeout(1)
+        deadline = time.monotonic() + 15
+        while box.is_running() and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert not box.is_running()  # the node's reaper ended it at the new deadline
+        assert box.sandbox_id not in {s.sandbox_id for s in Sandbox.list().next_items()}
+        with pytest.raises(SandboxNotRunningException):
+            box.commands.run("echo too late")
+    finally:
+        Sandbox.kill(box.sandbox_id)
+
+
+def test_bad_input_gets_the_sdk_exceptions(e2b_node, sbx):
+    with pytest.raises(SandboxException) as info:
+        Sandbox.create("tasks/no-such-template:1", timeout=30)
+    assert "template_not_found" in str(info.value)
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(e2b_node.template, api_key="wrong-key")
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="wrong-key").next_items()
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect("eunknown00000")
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.set_timeout("eunknown00000", 30)
+    with pytest.raises(NotFoundException):
+        sbx.commands.connect(999999)
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.list("/work/app/hello.txt")  # not a directory
+
+
+def test_large_output_arrives_whole(sbx):
+    r = sbx.commands.run("yes 0123456789abcdef | head -c 5000000; echo; echo tail >&2", timeout=120)
+    assert len(r.stdout) == 5_000_001 and r.stdout.startswith("0123456789abcdef\n") and r.stderr == "tail\n"

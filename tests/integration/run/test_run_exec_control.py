@@ -1,0 +1,69 @@
+"""`ExecControl` on a real runc exec: an open stdin written while the command runs, closing it,
+signals to the command (TERM forwarded by tini, KILL ending the whole tree), no-ops after."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from rollstack.errors import InvalidRequest
+from rollstack.run.execpump import ExecControl
+
+pytestmark = pytest.mark.integration
+
+
+def _in_thread(fn):
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", fn()), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_open_stdin_is_written_while_the_command_runs(make_env):
+    env = make_env()
+    control = ExecControl(open_stdin=True)
+    seen: list[bytes] = []
+    t, out = _in_thread(lambda: env.exec(["sh", "-c", "while read l; do echo got:$l; done; echo eof"],
+                                         control=control, timeout=30,
+                                         on_output=lambda _s, b: seen.append(b)))
+    assert control.write_stdin(b"one\n")
+    deadline = time.monotonic() + 10
+    while b"got:one" not in b"".join(seen) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b"got:one\n" in b"".join(seen)  # answered before stdin was closed
+    assert control.write_stdin(b"two\n" * 50_000)  # more than a pipe buffer
+    assert control.close_stdin()
+    t.join(30)
+    r = out["r"]
+    assert r.exit_code == 0 and r.stdout.endswith(b"eof\n") and r.stdout.count(b"got:two") == 50_000
+    assert control.ended.is_set()
+    assert not control.write_stdin(b"late") and not control.close_stdin() and not control.signal(signal.SIGTERM)
+
+
+def test_signals_reach_the_command(make_env):
+    env = make_env()
+    control = ExecControl()
+    t, out = _in_thread(lambda: env.exec("trap 'echo term; exit 9' TERM; while :; do sleep 0.1; done",
+                                         control=control, timeout=30))
+    time.sleep(0.5)
+    assert control.pid() is not None
+    assert control.signal(signal.SIGTERM)
+    t.join(15)
+    assert out["r"].exit_code == 9 and out["r"].stdout == b"term\n"
+
+    control = ExecControl()
+    t, out = _in_thread(lambda: env.exec("sleep 100 & sleep 100; wait", control=control, timeout=60))
+    time.sleep(0.5)
+    assert control.signal(signal.SIGKILL)
+    t.join(15)
+    assert not t.is_alive() and out["r"].exit_code == 137
+    assert env.exec("ps -o comm | grep -c '^sleep$' || true").stdout.strip() == b"0"  # whole tree gone
+
+
+def test_stdin_is_buffer_or_stream_not_both(make_env):
+    env = make_env()
+    with pytest.raises(InvalidRequest):
+        env.exec(["cat"], stdin=b"x", control=ExecControl(open_stdin=True))
