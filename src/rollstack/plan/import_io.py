@@ -23,22 +23,22 @@ class LowerLayers:
         self._store, self._repo = store, repo
         self._layers: list[tuple[str, Path | None]] = []
         self._readers: list[Any] = []
-        self._stack: Any = None
+        self._tocs: list[Any] | None = None
         self._where: dict[int, int] = {}  # id(entry) -> its layer index
         self.used = False  # the current conversion copied something up
 
     def push(self, digest: str, path: Path | None) -> None:
         self._layers.append((digest, path))
-        self._stack = None
+        self._tocs = None
 
     def __call__(self, path: str) -> Any:
         if not self._layers:
             return None
         self.used = True  # asked at all: the result (found or not) depends on the layers below
-        if self._stack is None:
+        if self._tocs is None:
             self._open()
-        found = self._stack.lookup(path)
-        if found is None or found[0] < 0:
+        found = visible(self._tocs, path)
+        if found is None:
             return None
         index, entry = found  # a lower hardlink comes back as its target (path = where the bytes are)
         self._where[id(entry)] = index
@@ -50,13 +50,12 @@ class LowerLayers:
     def _open(self) -> None:
         from rollstack.format.reader import LayerReader
         from rollstack.format.source import FileBlobSource
-        from rollstack.plan.stack import LayerStack
         from rollstack.store.source import StoreBlobSource
 
         self.close()
         self._readers = [LayerReader(FileBlobSource(p) if p is not None else StoreBlobSource(self._store, self._repo, d))
                          for d, p in self._layers]
-        self._stack = LayerStack([r.toc for r in self._readers])
+        self._tocs = [r.toc for r in self._readers]
 
     def close(self) -> None:
         for r in self._readers:
@@ -68,6 +67,30 @@ class LowerLayers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def visible(tocs: list[Any], path: str) -> tuple[int, Any] | None:
+    """(layer index, entry) that `path` shows in the overlay of `tocs` (bottom first), or None.
+
+    Top down: the first layer with an entry at `path` decides (a whiteout: gone; a hardlink: its
+    target in that layer, whose path is where the bytes are). A layer without one hides the
+    layers below when it deletes an ancestor, replaces it with a non-directory, or makes it opaque."""
+    from rollstack.format import paths as layer_paths
+    from rollstack.format.toc import EntryType
+
+    above = ["", *layer_paths.ancestors(path)] if path else []
+    for index in range(len(tocs) - 1, -1, -1):
+        toc = tocs[index]
+        entry = toc.lookup(path)
+        if entry is not None:
+            if entry.type is EntryType.WHITEOUT:
+                return None
+            return index, (toc.resolve(entry) if entry.type is EntryType.HARDLINK else entry)
+        for anc in above:
+            a = toc.lookup(anc)
+            if a is not None and (a.type is not EntryType.DIR or a.opaque):
+                return None
+    return None
 
 
 class _EntryStream:
