@@ -99,6 +99,7 @@ def import_cmd(
     kind: Optional[str] = typer.Option(None, "--kind", help="component kind (default: NAME's first component)"),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="conversion cache (default: ~/.cache/rollstack)"),
     tls_verify: bool = typer.Option(False, "--tls-verify/--no-tls-verify", help="verify the source registry's TLS"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="chunk compression workers (default: one per core; 1 uses the least CPU on a busy node)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Convert an existing OCI/Docker image's layers into group NAME:TAG (cached by layer digest)."""
@@ -108,15 +109,17 @@ def import_cmd(
     st = _open(store)
     try:
         result = import_image(image, name_tag, st, cache_dir=cache_dir or default_cache_dir(), kind=kind,
-                              tls_verify=tls_verify, progress=RichProgress())
+                              tls_verify=tls_verify, progress=RichProgress(), threads=threads)
         _remember(st, cache_dir, name_tag, result.digest, result.layers)
     finally:
         st.close()
     doc = {**result.to_dict(), "store": st.url}
 
     def human(d: dict[str, Any]) -> None:
+        rate = f" ({d['payload_bytes'] / 1e6 / d['seconds']:.0f} MB/s unpacked)" if d["converted"] and d["seconds"] else ""
         stderr.print(f"{d['name']}:{d['tag']}: {len(d['layers'])} layer(s) from {image}, "
-                     f"converted {d['converted']}, cached {d['cached']}, uploaded {d['uploaded_bytes']} bytes")
+                     f"converted {d['converted']}, cached {d['cached']}, uploaded {d['uploaded_bytes']} bytes "
+                     f"in {d['seconds']:.2f} s{rate}")
         stdout.print(d["digest"])
 
     emit(doc, as_json, human)
