@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollstack.errors import InvalidRequest, PlanInvalid
+from rollstack.plan.network import NetworkField, check_expose, check_network
 from rollstack.plan.refs import GroupRef
 
 GIB = 1024**3
@@ -168,7 +169,10 @@ class Plan(_Model):
     workdir: str = "/"
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
-    network: str = "none"
+    network: NetworkField = "none"
+    """none | outbound | {allow: [HOST:PORT, CIDR:PORT, ...]} (see rollstack.plan.network)"""
+    expose: list[int] = Field(default_factory=list)
+    """ports inside the environment the client reaches through the node's API"""
     fetch: FetchPolicy = Field(default_factory=FetchPolicy)
     timeout: float = Field(1800.0, gt=0, allow_inf_nan=False)
     """seconds the environment may live"""
@@ -178,12 +182,8 @@ class Plan(_Model):
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
     _workdir = field_validator("workdir")(classmethod(lambda cls, v: _check_abs(v)))
 
-    @field_validator("network")
-    @classmethod
-    def _network(cls, v: str) -> str:
-        if v != "none":
-            raise ValueError(f"{v!r} is not supported yet (only 'none')")
-        return v
+    _network = field_validator("network", mode="before")(classmethod(lambda cls, v: check_network(v)))
+    _expose = field_validator("expose", mode="before")(classmethod(lambda cls, v: check_expose(v)))
 
     @property
     def evaluator_workdir(self) -> str:

@@ -33,6 +33,7 @@ from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
+from rollstack.run.network import NetHandle, NetworkManager, NetworkSpec
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 
@@ -50,6 +51,8 @@ class RuntimeConfig:
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
     runc_binary: str = "runc"
+    network: NetworkManager | None = None
+    """Builds per-environment network namespaces (None: a default NetworkManager when needed)."""
     subreaper: bool = True
     """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
     exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host
@@ -82,6 +85,7 @@ class EnvironmentRuntime:
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
         self.runc = Runc(self.root / "runc", config.runc_binary)
         self._init = config.init
+        self._network = config.network
         if config.subreaper:
             _set_child_subreaper()
 
@@ -91,12 +95,24 @@ class EnvironmentRuntime:
             self._init = find_init_binaries()
         return self._init
 
+    @property
+    def network(self) -> NetworkManager:
+        if self._network is None:
+            self._network = NetworkManager()
+        return self._network
+
     def env_dir(self, env_id: str) -> Path:
         return self.root / "envs" / env_id
 
     def create(self, env_id: str, lowers: Sequence[Path], params: SpecParams,
-               before_start: Callable[[Path], None] | None = None) -> "Environment":
-        """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation], start}.
+               before_start: Callable[[Path], None] | None = None,
+               network: NetworkSpec | None = None) -> "Environment":
+        """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation],
+        [network], start}.
+
+        `network`: a spec needing a namespace (rollstack.run.network) gets one, built while the
+        overlay mounts; `timings["network"]` is its own duration, `["network_wait"]` what it
+        added to the create after the mount and mutation.
 
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
         there). On any failure everything created so far is destroyed before the error rises.
@@ -112,6 +128,7 @@ class EnvironmentRuntime:
         if env.dir.exists():
             raise InvalidRequest(f"environment {env_id} already exists")
         spec = build_spec(str(env.rootfs), params)  # validates before touching the disk
+        net_job: _NetJob | None = None
         try:
             env.dir.mkdir(parents=True)
             env._write_meta({"id": env_id, "lowers": [str(p) for p in lowers],
@@ -119,6 +136,11 @@ class EnvironmentRuntime:
                              "cgroup_parent": self.config.cgroup_parent})
             for d in (env.upper, env.work, env.rootfs, env.bundle):
                 d.mkdir()
+            if network is not None and network.needs_netns:
+                handle = self.network.claim(f"{self.root}:{env_id}")
+                env._write_meta({**env.meta(), "net": handle.to_dict()})
+                net_job = _NetJob(self.network, handle, network)
+                spec = build_spec(str(env.rootfs), replace(params, netns_path=handle.netns_path))
             t0 = time.monotonic()
             overlay.mount_overlay([Path(p) for p in lowers], env.upper, env.work, env.rootfs)
             t1 = time.monotonic()
@@ -126,11 +148,17 @@ class EnvironmentRuntime:
             if before_start is not None:
                 before_start(env.rootfs)
                 env.timings["mutation"] = time.monotonic() - t1
+            if net_job is not None:
+                tw = time.monotonic()
+                env.timings["network"] = net_job.wait()
+                env.timings["network_wait"] = time.monotonic() - tw
             t2 = time.monotonic()
             (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
             env.pid = self.runc.run_detached(env_id, env.bundle)
             env.timings["start"] = time.monotonic() - t2
         except BaseException:
+            if net_job is not None:
+                net_job.join()  # never tear down under a setup still running
             try:
                 env.destroy()
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
@@ -224,6 +252,15 @@ class Environment:
             raise EnvironmentGone(f"environment {self.id} has no readable state") from e
 
     @property
+    def net(self) -> NetHandle | None:
+        """The environment's network namespace, veth and table (None: loopback only)."""
+        try:
+            doc = json.loads(self.meta_path.read_text()).get("net")
+        except (OSError, ValueError):
+            return None
+        return NetHandle.from_dict(doc) if doc else None
+
+    @property
     def lowers(self) -> list[Path]:
         return [Path(p) for p in self.meta()["lowers"]]
 
@@ -299,6 +336,12 @@ class Environment:
                 cgroupfs.remove_cgroup(cg)
             except OSError as e:
                 errors.append(f"cgroup {cg}: {e}")
+        net = self.net
+        if net is not None:
+            try:
+                self.runtime.network.teardown(net)
+            except RuntimeFailure as e:
+                errors.append(str(e))
         try:
             overlay.unmount(self.rootfs)
         except RuntimeFailure as e:
@@ -308,6 +351,36 @@ class Environment:
         if self.dir.exists() or errors:
             raise RuntimeFailure(f"destroy of {self.id} incomplete: {'; '.join(errors)}",
                                  errors=errors)
+
+
+class _NetJob:
+    """`NetworkManager.setup` on a thread of its own, overlapping the overlay mount."""
+
+    def __init__(self, manager: NetworkManager, handle: NetHandle, spec: NetworkSpec) -> None:
+        import threading
+
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(manager, handle, spec),
+                                        name=f"netns-{handle.slot}", daemon=True)
+        self._thread.start()
+
+    def _run(self, manager: NetworkManager, handle: NetHandle, spec: NetworkSpec) -> None:
+        t = time.monotonic()
+        try:
+            manager.setup(handle, spec)
+        except BaseException as e:  # noqa: BLE001 - re-raised by wait() on the create's thread
+            self.error = e
+        self.seconds = time.monotonic() - t
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def wait(self) -> float:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.seconds
 
 
 def _set_child_subreaper() -> None:
