@@ -28,6 +28,7 @@ HTTP status + JSON in the node agent, -> one `error: <code>: <message>` line in 
     ├── OomTerminated             oom_terminated        409
     ├── EnvironmentGone           environment_gone      409
     ├── RuntimeFailure            runtime_error         500
+    ├── PortUnavailable           port_unavailable      502   (an exposed port nobody listens on)
     ├── NodeUnavailable           node_unavailable      503
     └── InternalError             internal_error        500
 """
@@ -140,6 +141,10 @@ class EnvironmentGone(RollstackError):
 
 class RuntimeFailure(RollstackError, OSError):
     code, status = "runtime_error", 500
+
+
+class PortUnavailable(RollstackError):
+    code, status = "port_unavailable", 502
 
 
 class NodeUnavailable(RollstackError, ConnectionError):

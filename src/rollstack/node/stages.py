@@ -41,6 +41,7 @@ class Built:
     refs: list[Any]
     stack_digest: str | None
     fetch: dict[str, int] = field(default_factory=dict)
+    network: dict[str, Any] | None = None
 
 
 class Stages:
@@ -201,7 +202,11 @@ class Stages:
         """Resolve, ensure layers, mount + mutate + start; fills the phase timings."""
         from rollstack.run.ocispec import SpecParams
 
+        from rollstack.node.netplan import harness_env, network_spec, new_token
+
         plan = rec.plan
+        net = network_spec(plan, reserved_node_ports=(self.config.host_port()[1],))  # names resolve now
+        token = new_token() if net.needs_netns else ""
         t = time.perf_counter()
         stack = self.resolver.resolve(plan)
         timings.resolve = round(time.perf_counter() - t, 6)
@@ -220,11 +225,11 @@ class Stages:
         params = SpecParams(
             env_id=rec.id,
             cwd=plan.workdir,
-            env=dict(plan.env),
+            env=harness_env(plan, net, token, internal=rec.internal),
             cpu=plan.resources.cpu,
             memory=plan.resources.memory,
         )
-        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan))
+        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net)
         timings.mount = round(env.timings.get("mount", 0.0), 6)
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)
         timings.start = round(env.timings.get("start", 0.0), 6)
@@ -238,7 +243,13 @@ class Stages:
             self.materializer.used(refs)
         fetch = self._fetch_stats(rec.id)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
-        return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch)
+        h = env.net
+        network = None if h is None else {
+            "mode": net.mode, "address": h.address, "gateway": h.gateway, "token": token,
+            "endpoints": [e.replace("${ROLLSTACK_GATEWAY}", h.gateway) for e in net.endpoints],
+            "expose": list(net.expose)}
+        return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch,
+                     network=network)
 
     def _lower(self, digest: str) -> Path:
         """The layer's local copy when it has one (`node.materialize`), else its FUSE directory."""

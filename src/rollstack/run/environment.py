@@ -33,7 +33,7 @@ from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
-from rollstack.run.network import NetHandle, NetworkManager, NetworkSpec
+from rollstack.run.network import GATEWAY_REF, NetHandle, NetworkManager, NetworkSpec
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 
@@ -111,7 +111,7 @@ class EnvironmentRuntime:
         [network], start}.
 
         `network`: a spec needing a namespace (rollstack.run.network) gets one, built while the
-        overlay mounts; `timings["network"]` is its own duration, `["network_wait"]` what it
+        overlay mounts (`${ROLLSTACK_GATEWAY}` in `params.env` values becomes its gateway); `timings["network"]` is its own duration, `["network_wait"]` what it
         added to the create after the mount and mutation.
 
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
@@ -140,7 +140,9 @@ class EnvironmentRuntime:
                 handle = self.network.claim(f"{self.root}:{env_id}")
                 env._write_meta({**env.meta(), "net": handle.to_dict()})
                 net_job = _NetJob(self.network, handle, network)
-                spec = build_spec(str(env.rootfs), replace(params, netns_path=handle.netns_path))
+                env_vars = {k: v.replace(GATEWAY_REF, handle.gateway) for k, v in params.env.items()}
+                spec = build_spec(str(env.rootfs), replace(params, netns_path=handle.netns_path,
+                                                           env=env_vars))
             t0 = time.monotonic()
             overlay.mount_overlay([Path(p) for p in lowers], env.upper, env.work, env.rootfs)
             t1 = time.monotonic()

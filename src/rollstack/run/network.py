@@ -48,6 +48,7 @@ from rollstack.plan.network import DENIED_NETS, AllowEntry
 DEFAULT_POOL = "10.213.0.0/16"
 DEFAULT_STATE_DIR = Path("/run/rollstack-net")
 PREFIX = "rsn"
+GATEWAY_REF = "${ROLLSTACK_GATEWAY}"
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class NetworkSpec:
     """none | allow | outbound"""
     rules: tuple[Rule, ...] = ()
     expose: tuple[int, ...] = ()
+    endpoints: tuple[str, ...] = ()
+    """Per allow entry, ADDRESS:PORT for the harness (a name: its first address; the node:
+    `${ROLLSTACK_GATEWAY}:PORT`, substituted once a slot is claimed; a CIDR: CIDR:PORT)."""
 
     @property
     def needs_netns(self) -> bool:
@@ -100,6 +104,7 @@ def resolve_spec(mode: str, entries: Sequence[AllowEntry], expose: Sequence[int]
                  reserved_node_ports: Sequence[int] = ()) -> NetworkSpec:
     """Names -> addresses (once, now); PlanInvalid naming `network.allow[i]` on failure."""
     rules: list[Rule] = []
+    eps: list[str] = []
     for i, e in enumerate(entries):
         where = f"network.allow[{i}]"
         if e.node:
@@ -107,8 +112,10 @@ def resolve_spec(mode: str, entries: Sequence[AllowEntry], expose: Sequence[int]
                 raise PlanInvalid(f"{where}: {e.text!r}: port {e.port} is the node agent's own "
                                   "service, which environments can never reach")
             rules.append(Rule(e.port))
+            eps.append(f"{GATEWAY_REF}:{e.port}")
         elif e.net is not None:
             rules.append(Rule(e.port, str(e.net)))
+            eps.append(f"{e.net.network_address if e.net.prefixlen == 32 else e.net}:{e.port}")
         else:
             try:
                 infos = socket.getaddrinfo(e.name, e.port, socket.AF_INET, socket.SOCK_STREAM)
@@ -120,7 +127,8 @@ def resolve_spec(mode: str, entries: Sequence[AllowEntry], expose: Sequence[int]
                 if any(net.overlaps(d) for d in DENIED_NETS):
                     raise PlanInvalid(f"{where}: {e.name!r} resolves to {a}, which is never reachable")
                 rules.append(Rule(e.port, str(net)))
-    return NetworkSpec(mode=mode, rules=tuple(rules), expose=tuple(expose))
+            eps.append(f"{addrs[0]}:{e.port}")
+    return NetworkSpec(mode=mode, rules=tuple(rules), expose=tuple(expose), endpoints=tuple(eps))
 
 
 def ruleset(h: NetHandle, spec: NetworkSpec, pool: str) -> str:

@@ -1,4 +1,4 @@
-"""Test-only network namespaces standing in for the world outside a node.
+"""Network namespaces of our own standing in for the world outside a node (tests, benchmarks).
 
 `Upstream`: a netns of our own (`rsntest-<hex>`) behind a veth whose host end is
 10.214.X.1/30 and whose far end is 10.214.X.2 (`.addr`), or, with `address=`, a netns carrying
@@ -78,3 +78,53 @@ def wait_port(netns: str | None, addr: str, port: int, timeout: float = 5.0) -> 
             return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listens on {addr}:{port} in {netns or 'the host'}")
+
+
+MODEL_SERVER = r'''
+import json, socketserver, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+addr, port, reply, log = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        with open(log, "a") as f:
+            f.write(json.dumps({"path": self.path, "auth": self.headers.get("authorization"),
+                                "model": body.get("model"),
+                                "messages": body.get("messages")}) + "\n")
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self.send_response(404); self.end_headers(); return
+        doc = {"id": "chatcmpl-scripted", "object": "chat.completion", "model": body.get("model"),
+               "choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": reply}}]}
+        data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+class Server(HTTPServer):
+    def server_bind(self):  # HTTPServer's own looks up the FQDN: no DNS in our netns
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = addr, port
+
+
+Server((addr, port), H).serve_forever()
+'''
+
+
+def serve_model(up: Upstream, port: int, reply: str, log: Path) -> None:
+    """A scripted OpenAI-compatible `/v1/chat/completions` in `up`'s netns: every call answers
+    `reply` as the assistant message and appends the request (path, Authorization, messages)
+    to `log` as a JSON line."""
+    script = up.www.parent / f"model-server-{port}.py"
+    script.write_text(MODEL_SERVER)
+    up.run("python3", str(script), up.addr, str(port), reply, str(log))
+    wait_port(up.netns, up.addr, port)
