@@ -162,6 +162,7 @@ def create_app(
         return await call("evaluate", service.evaluate, env_id)
 
     @app.api_route("/v1/environments/{env_id}/ports/{port}/{path:path}", dependencies=auth,
+                   include_in_schema=False,  # one route, many methods: not an OpenAPI operation
                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def port_proxy(env_id: str, port: int, path: str, request: Request) -> Response:
         from rollstack.node import ports

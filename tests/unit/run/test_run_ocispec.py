@@ -124,3 +124,13 @@ def test_any_valid_params_build_a_consistent_spec(env_id, env, memory, pids):
     assert res.get("memory", {}).get("limit") == memory
     assert res.get("pids", {}).get("limit") == pids
     assert json.loads(json.dumps(s)) == s
+
+
+def test_network_namespace_joined_by_path():
+    fresh = build_spec("/r", SpecParams("e1"))["linux"]["namespaces"]
+    assert {"type": "network"} in fresh
+    joined = build_spec("/r", SpecParams("e1", netns_path="/run/netns/rsn-3"))["linux"]["namespaces"]
+    assert {"type": "network", "path": "/run/netns/rsn-3"} in joined
+    assert [n["type"] for n in joined] == [n["type"] for n in fresh]
+    with pytest.raises(InvalidRequest, match="netns path"):
+        build_spec("/r", SpecParams("e1", netns_path="run/netns/x"))
