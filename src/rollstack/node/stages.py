@@ -229,7 +229,8 @@ class Stages:
             cpu=plan.resources.cpu,
             memory=plan.resources.memory,
         )
-        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net)
+        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net,
+                                  runtime=plan.runtime)
         timings.mount = round(env.timings.get("mount", 0.0), 6)
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)
         timings.start = round(env.timings.get("start", 0.0), 6)
@@ -347,7 +348,7 @@ class Stages:
     def kill(self, rec: EnvRecord) -> None:
         """Kill every process of the environment (its mounts and state stay for destroy)."""
         if rec.runtime is not None:
-            self.runtime.runc.kill(rec.id, "KILL", all_processes=True)
+            rec.runtime.engine.kill(rec.id, "KILL", all_processes=True)
 
     def _history(self, env_id: str) -> list[dict[str, Any]]:
         if self.provisioner is None:

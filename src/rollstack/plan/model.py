@@ -173,6 +173,8 @@ class Plan(_Model):
     """none | outbound | {allow: [HOST:PORT, CIDR:PORT, ...]} (see rollstack.plan.network)"""
     expose: list[int] = Field(default_factory=list)
     """ports inside the environment the client reaches through the node's API"""
+    runtime: Literal["runc", "runsc"] = "runc"
+    """runc (namespaces + cgroups + seccomp) or runsc (gVisor: a user-space kernel per environment)"""
     fetch: FetchPolicy = Field(default_factory=FetchPolicy)
     timeout: float = Field(1800.0, gt=0, allow_inf_nan=False)
     """seconds the environment may live"""

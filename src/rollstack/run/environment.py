@@ -3,6 +3,7 @@
 On disk, under the runtime root (`RuntimeConfig.root`):
 
     <root>/runc/                 runc's state (`runc --root`)
+    <root>/runsc/                runsc's state (environments with `runtime: runsc`)
     <root>/envs/<id>/meta.json   written FIRST on create: the anchor crash recovery looks for
     <root>/envs/<id>/upper/      overlay upper (the environment's writes)
     <root>/envs/<id>/work/       overlay work dir
@@ -51,6 +52,8 @@ class RuntimeConfig:
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
     runc_binary: str = "runc"
+    runsc_binary: str = "runsc"
+    runsc_platform: str = "ptrace"
     network: NetworkManager | None = None
     """Builds per-environment network namespaces (None: a default NetworkManager when needed)."""
     subreaper: bool = True
@@ -84,6 +87,7 @@ class EnvironmentRuntime:
         self.root = Path(config.root).resolve()
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
         self.runc = Runc(self.root / "runc", config.runc_binary)
+        self._runsc: Runc | None = None
         self._init = config.init
         self._network = config.network
         if config.subreaper:
@@ -96,6 +100,19 @@ class EnvironmentRuntime:
         return self._init
 
     @property
+    def runsc(self) -> Runc:
+        """The gVisor engine (rollstack.run.runsc), made on first use."""
+        if self._runsc is None:
+            from rollstack.run.runsc import Runsc
+
+            self._runsc = Runsc(self.root / "runsc", self.config.runsc_binary,
+                                self.config.runsc_platform, self.config.cgroup_parent)
+        return self._runsc
+
+    def engine(self, name: str) -> Runc:
+        return self.runsc if name == "runsc" else self.runc
+
+    @property
     def network(self) -> NetworkManager:
         if self._network is None:
             self._network = NetworkManager()
@@ -106,7 +123,7 @@ class EnvironmentRuntime:
 
     def create(self, env_id: str, lowers: Sequence[Path], params: SpecParams,
                before_start: Callable[[Path], None] | None = None,
-               network: NetworkSpec | None = None) -> "Environment":
+               network: NetworkSpec | None = None, runtime: str = "runc") -> "Environment":
         """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation],
         [network], start}.
 
@@ -114,6 +131,7 @@ class EnvironmentRuntime:
         overlay mounts (`${ROLLSTACK_GATEWAY}` in `params.env` values becomes its gateway); `timings["network"]` is its own duration, `["network_wait"]` what it
         added to the create after the mount and mutation.
 
+        `runtime`: "runc" or "runsc" (gVisor; RuntimeFailure naming it when not installed).
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
         there). On any failure everything created so far is destroyed before the error rises.
         """
@@ -128,12 +146,20 @@ class EnvironmentRuntime:
         if env.dir.exists():
             raise InvalidRequest(f"environment {env_id} already exists")
         spec = build_spec(str(env.rootfs), params)  # validates before touching the disk
+        if runtime not in ("runc", "runsc"):
+            raise InvalidRequest(f"runtime: {runtime!r} is not runc or runsc")
+        if runtime == "runsc":
+            from rollstack.run.runsc import runsc_available
+
+            if not runsc_available(self.config.runsc_binary):
+                raise RuntimeFailure(f"runtime: runsc is not installed on this node "
+                                     f"({self.config.runsc_binary} not found)")
         net_job: _NetJob | None = None
         try:
             env.dir.mkdir(parents=True)
             env._write_meta({"id": env_id, "lowers": [str(p) for p in lowers],
                              "created": time.time(), "cwd": params.cwd,
-                             "cgroup_parent": self.config.cgroup_parent})
+                             "cgroup_parent": self.config.cgroup_parent, "runtime": runtime})
             for d in (env.upper, env.work, env.rootfs, env.bundle):
                 d.mkdir()
             if network is not None and network.needs_netns:
@@ -156,7 +182,7 @@ class EnvironmentRuntime:
                 env.timings["network_wait"] = time.monotonic() - tw
             t2 = time.monotonic()
             (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
-            env.pid = self.runc.run_detached(env_id, env.bundle)
+            env.pid = self.engine(runtime).run_detached(env_id, env.bundle)
             env.timings["start"] = time.monotonic() - t2
         except BaseException:
             if net_job is not None:
@@ -186,6 +212,12 @@ class EnvironmentRuntime:
             left.containers = sorted(c.id for c in self.runc.list() if ENV_ID_RE.fullmatch(c.id))
         except RuntimeFailure:
             left.containers = []
+        if (self.root / "runsc").is_dir():
+            try:
+                left.containers = sorted(set(left.containers) | {
+                    c.id for c in self.runsc.list() if ENV_ID_RE.fullmatch(c.id)})
+            except RuntimeFailure:
+                pass
         prefix = str(envs_dir) + "/"
         left.mounts = sorted({mp for mp, _ in overlay.mount_points() if mp.startswith(prefix)})
         mounts = cgroupfs.cgroup_mounts()
@@ -254,6 +286,19 @@ class Environment:
             raise EnvironmentGone(f"environment {self.id} has no readable state") from e
 
     @property
+    def runtime_name(self) -> str:
+        """"runc" or "runsc" (what created it; read from meta.json)."""
+        try:
+            return str(json.loads(self.meta_path.read_text()).get("runtime") or "runc")
+        except (OSError, ValueError):
+            has_runsc = (self.runtime.root / "runsc").is_dir() and self.runtime.runsc.has_state(self.id)
+            return "runsc" if has_runsc else "runc"
+
+    @property
+    def engine(self) -> Runc:
+        return self.runtime.engine(self.runtime_name)
+
+    @property
     def net(self) -> NetHandle | None:
         """The environment's network namespace, veth and table (None: loopback only)."""
         try:
@@ -274,7 +319,7 @@ class Environment:
              on_output: OnOutput | None = None) -> ExecResult:
         """Run argv (or a shell string through `/bin/sh -c`) in the environment."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        return self.runtime.runc.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
+        return self.engine.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
                                       timeout=timeout, output_limit=output_limit,
                                       on_output=on_output)
 
@@ -296,12 +341,12 @@ class Environment:
                           binary=binary)
 
     def update(self, cpu: float | None = None, memory: int | None = None) -> None:
-        self.runtime.runc.update(self.id, cpu=cpu, memory=memory)
+        self.engine.update(self.id, cpu=cpu, memory=memory)
 
     def status(self) -> str:
         """runc's status (running, stopped, ...) or "missing"."""
         try:
-            return self.runtime.runc.state(self.id).status
+            return self.engine.state(self.id).status
         except RuntimeFailure:
             return "missing"
 
@@ -312,9 +357,9 @@ class Environment:
 
     def destroy(self) -> None:
         """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""
-        runc, errors = self.runtime.runc, []
+        runc, errors = self.engine, []
         init_pid = self._init_pid()
-        if (runc.root / self.id).exists():
+        if runc.has_state(self.id):
             # kill + wait + plain delete: `runc delete --force` sleeps >= 100 ms polling.
             members = self._members()
             try:
@@ -330,7 +375,7 @@ class Environment:
                     runc.delete(self.id, force=True)
                 except RuntimeFailure as e:
                     errors.append(str(e))
-                    shutil.rmtree(runc.root / self.id, ignore_errors=True)
+                    runc.drop_state(self.id)
         if init_pid is not None:
             _reap(init_pid, wait=0)
         for cg in cgroupfs.env_cgroup_dirs(self.id, self.runtime.config.cgroup_parent):
