@@ -151,9 +151,13 @@ class EnvironmentRuntime:
         if runtime == "runsc":
             from rollstack.run.runsc import runsc_available
 
+            from rollstack.run.runsc import NETWORK_UNSUPPORTED
+
             if not runsc_available(self.config.runsc_binary):
                 raise RuntimeFailure(f"runtime: runsc is not installed on this node "
                                      f"({self.config.runsc_binary} not found)")
+            if network is not None and network.needs_netns:
+                raise RuntimeFailure(NETWORK_UNSUPPORTED)
         net_job: _NetJob | None = None
         try:
             env.dir.mkdir(parents=True)

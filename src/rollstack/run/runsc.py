@@ -5,9 +5,12 @@ own kernel in user space: the environment's syscalls are served by the Sentry, n
 Differences from runc, all handled here:
 
 - platform: `--platform=ptrace` by default (works without KVM/nested virtualisation);
-- network: a netns prepared by rollstack.run.network is handed to gVisor's netstack
-  (`--network=sandbox`, the veth keeps the host-side nftables policy); otherwise
-  `--network=none` (loopback only, like runc's fresh netns);
+- network: `--network=none` (loopback only, like runc's fresh netns). Network policies are
+  refused for runsc on this node (`NETWORK_UNSUPPORTED`): Debian's runsc (20221219) decides
+  "am I in the root netns?" by the presence of /proc/sys/net/core/rmem_default, which kernels
+  >= 6.x have in every netns, so its netstack refuses any netns we prepare; `--network=host`
+  inside our netns starts but the container stops at once (cause not found). A newer gVisor
+  lifts this; until then `runtime: runsc` means `network: none`;
 - exec: `runsc exec` cannot pass extra fds into the sandbox, so the command's stdio are runsc's
   own pipes (runsc's error messages, if any, land in the command's stderr); there is no
   `--pid-file` tree kill: a timeout sends SIGTERM through runsc (forwarded to tini, which
@@ -38,6 +41,9 @@ from rollstack.run.runc import (
 )
 
 DEFAULT_PLATFORM = "ptrace"
+NETWORK_UNSUPPORTED = ("runtime: runsc supports only network: none (and no expose) on this node: "
+                       "this gVisor release mistakes every network namespace for the host's on "
+                       "kernel >= 6 (see docs/runtime.md); use runtime: runc for network policies")
 
 
 def runsc_available(binary: str = "runsc") -> bool:
@@ -61,12 +67,8 @@ class Runsc(Runc):
         log = Path(log or Path(bundle) / "runsc.log")
         pid_file = Path(bundle) / "init.pid"
         pid_file.unlink(missing_ok=True)
-        spec = json.loads((Path(bundle) / "config.json").read_text())
-        joined = any(ns.get("type") == "network" and ns.get("path")
-                     for ns in spec.get("linux", {}).get("namespaces", []))
-        cmd = self._cmd(f"--network={'sandbox' if joined else 'none'}", "--log", str(log),
-                        "run", "-detach", "-pid-file", str(pid_file), "-bundle", str(bundle),
-                        container_id)
+        cmd = self._cmd("--network=none", "--log", str(log), "run", "-detach", "-pid-file",
+                        str(pid_file), "-bundle", str(bundle), container_id)
         err_path = Path(bundle) / "runsc.stderr"  # a file: the sandbox inherits it (a pipe would never close)
         try:
             with open(err_path, "wb") as err_file:

@@ -1,5 +1,6 @@
-"""Network policy through the node: a harness inside the environment talks to a scripted model
-server in a netns of ours and fixes the task; exposed ports through the API; bad policies."""
+"""Isolation tiers through the node: a harness inside the environment talks to a scripted model
+server in a netns of ours and fixes the task; exposed ports through the API; bad policies; the
+gVisor tier (runtime: runsc)."""
 
 from __future__ import annotations
 
@@ -167,4 +168,31 @@ def test_bad_policies_are_plan_invalid_and_leave_nothing(client, node, network, 
     with pytest.raises(errors.PlanInvalid) as exc:
         client.create(plan(network=network))
     assert exc.value.message.startswith(field) and words in exc.value.message, exc.value.message
+    assert sorted(p.name for p in (root / "envs").iterdir()) == before
+
+
+def test_gvisor_tier_through_the_node(client, node):
+    with _create(client, node, runtime="runsc") as env:
+        assert "4.4.0" in env.exec("uname -r").stdout  # gVisor's kernel
+        r = env.exec("cat hello.txt; echo $TASK")
+        assert (r.exit_code, r.stdout) == (0, "bug\napp\n")
+        env.exec("echo fixed > hello.txt")
+        assert "+fixed" in env.diff()
+        score = env.evaluate()  # the evaluator runs under gVisor too
+        assert (score.reward, score.exit_code) == (1.0, 0), score.output
+        # the elastic provisioner samples the sandbox's cgroup
+        for _ in range(50):
+            hist = env.stats().history
+            if hist and any((s.memory_usage or 0) > 0 for s in hist):
+                break
+            import time
+            time.sleep(0.1)
+        assert any((s.memory_usage or 0) > 0 for s in hist), hist
+
+
+def test_gvisor_with_a_network_policy_is_refused_before_anything_is_made(client, node):
+    root = node[0].config.root
+    before = sorted(p.name for p in (root / "envs").iterdir())
+    with pytest.raises(errors.RuntimeFailure, match="runsc supports only network: none"):
+        client.create(plan(runtime="runsc", network="outbound"))
     assert sorted(p.name for p in (root / "envs").iterdir()) == before
