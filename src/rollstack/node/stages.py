@@ -74,7 +74,7 @@ class Stages:
 
         cfg = self.config
         cfg.root.mkdir(parents=True, exist_ok=True)
-        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root))
+        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root, network_warm=cfg.network_warm))
         spec = self._spec = cfg.store or default_store_spec()
         self.store = open_store(spec)
         self.resolver = Resolver(self.store, cfg.resolve_cache, cfg.resolve_ttl)
@@ -89,6 +89,7 @@ class Stages:
         )
         if not self.recovered.empty():
             log.warning("previous run left %s; re-adopted %s", self.recovered, [e.id for e, _ in self.adopted])
+        self.runtime.start_network_pool()  # after recovery: a crashed run's warm slots are gone
         if self.lazy is None:  # the old daemon's mounts hold adopted environments' lower dirs
             self.lazy = old_daemon if self.adopted else self._start_lazy(spec)
         if cfg.materialize_after:
@@ -179,6 +180,8 @@ class Stages:
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 log.exception("stopping the %s failed", name)
             setattr(self, name, None)
+        if self.runtime is not None:
+            self.runtime.close()  # the warm network pool's unclaimed slots
         if adopted_daemon:  # not our child: stop() cannot wait for it, so wait here
             end_orphan_daemon(self.config.lazy_dir / "mnt", self.config.lazy_dir / "state")
         for name in ("store",):

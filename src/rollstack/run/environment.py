@@ -56,6 +56,8 @@ class RuntimeConfig:
     runsc_platform: str = "ptrace"
     network: NetworkManager | None = None
     """Builds per-environment network namespaces (None: a default NetworkManager when needed)."""
+    network_warm: int = 0
+    """Network slots kept prepared ahead (`NetworkManager.start_pool`); 0: built per create."""
     subreaper: bool = True
     """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
     exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host
@@ -118,6 +120,17 @@ class EnvironmentRuntime:
             self._network = NetworkManager()
         return self._network
 
+    def start_network_pool(self) -> None:
+        """Start keeping `config.network_warm` network slots prepared (after recovery)."""
+        if self.config.network_warm > 0:
+            self.network.reclaim(f"{self.root}:warm")
+            self.network.start_pool(f"{self.root}:", self.config.network_warm)
+
+    def close(self) -> None:
+        """Stop the warm network pool and remove its unclaimed slots."""
+        if self._network is not None:
+            self._network.stop_pool()
+
     def env_dir(self, env_id: str) -> Path:
         return self.root / "envs" / env_id
 
@@ -167,7 +180,7 @@ class EnvironmentRuntime:
             for d in (env.upper, env.work, env.rootfs, env.bundle):
                 d.mkdir()
             if network is not None and network.needs_netns:
-                handle = self.network.claim(f"{self.root}:{env_id}")
+                handle = self.network.acquire(f"{self.root}:{env_id}")
                 env._write_meta({**env.meta(), "net": handle.to_dict()})
                 net_job = _NetJob(self.network, handle, network)
                 env_vars = {k: v.replace(GATEWAY_REF, handle.gateway) for k, v in params.env.items()}
@@ -245,6 +258,8 @@ class EnvironmentRuntime:
             Environment(self, env_id).destroy()
         for mp in reversed(left.mounts):  # mounts whose env dir is already gone
             overlay.unmount(Path(mp))
+        if self._network is not None or (self.network.state_dir / "slots").is_dir():
+            self.network.reclaim(f"{self.root}:warm")  # a crashed run's prepared, unclaimed slots
         return left
 
 

@@ -34,16 +34,20 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import socket
 import subprocess
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from rollstack.errors import PlanInvalid, RuntimeFailure
 from rollstack.plan.network import DENIED_NETS, AllowEntry
+
+log = logging.getLogger(__name__)
 
 DEFAULT_POOL = "10.213.0.0/16"
 DEFAULT_STATE_DIR = Path("/run/rollstack-net")
@@ -194,6 +198,14 @@ class NetworkManager:
     forward_interfaces: tuple[str, ...] = ()
     """Host interfaces (uplinks) whose forwarding is switched on when an egress env is made."""
     _net: ipaddress.IPv4Network = field(init=False, repr=False)
+    _warm: list[NetHandle] = field(default_factory=list, init=False, repr=False)
+    _prepared: set[int] = field(default_factory=set, init=False, repr=False)
+    _pool_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _pool_stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _pool_wake: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _pool_thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _pool_owner: str = field(default="", init=False, repr=False)
+    _pool_size: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._net = ipaddress.IPv4Network(self.pool)
@@ -227,8 +239,64 @@ class NetworkManager:
                              state_dir=str(self.state_dir))
         raise RuntimeFailure(f"network pool {self.pool} is exhausted ({self.slots} environments)")
 
-    def setup(self, h: NetHandle, spec: NetworkSpec) -> None:
-        """Build the netns, veth and table for claimed slot `h`. On failure, undoes it and raises."""
+    # -- warm pool -----------------------------------------------------------------------------
+
+    def start_pool(self, owner_prefix: str, size: int) -> None:
+        """Keep `size` slots prepared ahead (netns, veth, addresses, a drop-everything table) on
+        a background thread, so a create only claims one and loads its policy (one `nft`)."""
+        if size <= 0 or self._pool_thread is not None:
+            return
+        self._pool_owner, self._pool_size = f"{owner_prefix}warm", size
+        self._pool_stop.clear()
+        self._pool_thread = threading.Thread(target=self._fill_loop, name="netns-pool", daemon=True)
+        self._pool_thread.start()
+
+    def stop_pool(self) -> None:
+        """Stop refilling and remove every prepared, unclaimed slot."""
+        self._pool_stop.set()
+        self._pool_wake.set()
+        if self._pool_thread is not None:
+            self._pool_thread.join()
+            self._pool_thread = None
+        with self._pool_lock:
+            warm, self._warm = self._warm, []
+        for h in warm:
+            self.teardown(h)
+
+    def _fill_loop(self) -> None:
+        while not self._pool_stop.is_set():
+            with self._pool_lock:
+                short = len(self._warm) < self._pool_size
+            if short:
+                try:
+                    h = self.claim(self._pool_owner)
+                    self._prepare(h)
+                except Exception:  # noqa: BLE001 - creates fall back to building inline
+                    log.exception("preparing a warm network slot failed")
+                    self._pool_stop.wait(1.0)
+                    continue
+                with self._pool_lock:
+                    self._warm.append(h)
+                continue
+            self._pool_wake.wait(1.0)
+            self._pool_wake.clear()
+
+    def acquire(self, owner: str) -> NetHandle:
+        """A slot for `owner`: a prepared one from the pool when there is one, else a new claim."""
+        with self._pool_lock:
+            h = self._warm.pop() if self._warm else None
+        if h is None:
+            return self.claim(owner)
+        self._pool_wake.set()
+        self._slot_file(h.slot).write_text(json.dumps({"owner": owner, "pid": os.getpid(), "warm": True}))
+        with self._pool_lock:
+            self._prepared.add(h.slot)
+        return h
+
+    # -- build / remove ---------------------------------------------------------------------------
+
+    def _prepare(self, h: NetHandle) -> None:
+        """netns + veth + addresses + a table that drops everything from the environment."""
         try:
             _ip(["netns add " + h.netns,
                  f"link add {h.host_if} type veth peer name eth0 netns {h.netns}",
@@ -237,11 +305,9 @@ class NetworkManager:
             _ip([f"addr add {h.address}/30 dev eth0", "link set eth0 up", "link set lo up",
                  f"route add default via {h.gateway}"], netns=h.netns)
             _sysctl(f"net/ipv6/conf/{h.host_if}/disable_ipv6", "1")
-            if spec.mode != "none":
-                _sysctl(f"net/ipv4/conf/{h.host_if}/forwarding", "1")
-                for uplink in self.forward_interfaces:
-                    _sysctl(f"net/ipv4/conf/{uplink}/forwarding", "1")
-            _nft(ruleset(h, spec, self.pool))
+            # Per-interface forwarding; what is forwarded is the table's business (none: nothing).
+            _sysctl(f"net/ipv4/conf/{h.host_if}/forwarding", "1")
+            _nft(ruleset(h, NetworkSpec("none"), self.pool))
         except BaseException:
             try:
                 self.teardown(h)
@@ -249,29 +315,60 @@ class NetworkManager:
                 pass
             raise
 
+    def setup(self, h: NetHandle, spec: NetworkSpec) -> None:
+        """Build (or, for a slot from the pool, only re-policy) the netns, veth and table of
+        claimed slot `h`. On failure, undoes it and raises."""
+        with self._pool_lock:
+            prepared = h.slot in self._prepared
+            self._prepared.discard(h.slot)
+        if not prepared:
+            self._prepare(h)
+        try:
+            if spec.mode != "none":
+                for uplink in self.forward_interfaces:
+                    _sysctl(f"net/ipv4/conf/{uplink}/forwarding", "1")
+            table = f"{PREFIX}_{h.slot}"
+            # one transaction: the drop-everything table is replaced by the policy atomically
+            _nft(f"delete table inet {table}\n" + ruleset(h, spec, self.pool))
+        except BaseException:
+            try:
+                self.teardown(h)
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+
     def teardown(self, h: NetHandle) -> None:
         """Remove the table, veth, netns and claim of `h`; anything already gone is fine."""
         errors: list[str] = []
         table = f"{PREFIX}_{h.slot}"
-        if _table_exists(table):
+        try:  # declaring it first makes the delete idempotent, in one process
+            _nft(f"table inet {table} {{}}\ndelete table inet {table}\n")
+        except RuntimeFailure as e:
+            errors.append(str(e))
+        cmds = ([f"link del {h.host_if}"] if Path(f"/sys/class/net/{h.host_if}").exists() else []) \
+            + ([f"netns del {h.netns}"] if Path(h.netns_path).exists() else [])
+        if cmds:
             try:
-                _nft(f"delete table inet {table}\n")
-            except RuntimeFailure as e:
-                errors.append(str(e))
-        if Path(f"/sys/class/net/{h.host_if}").exists():
-            try:
-                _ip([f"link del {h.host_if}"])
-            except RuntimeFailure as e:
-                errors.append(str(e))
-        if Path(h.netns_path).exists():
-            try:
-                _ip([f"netns del {h.netns}"])
+                _ip(cmds)
             except RuntimeFailure as e:
                 errors.append(str(e))
         if errors:
             raise RuntimeFailure(f"network teardown of slot {h.slot} incomplete: {'; '.join(errors)}",
                                  errors=errors)
         Path(h.state_dir, "slots", str(h.slot)).unlink(missing_ok=True)
+
+    def reclaim(self, owner_prefix: str, keep: Sequence[int] = ()) -> list[int]:
+        """Tear down slots claimed under `owner_prefix` (a crashed run's, its warm pool's) except
+        `keep`; returns them."""
+        gone = []
+        for slot in self.owned(owner_prefix):
+            if slot in keep:
+                continue
+            base = self._net.network_address + 4 * slot
+            self.teardown(NetHandle(slot, f"{PREFIX}-{slot}", f"{PREFIX}h{slot}", str(base + 1),
+                                    str(base + 2), str(self.state_dir)))
+            gone.append(slot)
+        return gone
 
     def owned(self, owner_prefix: str = "") -> list[int]:
         """Claimed slots whose owner starts with `owner_prefix` (for leak checks and recovery)."""
@@ -326,10 +423,6 @@ def _run(args: list[str], stdin: str, what: str) -> None:
 def _tables() -> list[str]:
     proc = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
     return [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("table inet ")]
-
-
-def _table_exists(name: str) -> bool:
-    return name in _tables()
 
 
 def _sysctl(key: str, value: str) -> None:

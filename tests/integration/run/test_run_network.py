@@ -157,8 +157,12 @@ def test_failed_setup_leaves_nothing(runtime, busybox_lower, monkeypatch):
     from rollstack.errors import RuntimeFailure
     from rollstack.run import network
 
-    def broken(script: str) -> None:
-        raise RuntimeFailure("nft failed: injected")
+    real = network._nft
+
+    def broken(script: str) -> None:  # loading a policy fails; removing tables still works
+        if "chain from_env" in script:
+            raise RuntimeFailure("nft failed: injected")
+        real(script)
 
     monkeypatch.setattr(network, "_nft", broken)
     env_id = f"f-{uuid.uuid4().hex[:8]}"
@@ -195,3 +199,39 @@ def _tcp_server(addr: str, port: int) -> socket.socket:
 
     threading.Thread(target=loop, daemon=True).start()
     return srv
+
+
+def test_warm_pool_slots_serve_creates_and_are_removed_on_close(tmp_path, busybox_lower, upstream):
+    import json
+    import time
+
+    from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
+
+    rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt-warm", network_warm=2, subreaper=False))
+    rt.start_network_pool()
+    try:
+        end = time.monotonic() + 30
+        while len(rt.network.owned(f"{rt.root}:warm")) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        warm = rt.network.owned(f"{rt.root}:warm")
+        assert len(warm) == 2
+        # a prepared slot drops everything until a policy is loaded
+        table = sh("nft", "list", "table", "inet", f"rsn_{warm[0]}").stdout
+        assert "dport" not in table and "masquerade" not in table and "jump beyond" in table
+        spec = resolve_spec("allow", [parse_allow(f"{upstream.addr}:8000")], [])
+        env = rt.create("w-1", [busybox_lower], SpecParams("w-1"), network=spec)
+        try:
+            assert env.net.slot in warm
+            doc = json.loads(Path(rt.network.state_dir, "slots", str(env.net.slot)).read_text())
+            assert doc["owner"] == f"{rt.root}:w-1" and doc["warm"]
+            assert fetch(env, f"http://{upstream.addr}:8000/hello") == (0, "hello from upstream\n")
+            assert fetch(env, f"http://{upstream.addr}:8001/hello")[0] != 0
+        finally:
+            env.destroy()
+    finally:
+        rt.close()
+        rt.cleanup_leftovers()
+    assert rt.network.owned(f"{rt.root}:") == []
+    slots = set(warm) | {env.net.slot if env.net else -1}
+    assert leftovers(sorted(s for s in slots if s >= 0)) == \
+        {"interfaces": [], "netns": [], "tables": [], "addresses": []}
