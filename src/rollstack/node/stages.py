@@ -233,7 +233,7 @@ class Stages:
             memory=plan.resources.memory,
         )
         env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net,
-                                  runtime=plan.runtime)
+                                  runtime=plan.runtime, userns=plan.security.userns)
         timings.mount = round(env.timings.get("mount", 0.0), 6)
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)
         timings.start = round(env.timings.get("start", 0.0), 6)

@@ -114,6 +114,11 @@ class FetchPolicy(_Model):
     """fetch every layer whole before the environment starts (the non-lazy baseline)"""
 
 
+class Security(_Model):
+    userns: bool = False
+    """run root inside as an unprivileged host uid range (rollstack.run.userns; opt-in)"""
+
+
 class Evaluator(_Model):
     """A clean environment that scores a rollout (run by the node; parsed and resolved here)."""
 
@@ -173,6 +178,7 @@ class Plan(_Model):
     """none | outbound | {allow: [HOST:PORT, CIDR:PORT, ...]} (see rollstack.plan.network)"""
     expose: list[int] = Field(default_factory=list)
     """ports inside the environment the client reaches through the node's API"""
+    security: Security = Field(default_factory=Security)
     runtime: Literal["runc", "runsc"] = "runc"
     """runc (namespaces + cgroups + seccomp) or runsc (gVisor: a user-space kernel per environment)"""
     fetch: FetchPolicy = Field(default_factory=FetchPolicy)

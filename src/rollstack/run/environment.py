@@ -90,6 +90,7 @@ class EnvironmentRuntime:
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
         self.runc = Runc(self.root / "runc", config.runc_binary)
         self._runsc: Runc | None = None
+        self._idmap = None
         self._init = config.init
         self._network = config.network
         if config.subreaper:
@@ -136,7 +137,8 @@ class EnvironmentRuntime:
 
     def create(self, env_id: str, lowers: Sequence[Path], params: SpecParams,
                before_start: Callable[[Path], None] | None = None,
-               network: NetworkSpec | None = None, runtime: str = "runc") -> "Environment":
+               network: NetworkSpec | None = None, runtime: str = "runc",
+               userns: bool = False) -> "Environment":
         """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation],
         [network], start}.
 
@@ -145,6 +147,7 @@ class EnvironmentRuntime:
         added to the create after the mount and mutation.
 
         `runtime`: "runc" or "runsc" (gVisor; RuntimeFailure naming it when not installed).
+        `userns`: root inside mapped to host 100000.. through idmapped lowers (rollstack.run.userns).
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
         there). On any failure everything created so far is destroyed before the error rises.
         """
@@ -171,23 +174,41 @@ class EnvironmentRuntime:
                                      f"({self.config.runsc_binary} not found)")
             if network is not None and network.needs_netns:
                 raise RuntimeFailure(NETWORK_UNSUPPORTED)
+            if userns:
+                raise RuntimeFailure("security.userns: not available with runtime: runsc")
+        if userns:
+            from rollstack.run import userns as uns
+
+            uns.check_traversable(env.dir)
+            params = replace(params, userns_map=(uns.HOST_BASE, uns.SIZE))
+            spec = build_spec(str(env.rootfs), params)
         net_job: _NetJob | None = None
         try:
             env.dir.mkdir(parents=True)
             env._write_meta({"id": env_id, "lowers": [str(p) for p in lowers],
                              "created": time.time(), "cwd": params.cwd,
-                             "cgroup_parent": self.config.cgroup_parent, "runtime": runtime})
+                             "cgroup_parent": self.config.cgroup_parent, "runtime": runtime,
+                             "userns": userns})
             for d in (env.upper, env.work, env.rootfs, env.bundle):
                 d.mkdir()
             if network is not None and network.needs_netns:
-                handle = self.network.acquire(f"{self.root}:{env_id}")
+                # userns: the netns must belong to the environment's user namespace (runc exec
+                # joins the userns first, then could not enter a netns owned by ours), so runc
+                # makes it and the veth moves in after start (no warm slot, no overlap).
+                handle = self.network.claim(f"{self.root}:{env_id}") if userns \
+                    else self.network.acquire(f"{self.root}:{env_id}")
                 env._write_meta({**env.meta(), "net": handle.to_dict()})
-                net_job = _NetJob(self.network, handle, network)
+                if not userns:
+                    net_job = _NetJob(self.network, handle, network)
                 env_vars = {k: v.replace(GATEWAY_REF, handle.gateway) for k, v in params.env.items()}
-                spec = build_spec(str(env.rootfs), replace(params, netns_path=handle.netns_path,
-                                                           env=env_vars))
+                spec = build_spec(str(env.rootfs), replace(
+                    params, netns_path=None if userns else handle.netns_path, env=env_vars))
             t0 = time.monotonic()
-            overlay.mount_overlay([Path(p) for p in lowers], env.upper, env.work, env.rootfs)
+            stack = [Path(p) for p in lowers]
+            if userns:
+                stack = self._idmapped(env, stack)
+                env.timings["idmap"] = time.monotonic() - t0
+            overlay.mount_overlay(stack, env.upper, env.work, env.rootfs)
             t1 = time.monotonic()
             env.timings["mount"] = t1 - t0
             if before_start is not None:
@@ -201,6 +222,10 @@ class EnvironmentRuntime:
             (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
             env.pid = self.engine(runtime).run_detached(env_id, env.bundle)
             env.timings["start"] = time.monotonic() - t2
+            if userns and network is not None and network.needs_netns:
+                t3 = time.monotonic()
+                self.network.setup(handle, network, attach_pid=env.pid)
+                env.timings["network"] = env.timings["network_wait"] = time.monotonic() - t3
         except BaseException:
             if net_job is not None:
                 net_job.join()  # never tear down under a setup still running
@@ -210,6 +235,21 @@ class EnvironmentRuntime:
                 pass
             raise
         return env
+
+    def _idmapped(self, env: "Environment", lowers: list[Path]) -> list[Path]:
+        """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root."""
+        from rollstack.run import userns as uns
+
+        if self._idmap is None:
+            self._idmap = uns.IdMap()
+        out = []
+        for i, lower in enumerate(lowers):
+            d = env.dir / "idmap" / str(i)
+            d.mkdir(parents=True)
+            self._idmap.mount(lower, d)
+            out.append(d)
+        os.chown(env.upper, uns.HOST_BASE, uns.HOST_BASE)
+        return out
 
     def open(self, env_id: str) -> "Environment":
         """Re-open an existing environment (e.g. adopted after an agent restart)."""
@@ -402,17 +442,26 @@ class Environment:
                 cgroupfs.remove_cgroup(cg)
             except OSError as e:
                 errors.append(f"cgroup {cg}: {e}")
-        net = self.net
+        net, net_left = self.net, False
         if net is not None:
             try:
                 self.runtime.network.teardown(net)
             except RuntimeFailure as e:
                 errors.append(str(e))
+                net_left = True  # keep meta.json: it is how a retry finds the slot
         try:
             overlay.unmount(self.rootfs)
         except RuntimeFailure as e:
             errors.append(str(e))
-        if self.dir.exists() and not overlay.is_mounted(self.rootfs):
+        idmaps = sorted((self.dir / "idmap").glob("*")) if (self.dir / "idmap").is_dir() else []
+        for d in idmaps:  # userns: the idmapped lower clones, after the overlay over them
+            try:
+                overlay.unmount(d)
+            except RuntimeFailure as e:
+                errors.append(str(e))
+        if any(overlay.is_mounted(d) for d in idmaps):
+            net_left = True  # never rmtree through a mount
+        if self.dir.exists() and not overlay.is_mounted(self.rootfs) and not net_left:
             shutil.rmtree(self.dir, ignore_errors=True)
         if self.dir.exists() or errors:
             raise RuntimeFailure(f"destroy of {self.id} incomplete: {'; '.join(errors)}",

@@ -295,10 +295,12 @@ class NetworkManager:
 
     # -- build / remove ---------------------------------------------------------------------------
 
-    def _prepare(self, h: NetHandle) -> None:
-        """netns + veth + addresses + a table that drops everything from the environment."""
+    def _prepare(self, h: NetHandle, attach_pid: int | None = None) -> None:
+        """netns + veth + addresses + a table that drops everything from the environment.
+        `attach_pid`: use that process's netns (a container's, made inside its user namespace)
+        instead of a new one."""
         try:
-            _ip(["netns add " + h.netns,
+            _ip([f"netns attach {h.netns} {attach_pid}" if attach_pid else "netns add " + h.netns,
                  f"link add {h.host_if} type veth peer name eth0 netns {h.netns}",
                  f"addr add {h.gateway}/30 dev {h.host_if}",
                  f"link set {h.host_if} up"])
@@ -315,14 +317,14 @@ class NetworkManager:
                 pass
             raise
 
-    def setup(self, h: NetHandle, spec: NetworkSpec) -> None:
+    def setup(self, h: NetHandle, spec: NetworkSpec, attach_pid: int | None = None) -> None:
         """Build (or, for a slot from the pool, only re-policy) the netns, veth and table of
-        claimed slot `h`. On failure, undoes it and raises."""
+        claimed slot `h` (in the netns of `attach_pid` if given). On failure, undoes it and raises."""
         with self._pool_lock:
             prepared = h.slot in self._prepared
             self._prepared.discard(h.slot)
         if not prepared:
-            self._prepare(h)
+            self._prepare(h, attach_pid)
         try:
             if spec.mode != "none":
                 for uplink in self.forward_interfaces:

@@ -107,6 +107,8 @@ class SpecParams:
     """Host architecture (`uname -m`), for the seccomp profile's architectures."""
     netns_path: str | None = None
     """Join this network namespace (made by rollstack.run.network) instead of a fresh one."""
+    userns_map: tuple[int, int] | None = None
+    """(host id, count): run in a new user namespace mapping 0.. to these host uids/gids."""
 
 
 # Denied with EPERM: kernel surfaces an agent's workload never needs (keys, bpf, perf, module and
@@ -192,6 +194,8 @@ def _validate(rootfs: str, p: SpecParams) -> None:
             raise InvalidRequest(f"invalid capability {cap!r}")
     if p.netns_path is not None and (not p.netns_path.startswith("/") or "\x00" in p.netns_path):
         raise InvalidRequest(f"netns path must be absolute: {p.netns_path!r}")
+    if p.userns_map is not None and not (p.userns_map[0] > 0 and 0 < p.userns_map[1] <= 1 << 24):
+        raise InvalidRequest(f"invalid user namespace mapping {p.userns_map!r}")
 
 
 def _env_list(extra: Mapping[str, str]) -> list[str]:
@@ -240,7 +244,16 @@ def _namespaces(p: SpecParams) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")]
     if p.netns_path is not None:
         out[1] = {"type": "network", "path": p.netns_path}
+    if p.userns_map is not None:
+        out.append({"type": "user"})
     return out
+
+
+def _id_mappings(p: SpecParams) -> dict[str, Any]:
+    if p.userns_map is None:
+        return {}
+    m = [{"containerID": 0, "hostID": int(p.userns_map[0]), "size": int(p.userns_map[1])}]
+    return {"uidMappings": m, "gidMappings": [dict(x) for x in m]}
 
 
 def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
@@ -269,6 +282,7 @@ def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
             "cgroupsPath": cgroup_path(params.env_id, params.cgroup_parent),
             "resources": _resources(params),
             "namespaces": _namespaces(params),
+            **_id_mappings(params),
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
             **({"seccomp": seccomp_profile(params.arch)} if params.seccomp else {}),
