@@ -232,7 +232,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Cost of network policy (create time, throughput, leaks) and of the gVisor tier."""
         command = " ".join(["rollstack", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "rollstack bench isolation"
-        with tempfile.TemporaryDirectory(prefix="rollstack-bench-isolation-") as tmp:
+        # under /var/tmp: the user-namespace tier needs every parent searchable (not /tmp/pytest-*)
+        with tempfile.TemporaryDirectory(prefix="rollstack-bench-isolation-", dir="/var/tmp") as tmp:
             doc = run(Path(tmp), creates, cycles, reps, command, gvisor=not no_gvisor)
         if out is not None:
             out.write_text(json.dumps(doc, indent=2))
