@@ -185,7 +185,7 @@ def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: 
     rt = EnvironmentRuntime(RuntimeConfig(root=work / "rt"))
     warm = 2
     warm_rt = EnvironmentRuntime(RuntimeConfig(root=work / "rt-warm", network_warm=warm, subreaper=False))
-    warm_rt.start_network_pool()
+    warm_rt.start_network_pool(lazy=False)
     try:
         doc: dict[str, Any] = {"command": command, "cores": os.cpu_count(), "kernel": os.uname().release,
                                "loadavg_start": [round(x, 1) for x in os.getloadavg()]}

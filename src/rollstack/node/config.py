@@ -57,8 +57,8 @@ class NodeConfig(BaseModel):
     """On start, re-adopt a crashed run's running environments when its lazy store daemon still
     serves them (otherwise, and always for evaluator environments, they are destroyed)."""
     network_warm: int = Field(default=4, ge=0)
-    """Network slots (netns + veth + a drop-all table) kept prepared, so a create with a network
-    policy only loads its rules; 0: each is built during its create."""
+    """Network slots (netns + veth + a drop-all table) kept prepared once the first create asks
+    for a network, so later ones only load their rules; 0: each is built during its create."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
 

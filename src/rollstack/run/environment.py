@@ -121,11 +121,12 @@ class EnvironmentRuntime:
             self._network = NetworkManager()
         return self._network
 
-    def start_network_pool(self) -> None:
-        """Start keeping `config.network_warm` network slots prepared (after recovery)."""
+    def start_network_pool(self, lazy: bool = True) -> None:
+        """Keep `config.network_warm` network slots prepared (call after recovery); `lazy`: from
+        the first create that asks for a network on."""
         if self.config.network_warm > 0:
             self.network.reclaim(f"{self.root}:warm")
-            self.network.start_pool(f"{self.root}:", self.config.network_warm)
+            self.network.start_pool(f"{self.root}:", self.config.network_warm, lazy=lazy)
 
     def close(self) -> None:
         """Stop the warm network pool and remove its unclaimed slots."""

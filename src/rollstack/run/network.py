@@ -241,18 +241,29 @@ class NetworkManager:
 
     # -- warm pool -----------------------------------------------------------------------------
 
-    def start_pool(self, owner_prefix: str, size: int) -> None:
+    def start_pool(self, owner_prefix: str, size: int, lazy: bool = True) -> None:
         """Keep `size` slots prepared ahead (netns, veth, addresses, a drop-everything table) on
-        a background thread, so a create only claims one and loads its policy (one `nft`)."""
+        a background thread, so a create only claims one and loads its policy (one nftables
+        transaction). `lazy`: the thread starts at the first `acquire` (a node whose plans never
+        ask for a network builds nothing)."""
         if size <= 0 or self._pool_thread is not None:
             return
         self._pool_owner, self._pool_size = f"{owner_prefix}warm", size
-        self._pool_stop.clear()
-        self._pool_thread = threading.Thread(target=self._fill_loop, name="netns-pool", daemon=True)
-        self._pool_thread.start()
+        if not lazy:
+            self._start_filling()
+
+    def _start_filling(self) -> None:
+        with self._pool_lock:
+            if self._pool_thread is not None or self._pool_size <= 0:
+                return
+            self._pool_stop.clear()
+            self._pool_thread = threading.Thread(target=self._fill_loop, name="netns-pool", daemon=True)
+            self._pool_thread.start()
 
     def stop_pool(self) -> None:
-        """Stop refilling and remove every prepared, unclaimed slot."""
+        """Stop refilling (for good) and remove every prepared, unclaimed slot."""
+        with self._pool_lock:
+            self._pool_size = 0
         self._pool_stop.set()
         self._pool_wake.set()
         if self._pool_thread is not None:
@@ -283,6 +294,7 @@ class NetworkManager:
 
     def acquire(self, owner: str) -> NetHandle:
         """A slot for `owner`: a prepared one from the pool when there is one, else a new claim."""
+        self._start_filling()
         with self._pool_lock:
             h = self._warm.pop() if self._warm else None
         if h is None:

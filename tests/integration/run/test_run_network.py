@@ -208,7 +208,7 @@ def test_warm_pool_slots_serve_creates_and_are_removed_on_close(tmp_path, busybo
     from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 
     rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt-warm", network_warm=2, subreaper=False))
-    rt.start_network_pool()
+    rt.start_network_pool(lazy=False)
     try:
         end = time.monotonic() + 30
         while len(rt.network.owned(f"{rt.root}:warm")) < 2 and time.monotonic() < end:
