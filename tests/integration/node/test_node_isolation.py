@@ -5,8 +5,6 @@ gVisor tier (runtime: runsc)."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import httpx
 import pytest
