@@ -277,6 +277,12 @@ class NetworkManager:
             self.teardown(h)
 
     def _fill_loop(self) -> None:
+        # Refills must not compete with the create that just took a slot: this thread (and the
+        # `ip` processes it spawns, which inherit it) runs at nice 10, a moment after the wake.
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except OSError:
+            pass
         while not self._pool_stop.is_set():
             with self._pool_lock:
                 short = len(self._warm) < self._pool_size
@@ -291,7 +297,8 @@ class NetworkManager:
                 with self._pool_lock:
                     self._warm.append(h)
                 continue
-            self._pool_wake.wait(1.0)
+            if self._pool_wake.wait(1.0):
+                self._pool_stop.wait(0.1)
             self._pool_wake.clear()
 
     def acquire(self, owner: str) -> NetHandle:
