@@ -174,6 +174,18 @@ def create_app(
     async def evaluate(env_id: str) -> Evaluation:
         return await call("evaluate", service.evaluate, env_id)
 
+    @app.api_route("/v1/environments/{env_id}/ports/{port}/{path:path}", dependencies=auth,
+                   include_in_schema=False,  # one route, many methods: not an OpenAPI operation
+                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+    async def port_proxy(env_id: str, port: int, path: str, request: Request) -> Response:
+        from rollstack.node import ports
+
+        base = await call("port", service.port_target, env_id, port)
+        resp = await ports.forward(base, env_id, port, request.method, path, request.url.query,
+                                   dict(request.headers), await request.body())
+        return Response(resp.content, status_code=resp.status_code,
+                        headers=ports.response_headers(resp))
+
     @app.get("/v1/environments/{env_id}/stats", dependencies=auth, response_model=Stats)
     async def stats(env_id: str) -> Stats:
         return await call("stats", service.stats, env_id)

@@ -68,6 +68,9 @@ class NodeConfig(BaseModel):
     cpu_overcommit: float = Field(default=8.0, ge=1)
     """Admission: the sum of environments' CPU quotas may reach cores x this (see
     docs/provisioning.md, "Overcommit"). Memory is never overcommitted."""
+    network_warm: int = Field(default=4, ge=0)
+    """Network slots (netns + veth + a drop-all table) kept prepared once the first create asks
+    for a network, so later ones only load their rules; 0: each is built during its create."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
 

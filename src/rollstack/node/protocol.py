@@ -56,6 +56,10 @@ class EnvironmentService(Protocol):
 
     def health(self) -> Health: ...
 
+    def port_target(self, env_id: str, port: int) -> str:
+        """`http://ADDRESS:PORT` of a port the plan exposes (rollstack.node.ports)."""
+        ...
+
     def metrics(self) -> dict[str, float]:
         """Gauges for /metrics: name -> value (names without the `rollstack_` prefix)."""
         ...

@@ -171,6 +171,7 @@ class NodeService:
                 fetch=FetchStats(**built.fetch),
                 stack_digest=built.stack_digest,
                 layers=len(built.refs),
+                network=built.network,
             )
             with rec.lock:
                 if rec.state == st.CREATING:
@@ -293,6 +294,12 @@ class NodeService:
         if rec.state != st.RUNNING:
             raise EnvironmentGone(f"environment {env_id} is {rec.state}")
         return rec
+
+    def port_target(self, env_id: str, port: int) -> str:
+        """`http://ADDRESS:PORT` of an exposed port (rollstack.node.ports)."""
+        from rollstack.node.ports import port_target
+
+        return port_target(self._running(env_id), port)
 
     def info(self, env_id: str) -> EnvironmentInfo:
         rec = self._get(env_id)

@@ -62,6 +62,7 @@ class Built:
     refs: list[LayerRef]
     stack_digest: str | None
     fetch: dict[str, int] = field(default_factory=dict)
+    network: dict[str, Any] | None = None
 
 
 class Stages:
@@ -94,7 +95,8 @@ class Stages:
 
         cfg = self.config
         cfg.root.mkdir(parents=True, exist_ok=True)
-        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root, exec_agent=cfg.exec_agent))
+        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root, exec_agent=cfg.exec_agent,
+                                                        network_warm=cfg.network_warm))
         spec = self._spec = cfg.store or default_store_spec()
         self.store = open_store(spec)
         self.resolver = Resolver(self.store, cfg.resolve_cache, cfg.resolve_ttl)
@@ -109,6 +111,7 @@ class Stages:
         )
         if not self.recovered.empty():
             log.warning("previous run left %s; re-adopted %s", self.recovered, [e.id for e, _ in self.adopted])
+        self.runtime.start_network_pool()  # after recovery: a crashed run's warm slots are gone
         if self.lazy is None:  # the old daemon's mounts hold adopted environments' lower dirs
             self.lazy = old_daemon if self.adopted else self._start_lazy(spec)
         if cfg.materialize_after:
@@ -201,6 +204,8 @@ class Stages:
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 log.exception("stopping the %s failed", name)
             setattr(self, name, None)
+        if self.runtime is not None:
+            self.runtime.close()  # the warm network pool's unclaimed slots
         if adopted_daemon:  # not our child: stop() cannot wait for it, so wait here
             end_orphan_daemon(self.config.lazy_dir / "mnt", self.config.lazy_dir / "state")
         for name in ("store",):
@@ -240,7 +245,11 @@ class Stages:
         """Resolve, ensure layers (unless `prepared`), mount + mutate + start; fills the timings."""
         from rollstack.run.ocispec import SpecParams
 
+        from rollstack.node.netplan import harness_env, network_spec, new_token
+
         plan = rec.plan
+        net = network_spec(plan, reserved_node_ports=(self.config.host_port()[1],))  # names resolve now
+        token = new_token() if net.needs_netns else ""
         shared = prepared or self.prepare(plan, timings)
         stack, refs, lowers = shared.stack, shared.refs, shared.lowers
         t = time.perf_counter()
@@ -252,11 +261,12 @@ class Stages:
         params = SpecParams(
             env_id=rec.id,
             cwd=plan.workdir,
-            env=dict(plan.env),
+            env=harness_env(plan, net, token, internal=rec.internal),
             cpu=plan.resources.cpu,
             memory=plan.resources.memory,
         )
-        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan))
+        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net,
+                                  runtime=plan.runtime, userns=plan.security.userns)
         timings.mount = round(env.timings.get("mount", 0.0), 6)
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)
         timings.start = round(env.timings.get("start", 0.0), 6)
@@ -270,7 +280,13 @@ class Stages:
             self.materializer.used(refs)
         fetch = self._fetch_stats(rec.id)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
-        return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch)
+        h = env.net
+        network = None if h is None else {
+            "mode": net.mode, "address": h.address, "gateway": h.gateway, "token": token,
+            "endpoints": [e.replace("${ROLLSTACK_GATEWAY}", h.gateway) for e in net.endpoints],
+            "expose": list(net.expose)}
+        return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch,
+                     network=network)
 
     def _lower(self, digest: str) -> Path:
         """The layer's local copy when it has one (`node.materialize`), else its FUSE directory."""
@@ -367,7 +383,7 @@ class Stages:
     def kill(self, rec: EnvRecord) -> None:
         """Kill every process of the environment (its mounts and state stay for destroy)."""
         if rec.runtime is not None:
-            self.runtime.runc.kill(rec.id, "KILL", all_processes=True)
+            rec.runtime.engine.kill(rec.id, "KILL", all_processes=True)
 
     def _history(self, env_id: str) -> list[dict[str, Any]]:
         if self.provisioner is None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rollstack.core.units import GiB, parse_size
 from rollstack.errors import InvalidRequest, PlanInvalid
+from rollstack.plan.network import NetworkField, check_expose, check_network
 from rollstack.plan.refs import GroupRef
 
 
@@ -92,6 +93,11 @@ class FetchPolicy(_Model):
     """fetch every layer whole before the environment starts (the non-lazy baseline)"""
 
 
+class Security(_Model):
+    userns: bool = False
+    """run root inside as an unprivileged host uid range (rollstack.run.userns; opt-in)"""
+
+
 class Evaluator(_Model):
     """A clean environment that scores a rollout (run by the node; parsed and resolved here)."""
 
@@ -147,7 +153,13 @@ class Plan(_Model):
     workdir: str = "/"
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
-    network: str = "none"
+    network: NetworkField = "none"
+    """none | outbound | {allow: [HOST:PORT, CIDR:PORT, ...]} (see rollstack.plan.network)"""
+    expose: list[int] = Field(default_factory=list)
+    """ports inside the environment the client reaches through the node's API"""
+    security: Security = Field(default_factory=Security)
+    runtime: Literal["runc", "runsc"] = "runc"
+    """runc (namespaces + cgroups + seccomp) or runsc (gVisor: a user-space kernel per environment)"""
     fetch: FetchPolicy = Field(default_factory=FetchPolicy)
     timeout: float = Field(1800.0, gt=0, allow_inf_nan=False)
     """seconds the environment may live"""
@@ -157,12 +169,8 @@ class Plan(_Model):
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
     _workdir = field_validator("workdir")(classmethod(lambda cls, v: _check_abs(v)))
 
-    @field_validator("network")
-    @classmethod
-    def _network(cls, v: str) -> str:
-        if v != "none":
-            raise ValueError(f"{v!r} is not supported yet (only 'none')")
-        return v
+    _network = field_validator("network", mode="before")(classmethod(lambda cls, v: check_network(v)))
+    _expose = field_validator("expose", mode="before")(classmethod(lambda cls, v: check_expose(v)))
 
     @property
     def evaluator_workdir(self) -> str:

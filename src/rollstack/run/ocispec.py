@@ -7,8 +7,9 @@ What an environment gets (see docs/runtime.md for the reasons):
   (catatonit in pause mode `-P`: it runs no child, only reaps); commands run through
   /.rollstack/tini (tini-static as a subreaper) under /.rollstack/busybox sh, which reports the
   exit status (see `rollstack.run.runc`). All three are static, so any rootfs works.
-- namespaces: mount, pid, ipc, uts, network (new, loopback only; runc leaves `lo` down, the
-  environment runtime brings it up), cgroup.
+- namespaces: mount, pid, ipc, uts, network, cgroup. The network namespace is new (loopback
+  only) unless `netns_path` names one prepared by rollstack.run.network (veth + policy), which
+  runc then joins.
 - no_new_privileges; the container-engine default capability set (Docker/containerd's 14,
   below); runc's masked and read-only paths; runc's default devices.
 - cgroup `linux.cgroupsPath = "/<parent>/<env-id>"` (default parent `rollstack`): with runc's
@@ -110,6 +111,10 @@ class SpecParams:
     """Apply `seccomp_profile()`: a deny list of kernel-attack-surface syscalls."""
     arch: str = field(default_factory=platform.machine)
     """Host architecture (`uname -m`), for the seccomp profile's architectures."""
+    netns_path: str | None = None
+    """Join this network namespace (made by rollstack.run.network) instead of a fresh one."""
+    userns_map: tuple[int, int] | None = None
+    """(host id, count): run in a new user namespace mapping 0.. to these host uids/gids."""
 
 
 # Denied with EPERM: kernel surfaces an agent's workload never needs (keys, bpf, perf, module and
@@ -193,6 +198,10 @@ def _validate(rootfs: str, p: SpecParams) -> None:
     for cap in p.capabilities:
         if not _CAP_RE.fullmatch(cap):
             raise InvalidRequest(f"invalid capability {cap!r}")
+    if p.netns_path is not None and (not p.netns_path.startswith("/") or "\x00" in p.netns_path):
+        raise InvalidRequest(f"netns path must be absolute: {p.netns_path!r}")
+    if p.userns_map is not None and not (p.userns_map[0] > 0 and 0 < p.userns_map[1] <= 1 << 24):
+        raise InvalidRequest(f"invalid user namespace mapping {p.userns_map!r}")
 
 
 def _env_list(extra: Mapping[str, str]) -> list[str]:
@@ -237,6 +246,22 @@ def _resources(p: SpecParams) -> dict[str, Any]:
     return res
 
 
+def _namespaces(p: SpecParams) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")]
+    if p.netns_path is not None:
+        out[1] = {"type": "network", "path": p.netns_path}
+    if p.userns_map is not None:
+        out.append({"type": "user"})
+    return out
+
+
+def _id_mappings(p: SpecParams) -> dict[str, Any]:
+    if p.userns_map is None:
+        return {}
+    m = [{"containerID": 0, "hostID": int(p.userns_map[0]), "size": int(p.userns_map[1])}]
+    return {"uidMappings": m, "gidMappings": [dict(x) for x in m]}
+
+
 def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
     """The config.json document for runc. Raises InvalidRequest on bad parameters."""
     _validate(rootfs, params)
@@ -262,8 +287,8 @@ def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
         "linux": {
             "cgroupsPath": cgroup_path(params.env_id, params.cgroup_parent),
             "resources": _resources(params),
-            "namespaces": [{"type": t} for t in
-                           ("pid", "network", "ipc", "uts", "mount", "cgroup")],
+            "namespaces": _namespaces(params),
+            **_id_mappings(params),
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
             **({"seccomp": seccomp_profile(params.arch)} if params.seccomp else {}),

@@ -130,6 +130,16 @@ class Runc:
         return [ContainerState(d["id"], d["status"], int(d.get("pid") or 0), d.get("bundle", ""))
                 for d in items or []]
 
+    def has_state(self, container_id: str) -> bool:
+        """Whether this runtime keeps state for the container (it may have stopped)."""
+        return (self.root / container_id).exists()
+
+    def drop_state(self, container_id: str) -> None:
+        """Remove the container's state by hand (when `delete --force` itself failed)."""
+        import shutil
+
+        shutil.rmtree(self.root / container_id, ignore_errors=True)
+
     def kill(self, container_id: str, sig: str = "KILL", all_processes: bool = False) -> None:
         args = ["kill"] + (["--all"] if all_processes else []) + [container_id, sig]
         self._run(*args)

@@ -70,7 +70,7 @@ def test_inline_mutation_and_string_command():
     ({"groups": []}, "groups", "at least one group"),
     ({}, "groups", "required"),
     ({"groups": ["Bad Name:1"]}, "groups", "not a valid group name"),
-    ({"groups": ["a:1"], "network": "outbound"}, "network", "not supported"),
+    ({"groups": ["a:1"], "network": "host"}, "network", "not a network mode"),
     ({"groups": ["a:1"], "workdir": "rel"}, "workdir", "absolute"),
     ({"groups": ["a:1"], "resources": {"cpu": 100}}, "resources", "above max_cpu"),
     ({"groups": ["a:1"], "timeout": -1}, "timeout", "greater than 0"),
