@@ -12,7 +12,7 @@ import typer
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks (each prints a report; --json for one JSON document).")
 
-BENCHMARKS = ("convert", "mutation", "fetch", "env", "elastic", "corpus", "init", "iteration", "packaging")
+BENCHMARKS = ("convert", "mutation", "fetch", "env", "elastic", "corpus", "init", "iteration", "packaging", "exec_overhead")
 
 for _name in BENCHMARKS:
     _modname = f"rollstack.bench.{_name}"
