@@ -62,6 +62,8 @@ class DaemonConfig:
     holder_grace: float = 30.0
     """Seconds an fd-holder process keeps the FUSE connection alive for a successor after the
     daemon dies (mount/holder.py); 0: no holder."""
+    fuse_priority: str = "rr"
+    """CPU priority of the thread serving FUSE: rr | nice | normal (mount/priority.py)."""
 
     @property
     def control_socket(self) -> Path:
@@ -134,7 +136,7 @@ class LazyStoreService:
         self.started = time.time()
         self.layers_changed_ns = int(self.started * 1e9)  # mtime of /layers (kernel listing caches)
         self.fs_ops: dict[str, int] = {}  # filled in by the FUSE layer
-        self.fs_mode: dict[str, bool] = {}  # filled in by the FUSE layer
+        self.fs_mode: dict[str, Any] = {}  # filled in by the FUSE layer and the daemon
         # set by the FUSE layer on a pyfuse3 with the xattr fast path (patch level 3):
         # called with the inode ranges that have no xattrs and the exceptions inside them
         self.xattr_hook: Callable[[list[tuple[int, int]], frozenset[int]], None] | None = None

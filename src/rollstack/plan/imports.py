@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ class ImportResult:
     cached: int = 0  # layers taken from the conversion cache
     uploaded_bytes: int = 0
     uploaded_blobs: int = 0
+    unpacked_bytes: int = 0  # file bytes of the layers converted now (what the import MB/s counts)
+    phases: dict[str, float] = field(default_factory=dict)  # download, convert, publish seconds
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,7 +217,10 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
     built: list[BuiltLayer] = []
     with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp:
         todo = [layer for layer in source.layers if not _usable(cache, layer.digest, store, name)]
+        t = time.perf_counter()
         layout = source if isinstance(source, _OciLayout) else (source.download(Path(tmp) / "oci") if todo else None)
+        result.phases["download"] = time.perf_counter() - t
+        t = time.perf_counter()
         if progress and todo:
             progress.start(f"convert {len(todo)} layer(s) of {image_ref}", sum(layer.size for layer in todo))
         for layer in source.layers:
@@ -228,6 +234,7 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
                 cache.put(layer.digest, info.digest, info.size)
                 hit = (info.digest, info.size)
                 result.converted += 1
+                result.unpacked_bytes += info.payload_size
                 if progress:
                     progress.advance(layer.size)
             else:
@@ -236,8 +243,11 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
             built.append(BuiltLayer(hit[0], hit[1], path if path.exists() else None, layer.digest))
         if progress and todo:
             progress.done()
+        result.phases["convert"] = time.perf_counter() - t
+        t = time.perf_counter()
         published = publish_layers(store, name, tag, built, kind=kind, source_desc=image_ref,
                                    created=created, progress=progress)
+    result.phases["publish"] = time.perf_counter() - t
     result.digest = published.digest
     result.layers = published.layers
     result.uploaded_bytes, result.uploaded_blobs = published.uploaded_bytes, published.uploaded_blobs
