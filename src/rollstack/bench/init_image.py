@@ -92,10 +92,11 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
     if not cfg.command.strip():
         raise InvalidRequest("--command: give the command to run in the image")
     log = cfg.log
-    repo = image_name(cfg.image)
+    repo = image_name(cfg.image)  # the image as it is, for containerd
+    group = repo.replace("bench-image/", "bench-group/", 1)  # the imported layer group
     cmd = ["/bin/sh", "-c", cfg.command]
     samples: list[dict[str, Any]] = []
-    doc: dict[str, Any] = {"image": cfg.image, "command": cfg.command, "group": f"{repo}:latest"}
+    doc: dict[str, Any] = {"image": cfg.image, "command": cfg.command, "group": f"{group}:latest"}
     with work_lock(cfg.work), BenchRig(cfg.work, cfg.profile) as rig:
         store = open_store(rig.registry.url)
         cache = cfg.work / "import-cache"
@@ -104,10 +105,10 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
 
             shutil.rmtree(cache, ignore_errors=True)
         t = time.perf_counter()
-        res = import_image(cfg.image, f"{repo}:latest", store, cache_dir=cache, work_dir=cfg.work)
+        res = import_image(cfg.image, f"{group}:latest", store, cache_dir=cache, work_dir=cfg.work)
         import_s = time.perf_counter() - t
         t = time.perf_counter()
-        again = import_image(cfg.image, f"{repo}:latest", store, cache_dir=cache, work_dir=cfg.work)
+        again = import_image(cfg.image, f"{group}:latest", store, cache_dir=cache, work_dir=cfg.work)
         reimport_s = time.perf_counter() - t
         doc["import"] = {"seconds": import_s, "unpacked_bytes": res.unpacked_bytes,
                          "source_bytes": sum(la.size for la in _open_source(cfg.image, False).layers),
@@ -123,7 +124,7 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
         push(layout, tag, rig.registry.address, repo)
         ref = f"{rig.registry.address}/{repo}:{tag}"
         log(f"pushed for containerd in {time.perf_counter() - t:.1f}s")
-        plan = {"name": "bench-image", "groups": [f"{repo}:latest"], "workdir": "/",
+        plan = {"name": "bench-image", "groups": [f"{group}:latest"], "workdir": "/",
                 "resources": {"cpu": 1.0, "memory": "1Gi", "max_cpu": 2.0, "max_memory": "4Gi"}}
         system = RollstackSystem("rollstack", rig.registry.url, cfg.work / "node", rig.link, max_environments=16)
         ctr = rig.ctr
