@@ -61,9 +61,11 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
             by.setdefault((s["system"], cmd), []).append(t)
     for (system, cmd), ts in sorted(by.items()):
         out.setdefault(system, {})[cmd] = {"p50": statistics.median(ts), "min": min(ts), "max": max(ts), "n": len(ts)}
-    if "rollstack" in out and "docker-equivalent" in out:
-        out["ratio"] = {c: out["rollstack"][c]["p50"] / out["docker-equivalent"][c]["p50"]
-                        for c in out["rollstack"] if c in out["docker-equivalent"] and out["docker-equivalent"][c]["p50"] > 0}
+    base = out.get("docker-equivalent")
+    for system in ("rollstack", "rollstack-untuned"):
+        if system in out and base:
+            key = "ratio" if system == "rollstack" else f"ratio_{system.removeprefix('rollstack-')}"
+            out[key] = {c: out[system][c]["p50"] / base[c]["p50"] for c in out[system] if c in base and base[c]["p50"] > 0}
     return out
 
 
@@ -76,6 +78,7 @@ class ExecConfig:
     profile: str = "dc"
     work: Path = Path("/var/cache/rollstack/bench-init")
     only: list[str] = field(default_factory=list)
+    baseline: bool = True
     log: Callable[[str], None] = _log
 
 
@@ -117,17 +120,28 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
             node_cfg["materialize_after"] = 0
         elif cfg.lowers == "materialized":
             node_cfg["materialize_after"] = 1
-        system = RollstackSystem("rollstack", rig.registry.url, cfg.work / "node-exec", rig.link, **node_cfg)
-        system.clear()
+        variants = {"rollstack": {}}
+        if cfg.baseline:  # the same node without this pass's FUSE changes, side by side
+            variants["rollstack-untuned"] = {"ROLLSTACK_FUSE_PRIORITY": "normal", "ROLLSTACK_XATTR_FAST": "0"}
+        nodes: dict[str, Any] = {}
+        plan = rollstack_plan(task, groups, 0)
         try:
-            plan = rollstack_plan(task, groups, 0)
-            with system.node.create(plan) as env:  # warm the node's chunk cache like a first rollout
-                for c in cmds.values():
-                    env.exec(c, timeout=600)
-            if cfg.lowers == "materialized":
-                system.settle(900)
-            lazy = system.node.service.stages.lazy
-            dpid = lazy.process.pid
+            for vname, env_vars in variants.items():
+                saved = {k: os.environ.get(k) for k in env_vars}
+                os.environ.update(env_vars)  # read by the lazy store daemon the node starts
+                try:
+                    system = RollstackSystem("rollstack", rig.registry.url, cfg.work / f"node-exec-{vname}", rig.link,
+                                             **node_cfg)
+                    system.clear()
+                finally:
+                    for k, v in saved.items():
+                        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                nodes[vname] = system
+                with system.node.create(plan) as env:  # warm the node's chunk cache like a first rollout
+                    for c in cmds.values():
+                        env.exec(c, timeout=600)
+                if cfg.lowers == "materialized":
+                    system.settle(900)
             for rep in range(cfg.reps):
                 load = os.getloadavg()[0]
                 # docker-equivalent
@@ -152,44 +166,54 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
                     for cid in cids:
                         rig.ctr.run("tasks", "kill", "-s", "SIGKILL", cid, check=False)
                         rig.ctr.delete(cid)
-                # rollstack
-                envs = [system.node.create(plan) for _ in range(cfg.concurrency)]
-                try:
-                    ops0, cpu0 = dict(lazy.stats().get("fuse_ops", {})), proc_cpu(dpid)
-                    mounts = Path("/proc/self/mountinfo").read_text()
-                    fuse_lowers = [("lazy/mnt" in next((l for l in mounts.splitlines() if f"envs/{e.id}" in l
-                                                        and " overlay " in l), "")) for e in envs]
-
-                    def rs_one(env: Any) -> dict[str, float]:
-                        out = {}
-                        for name, c in cmds.items():
-                            t = time.perf_counter()
-                            env.exec(c, timeout=600)
-                            out[name] = time.perf_counter() - t
-                        return out
-
-                    with ThreadPoolExecutor(cfg.concurrency) as ex:
-                        results = list(ex.map(rs_one, envs))
-                    ops1, cpu1 = lazy.stats().get("fuse_ops", {}), proc_cpu(dpid)
-                    ops = {k: v - ops0.get(k, 0) for k, v in ops1.items() if v - ops0.get(k, 0)}
-                    for r, fl in zip(results, fuse_lowers):
-                        samples.append({"system": "rollstack", "rep": rep, "commands": r, "load": load,
-                                        "fuse_lowers": fl, "daemon_cpu_s": cpu1 - cpu0,
-                                        "fuse_requests": sum(v for k, v in ops.items() if ":" not in k), "fuse_ops": ops})
-                finally:
-                    for e in envs:
-                        e.destroy()
-                last = samples[-1]
-                cfg.log(f"rep {rep} load {load:.1f}: " + ", ".join(
-                    f"{n} {last['commands'][n]:.2f}s vs {samples[-1 - cfg.concurrency]['commands'][n]:.2f}s" for n in cmds)
-                    + f" | daemon {last['daemon_cpu_s']:.2f} cpu-s, {last['fuse_requests']} FUSE requests, "
-                      f"fuse lowers {last['fuse_lowers']}")
-            mat = system.node.service.stages.materializer
-            mat_stats = mat.stats() if mat is not None else {}
+                order = list(nodes.items())
+                for vname, system in (order if rep % 2 == 0 else order[::-1]):  # alternate which goes first
+                    lazy = system.node.service.stages.lazy
+                    _rollstack_rep(vname, system, lazy, plan, cmds, cfg, rep, load, samples)
+                cfg.log(f"rep {rep} load {load:.1f}: " + "; ".join(
+                    f"{smp['system']} " + " ".join(f"{n} {t:.2f}s" for n, t in smp["commands"].items())
+                    + (f" (daemon {smp['daemon_cpu_s']:.2f} cpu-s, fuse lowers {smp['fuse_lowers']})" if "daemon_cpu_s" in smp else "")
+                    for smp in samples if smp["rep"] == rep))
+            mats = {v: s.node.service.stages.materializer for v, s in nodes.items()}
+            mat_stats = {v: m.stats() for v, m in mats.items() if m is not None}
         finally:
-            system.stop()
+            for system in nodes.values():
+                system.stop()
     return {"summary": summarize(samples), "samples": samples, "commands": cmds, "materializer": mat_stats,
-            "config": {"reps": cfg.reps, "concurrency": cfg.concurrency, "lowers": cfg.lowers, "corpus": str(cfg.corpus)}}
+            "config": {"reps": cfg.reps, "concurrency": cfg.concurrency, "lowers": cfg.lowers, "corpus": str(cfg.corpus),
+                       "variants": variants}}
+
+
+def _rollstack_rep(vname: str, system: Any, lazy: Any, plan: dict[str, Any], cmds: dict[str, str], cfg: ExecConfig,
+       rep: int, load: float, samples: list[dict[str, Any]]) -> None:
+    dpid = lazy.process.pid
+    envs = [system.node.create(plan) for _ in range(cfg.concurrency)]
+    try:
+        ops0, cpu0 = dict(lazy.stats().get("fuse_ops", {})), proc_cpu(dpid)
+        mounts = Path("/proc/self/mountinfo").read_text()
+        fuse_lowers = [("lazy/mnt" in next((l for l in mounts.splitlines() if f"envs/{e.id}" in l
+                                            and " overlay " in l), "")) for e in envs]
+
+        def rs_one(env: Any) -> dict[str, float]:
+            out = {}
+            for name, c in cmds.items():
+                t = time.perf_counter()
+                env.exec(c, timeout=600)
+                out[name] = time.perf_counter() - t
+            return out
+
+        with ThreadPoolExecutor(cfg.concurrency) as ex:
+            results = list(ex.map(rs_one, envs))
+        ops1, cpu1 = lazy.stats().get("fuse_ops", {}), proc_cpu(dpid)
+        ops = {k: v - ops0.get(k, 0) for k, v in ops1.items() if v - ops0.get(k, 0)}
+        for r, fl in zip(results, fuse_lowers):
+            samples.append({"system": vname, "rep": rep, "commands": r, "load": load,
+                            "fuse_lowers": fl, "daemon_cpu_s": cpu1 - cpu0,
+                            "fuse_requests": sum(v for k, v in ops.items() if ":" not in k), "fuse_ops": ops})
+    finally:
+        for e in envs:
+            e.destroy()
+
 
 
 def register(app: typer.Typer) -> None:
@@ -199,6 +223,8 @@ def register(app: typer.Typer) -> None:
         concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 1,
         lowers: Annotated[str, typer.Option("--lowers", help="node | fuse | materialized")] = "node",
         only: Annotated[str, typer.Option("--only", help="comma-separated command names")] = "",
+        baseline: Annotated[bool, typer.Option("--untuned/--no-untuned",
+                                               help="also a node with the FUSE fast path off and normal priority")] = True,
         corpus: Annotated[Path | None, typer.Option("--corpus")] = None,
         work: Annotated[Path, typer.Option("--work")] = Path("/var/cache/rollstack/bench-init"),
         profile: Annotated[str, typer.Option("--profile")] = "dc",
@@ -210,7 +236,7 @@ def register(app: typer.Typer) -> None:
         from rollstack.cli.output import emit
 
         cfg = ExecConfig(corpus=corpus or default_corpus(True), reps=reps, concurrency=concurrency, lowers=lowers,
-                         profile=profile, work=work, only=[s for s in only.split(",") if s])
+                         profile=profile, work=work, only=[s for s in only.split(",") if s], baseline=baseline)
         doc = run_exec(cfg)
         doc["machine"] = machine_facts()
 

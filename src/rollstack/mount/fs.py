@@ -50,6 +50,8 @@ _SHORT = 1.0
 PATCH_LEVEL = getattr(pyfuse3, "ROLLSTACK_PATCH", 0)  # third_party/pyfuse3; 0: a stock pyfuse3
 PATCHED = PATCH_LEVEL >= 1  # no-open mode (level 2 adds the fd-holder handover, mount/daemon.py)
 XATTR_FAST = PATCH_LEVEL >= 3  # getxattr/listxattr of inodes without xattrs answered in C
+# ROLLSTACK_XATTR_FAST=0 turns the fast path off (A/B measurements: `rollstack bench exec`)
+_XATTR_FAST_ON = XATTR_FAST and os.environ.get("ROLLSTACK_XATTR_FAST", "1") != "0"
 
 
 def _errno_of(exc: BaseException) -> int:
@@ -100,8 +102,8 @@ class LazyFS(pyfuse3.Operations):
         self.svc = service
         self.timeout = service.config.entry_timeout
         self.no_open = service.config.no_open and PATCHED
-        service.fs_mode = {"no_open": self.no_open, "patched_pyfuse3": PATCHED, "xattr_fast_path": XATTR_FAST}
-        if XATTR_FAST:
+        service.fs_mode = {"no_open": self.no_open, "patched_pyfuse3": PATCHED, "xattr_fast_path": _XATTR_FAST_ON}
+        if _XATTR_FAST_ON:
             pyfuse3.set_no_xattr_ranges([])  # a fresh process: nothing declared yet
             service.xattr_hook = pyfuse3.set_no_xattr_ranges
             service.fs_fast_stats = pyfuse3.fast_path_stats
