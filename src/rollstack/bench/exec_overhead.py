@@ -137,7 +137,8 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
                     for k, v in saved.items():
                         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
                 nodes[vname] = system
-                with system.node.create(plan) as env:  # warm the node's chunk cache like a first rollout
+            for system in nodes.values():  # after every clear (it drops the page cache): warm each node
+                with system.node.create(plan) as env:  # like a first rollout
                     for c in cmds.values():
                         env.exec(c, timeout=600)
                 if cfg.lowers == "materialized":
