@@ -339,6 +339,8 @@ def register(app: typer.Typer) -> None:
         image: Annotated[str | None, typer.Option("--image", help="benchmark this OCI image instead of the corpus "
                                                   "(oci:DIR[:TAG] or HOST/NAME:TAG; bench/init_image.py)")] = None,
         command: Annotated[str, typer.Option("--command", help="with --image: the first command (sh -c)")] = "",
+        probe: Annotated[bool, typer.Option("--probe", help="with --image: import with --probe COMMAND (the first "
+                                             "cold start finds the probe's trace)")] = False,
     ) -> None:
         """Environment init, cold and warm: rollstack vs docker-equivalent baselines, one run."""
         from rollstack.bench.report import _json_safe, current_command, machine_facts
@@ -350,7 +352,7 @@ def register(app: typer.Typer) -> None:
 
             icfg = ImageInitConfig(image=image, command=command, cold=cold, warm=min(n, 3), profile=profile,
                                    work=work if work != DEFAULT_WORK else DEFAULT_WORK.with_name("bench-init-image"),
-                                   log=_log)
+                                   log=_log, probe=probe)
             with sigterm_as_interrupt():
                 doc = run_init_image(icfg)
             doc["machine"], doc["command_line"] = machine_facts(), current_command()

@@ -39,6 +39,7 @@ class ImageInitConfig:
     profile: str = "dc"
     work: Path = Path("/var/cache/rollstack/bench-init-image")
     fresh_import: bool = True
+    probe: bool = False  # `import --probe COMMAND`: round 0 starts from the probe's published trace
     log: Callable[[str], None] = print
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -62,7 +63,7 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
                            for k, v in sorted(by.items())}
     ctd_cold = out.get("containerd_cold", {}).get("p50")
     if ctd_cold:
-        for k in ("rollstack_first_ever", "rollstack_shared_trace"):
+        for k in ("rollstack_first_ever", "rollstack_probed_first", "rollstack_shared_trace"):
             if k in out:
                 out[k]["speedup_vs_containerd_cold"] = ctd_cold / out[k]["p50"]
     return out
@@ -118,6 +119,14 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
                          "layers": len(res.layers)}
         log(f"import: {res.unpacked_bytes / 1e6:.0f} MB unpacked in {import_s:.1f}s "
             f"({doc['import']['mb_per_s']:.0f} MB/s); re-import {reimport_s:.2f}s")
+        if cfg.probe:
+            from rollstack.plan.probe import probe_group
+
+            forget_shared_traces(rig.registry.root / "data")
+            t = time.perf_counter()
+            doc["probe"] = probe_group(rig.registry.url, [f"{group}:latest"], cfg.command, work=None)
+            doc["probe"]["wall_s"] = time.perf_counter() - t
+            log(f"probe: exit {doc['probe']['exit_code']}, trace published ({doc['probe']['wall_s']:.1f}s)")
         # containerd gets the image as it is
         layout, tag = _layout_of(cfg.image, cfg.work)
         t = time.perf_counter()
@@ -153,7 +162,9 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
         import os
 
         try:
-            forget_shared_traces(rig.registry.root / "data")
+            if not cfg.probe:
+                forget_shared_traces(rig.registry.root / "data")
+            first_kind = "rollstack_probed_first" if cfg.probe else "rollstack_first_ever"
             for rnd in range(max(cfg.cold, 1)):
                 load = os.getloadavg()[0]
                 ctr.clear()
@@ -162,7 +173,7 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
                 for _ in range(cfg.warm):
                     samples.append(dict(ctd_run(False), round=rnd, load=load))
                 system.clear()  # fresh node, page cache dropped
-                samples.append(dict(rs_run("rollstack_first_ever" if rnd == 0 else "rollstack_shared_trace", True),
+                samples.append(dict(rs_run(first_kind if rnd == 0 else "rollstack_shared_trace", True),
                                     round=rnd, load=load))
                 samples.append(dict(rs_run("rollstack_warm_fuse", False), round=rnd, load=load))
                 for _ in range(cfg.warm - 1):
