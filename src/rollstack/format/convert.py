@@ -88,6 +88,12 @@ def _convert_gzip_with_pigz(src: Path, out: BinaryIO, *, chunk_size: int, level:
     import's two halves overlap instead of adding up."""
     proc = subprocess.Popen(["pigz", "-dc", "--", str(src)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
+    try:  # a 1 MiB pipe instead of 64 KiB: 16x fewer wakeups of either side
+        import fcntl
+
+        fcntl.fcntl(proc.stdout.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), _READ_BUF)
+    except OSError:
+        pass
     try:
         info = convert_tar(proc.stdout, out, chunk_size=chunk_size, level=level)
     except BaseException:
