@@ -135,7 +135,10 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
                     system.clear()
                 finally:
                     for k, v in saved.items():
-                        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
                 nodes[vname] = system
             for system in nodes.values():  # after every clear (it drops the page cache): warm each node
                 with system.node.create(plan) as env:  # like a first rollout

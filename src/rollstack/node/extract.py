@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -120,9 +121,9 @@ def _make_entry(dst: Path, e: TocEntry) -> None:
     elif e.type is EntryType.SYMLINK:
         os.symlink(e.link, p)
     elif e.type is EntryType.WHITEOUT:
-        os.mknod(p, 0o000 | 0o020000, os.makedev(0, 0))
+        os.mknod(p, stat.S_IFCHR, os.makedev(0, 0))  # overlayfs whiteout
     elif e.type in (EntryType.CHAR, EntryType.BLOCK):
-        kind = 0o020000 if e.type is EntryType.CHAR else 0o060000
+        kind = stat.S_IFCHR if e.type is EntryType.CHAR else stat.S_IFBLK
         os.mknod(p, kind | 0o600, os.makedev(e.rdev_major, e.rdev_minor))
     elif e.type is EntryType.FIFO:
         os.mkfifo(p, 0o600)

@@ -192,6 +192,8 @@ class LayerMaterializer:
             try:
                 self._materialize(ref)
             except Exception as exc:  # noqa: BLE001 - a failed copy only means FUSE stays in use
+                if self._stopping.is_set():
+                    return  # stop() ended the extraction: not a failure
                 log.warning("materializing %s failed: %s", ref.digest, exc)
                 with self._lock:
                     self._failed[ref.digest] = time.time()
