@@ -35,9 +35,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("bench", "cli"): "bench/<name>.py are the `rollstack bench <name>` typer sub-apps: their commands "
                       "print through the CLI's one output path (cli.output.emit: --json or human, "
                       "one `error:` line), like every other command",
-    ("bench", "demo"): "bench/init.py and bench/iteration.py (owned by another branch during this merge) "
-                       "still import rollstack.demo.plans, now a re-export of rollstack.corpus.plans; "
-                       "drop this once they import rollstack.corpus.plans",
     ("node", "e2b"): "node/api.py's create_app is the node agent's composition root: it mounts the "
                      "E2B-compatible API (a protocol adapter over the same NodeService) on the node's "
                      "listen address, imported lazily and only when the e2b extra is installed; e2b "

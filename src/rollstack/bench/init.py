@@ -162,7 +162,7 @@ def run_init(cfg: InitConfig) -> dict[str, Any]:
     from rollstack.bench.corpus import load_corpus
     from rollstack.bench.iteration import rollstack_plan
     from rollstack.bench.rig_rollstack import first_command, publish_components, seed_layer_cache, work_lock
-    from rollstack.demo.plans import stack_groups
+    from rollstack.corpus.plans import stack_groups
 
     log = cfg.log
     manifest, _ = load_corpus(cfg.corpus)
@@ -336,10 +336,34 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="results directory")] = DEFAULT_OUT,
         work: Annotated[Path, typer.Option("--work", help="registry/containerd/node state")] = DEFAULT_WORK,
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+        image: Annotated[str | None, typer.Option("--image", help="benchmark this OCI image instead of the corpus "
+                                                  "(oci:DIR[:TAG] or HOST/NAME:TAG; bench/init_image.py)")] = None,
+        command: Annotated[str, typer.Option("--command", help="with --image: the first command (sh -c)")] = "",
+        probe: Annotated[bool, typer.Option("--probe", help="with --image: import with --probe COMMAND (the first "
+                                             "cold start finds the probe's trace)")] = False,
     ) -> None:
         """Environment init, cold and warm: rollstack vs docker-equivalent baselines, one run."""
         from rollstack.bench.report import _json_safe, current_command, machine_facts
         from rollstack.cli.output import emit
+
+        if image is not None:
+            from rollstack.bench.init_image import ImageInitConfig, markdown, run_init_image
+            from rollstack.interrupts import sigterm_as_interrupt
+
+            icfg = ImageInitConfig(image=image, command=command, cold=cold, warm=min(n, 3), profile=profile,
+                                   work=work if work != DEFAULT_WORK else DEFAULT_WORK.with_name("bench-init-image"),
+                                   log=_log, probe=probe)
+            with sigterm_as_interrupt():
+                doc = run_init_image(icfg)
+            doc["machine"], doc["command_line"] = machine_facts(), current_command()
+
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results-image.md").write_text(markdown(doc) + "\n")
+            import json as _json
+
+            (out / "results-image.json").write_text(_json.dumps(_json_safe(doc), indent=1))
+            emit(_json_safe(doc), as_json, lambda d: print(markdown(d)))
+            return
 
         names = parse_systems(systems)
         if quick:

@@ -216,7 +216,7 @@ def rollstack_rollout(node: Any, plan: dict[str, Any], task: dict[str, Any], k: 
 
 def rollstack_plan(task: dict[str, Any], groups: Any, k: int) -> dict[str, Any]:
     """demo's rollout plan, its evaluator scoring the task file installed in the evaluator group."""
-    from rollstack.demo.plans import rollout_plan
+    from rollstack.corpus.plans import rollout_plan
 
     return rollout_plan(task, groups, k, evaluator=[f"{EVAL_DIR}/score", f"{EVAL_DIR}/tasks/{task['instance_id']}.json"])
 
@@ -315,7 +315,7 @@ def run_iteration(cfg: IterConfig) -> dict[str, Any]:
     from rollstack.bench.corpus import load_corpus
     from rollstack.bench.init import SHARED_LAYER_CACHE
     from rollstack.bench.rig_rollstack import RollstackSystem, work_lock, publish_components, seed_layer_cache
-    from rollstack.demo.plans import stack_groups
+    from rollstack.corpus.plans import stack_groups
 
     for s in cfg.systems:
         if s not in ITER_SYSTEMS:

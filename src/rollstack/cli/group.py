@@ -66,6 +66,8 @@ def publish(
     kind: Optional[str] = typer.Option(None, "--kind", help="component kind: os, repo, harness, evaluator, ... (default: NAME's first component)"),
     source: Optional[str] = typer.Option(None, "--source", help="where the content came from (annotation)"),
     created: Optional[str] = typer.Option(None, "--created", help="creation time to record (default: now); fixes the manifest digest"),
+    probe: Optional[str] = typer.Option(None, "--probe", help="run this command (sh -c) once in a throwaway "
+                                        "environment and publish its access trace beside the group (needs root)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Publish SRC... as group NAME:TAG; prints the group's digest. Unchanged blobs are not uploaded.
@@ -82,6 +84,10 @@ def publish(
     finally:
         st.close()
     doc = {**result.to_dict(), "store": st.url}
+    if probe:
+        from rollstack.node.probe import probe_group
+
+        doc["probe"] = probe_group(st.url, [name_tag], probe)
 
     def human(d: dict[str, Any]) -> None:
         stderr.print(f"{d['name']}:{d['tag']}: {len(d['layers'])} layer(s), uploaded {d['uploaded_blobs']} blob(s), "
@@ -100,6 +106,8 @@ def import_cmd(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="conversion cache (default: ~/.cache/rollstack)"),
     tls_verify: bool = typer.Option(False, "--tls-verify/--no-tls-verify", help="verify the source registry's TLS"),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="chunk compression workers (default: one per core; 1 uses the least CPU on a busy node)"),
+    probe: Optional[str] = typer.Option(None, "--probe", help="run this command (sh -c) once in a throwaway "
+                                        "environment and publish its access trace beside the group (needs root)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Convert an existing OCI/Docker image's layers into group NAME:TAG (cached by layer digest)."""
@@ -114,6 +122,10 @@ def import_cmd(
     finally:
         st.close()
     doc = {**result.to_dict(), "store": st.url}
+    if probe:
+        from rollstack.node.probe import probe_group
+
+        doc["probe"] = probe_group(st.url, [name_tag], probe)
 
     def human(d: dict[str, Any]) -> None:
         rate = f" ({d['payload_bytes'] / 1e6 / d['seconds']:.0f} MB/s unpacked)" if d["converted"] and d["seconds"] else ""

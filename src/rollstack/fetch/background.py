@@ -18,9 +18,36 @@ mechanism by these counts, not by wall clock.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
+from typing import Iterator
 
 import trio
+
+IDLE_NICE = 19
+
+
+@contextlib.contextmanager
+def idle_thread() -> Iterator[None]:
+    """Run the block with the calling (worker) thread at nice 19, then restore its niceness: a
+    background fill request's decoding, hashing and disk writes yield the CPU to every
+    environment (and to the FUSE thread). The heavy calls inside release the GIL (zstd, sha256
+    of whole chunks, file writes), so the low-priority thread does not hold up the trio thread."""
+    tid = 0  # PRIO_PROCESS with 0: the calling thread on Linux
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, IDLE_NICE)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, before)  # raising it back needs CAP_SYS_NICE (the daemon runs as root)
+        except OSError:
+            pass
 
 
 @dataclass

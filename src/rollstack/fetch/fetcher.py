@@ -27,6 +27,7 @@ and hashing, disk cache I/O, peer HTTP) runs in a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable, Iterable, Sequence
@@ -34,7 +35,7 @@ from typing import AsyncIterator, Callable, Iterable, Sequence
 import trio
 
 from rollstack.errors import FormatError, IntegrityError, NotFound, RegistryUnavailable, RollstackError
-from rollstack.fetch.background import BackgroundGate
+from rollstack.fetch.background import BackgroundGate, idle_thread
 from rollstack.fetch.coalesce import RangeRequest, coalesce, following, window, window_back
 from rollstack.fetch.config import FetchConfig
 from rollstack.fetch.disk import DiskChunkCache
@@ -424,7 +425,8 @@ class ChunkFetcher:
         chunks = list(req.chunks)
         urgent = {c.digest for c in chunks if c.digest in pending and pending[c.digest][1].urgent}
         first = [c for c in chunks if c.digest in urgent] if urgent and len(urgent) < len(chunks) else chunks
-        good, bad, raw = await self._with_retries(layer, req.offset, req.length, first, deadline, persist)
+        good, bad, raw = await self._with_retries(layer, req.offset, req.length, first, deadline, persist,
+                                                  idle=priority is Priority.BACKGROUND)
         self._transferred(layer, req.length, [c.digest for c in chunks], priority, account)
         await self._landed(layer, good, bad, pending, priority, account, deadline, persist)
         if first is not chunks:
@@ -471,7 +473,7 @@ class ChunkFetcher:
             account.record_transfer(Tier.REGISTRY, priority, nbytes)
 
     async def _with_retries(self, layer: RemoteLayer, offset: int, length: int, chunks: list[Chunk],
-                            deadline: float, persist: bool = False
+                            deadline: float, persist: bool = False, idle: bool = False
                             ) -> tuple[list[tuple[Chunk, bytes]], list[Chunk], bytes]:
         """Read one range and decode `chunks` of it, retrying transient failures until `deadline`;
         (good, bad, the raw range)."""
@@ -486,7 +488,7 @@ class ChunkFetcher:
                                           layer=layer.digest)
             try:
                 with trio.fail_after(remaining):
-                    return await trio.to_thread.run_sync(self._read_decode, layer, offset, length, chunks, persist,
+                    return await trio.to_thread.run_sync(self._read_decode, layer, offset, length, chunks, persist, idle,
                                                          abandon_on_cancel=True, limiter=self._threads)
             except trio.TooSlowError:
                 continue  # loops into the deadline error above
@@ -498,12 +500,14 @@ class ChunkFetcher:
                 delay = min(delay * 2, self.config.retry_max)
 
     def _read_decode(self, layer: RemoteLayer, offset: int, length: int, chunks: list[Chunk],
-                     persist: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk], bytes]:
-        """Worker thread: one range GET, then `_decode_range` of `chunks`."""
-        raw = layer.read_range(offset, length)
-        if len(raw) != length:
-            raise RegistryUnavailable(f"short read from {layer.digest}: {len(raw)} of {length} bytes")
-        return (*self._decode_range(raw, offset, chunks, persist), raw)
+                     persist: bool = False, idle: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk], bytes]:
+        """Worker thread: one range GET, then `_decode_range` of `chunks` (`idle`: background
+        fill, at idle CPU priority: `background.idle_thread`)."""
+        with idle_thread() if idle else contextlib.nullcontext():
+            raw = layer.read_range(offset, length)
+            if len(raw) != length:
+                raise RegistryUnavailable(f"short read from {layer.digest}: {len(raw)} of {length} bytes")
+            return (*self._decode_range(raw, offset, chunks, persist), raw)
 
     def _decode_range(self, raw: bytes, offset: int, chunks: list[Chunk],
                       persist: bool = False) -> tuple[list[tuple[Chunk, bytes]], list[Chunk]]:

@@ -62,7 +62,8 @@ class LazyStoreClient:
               link_rate: float | None = None, fetch_on_open: bool = False,
               neighbor_same_dir: bool = False, share_traces: bool = True,
               dir_prefetch_bytes: int | None = None, writeback_quiet: float | None = None,
-              no_open: bool = True, holder_grace: float | None = None) -> "LazyStoreClient":
+              no_open: bool = True, holder_grace: float | None = None,
+              fuse_priority: str | None = None) -> "LazyStoreClient":
         """Launch the daemon and return once the mount and the control socket are up."""
         mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +80,7 @@ class LazyStoreClient:
                             ("--background-grace", background_grace), ("--background-quiet", background_quiet),
                             ("--background-share", background_share), ("--link-rate", link_rate),
                             ("--dir-prefetch-bytes", dir_prefetch_bytes), ("--writeback-quiet", writeback_quiet),
-                            ("--holder-grace", holder_grace)):
+                            ("--holder-grace", holder_grace), ("--fuse-priority", fuse_priority)):
             if value is not None:
                 argv += [flag, str(value)]
         for p in peers:

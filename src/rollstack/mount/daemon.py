@@ -30,6 +30,7 @@ import trio
 from rollstack.fetch import FetchConfig
 from rollstack.mount import control, holder
 from rollstack.mount.fs import PATCH_LEVEL, LazyFS
+from rollstack.mount.priority import raise_fuse_thread_priority
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
 from rollstack.mount.service import DaemonConfig, LazyStoreService
 
@@ -71,6 +72,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                         "daemon dies (0: no holder; a death then aborts the connection at once)")
     p.add_argument("--kernel-open", dest="no_open", action="store_false", default=True,
                    help="serve OPEN/RELEASE/OPENDIR requests (default: no-open mode with the patched pyfuse3)")
+    p.add_argument("--fuse-priority", choices=("rr", "nice", "normal"),
+                   default=os.environ.get("ROLLSTACK_FUSE_PRIORITY", DaemonConfig.fuse_priority),
+                   help="CPU priority of the thread serving FUSE (mount/priority.py; default $ROLLSTACK_FUSE_PRIORITY or rr)")
     a = p.parse_args(argv)
     ctl = Path(a.control.removeprefix("unix:")) if a.control else None
     fetch = FetchConfig(memory_budget=a.memory_budget, disk_budget=a.cache_budget, deadline=a.deadline,
@@ -82,7 +86,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonConfig:
                         neighbor_same_dir=a.neighbor_same_dir)
     return DaemonConfig(mountpoint=a.mountpoint.absolute(), state_dir=a.state_dir.absolute(), store=a.store,
                         fetch=fetch, peers=tuple(a.peer), control=ctl, listen=a.listen,
-                        share_traces=a.share_traces, no_open=a.no_open, holder_grace=a.holder_grace)
+                        share_traces=a.share_traces, no_open=a.no_open, holder_grace=a.holder_grace,
+                        fuse_priority=a.fuse_priority)
 
 
 def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:
@@ -114,6 +119,7 @@ def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:
                         "running environments' uncached reads")
     service.fs_mode["takeover"] = taken is not None
     service.fs_mode["fd_holder"] = owner is not None
+    service.fs_mode["fuse_priority"] = raise_fuse_thread_priority(config.fuse_priority)
     stopped = False
     try:
         trio.run(_main, service, taken[0] if taken else None)

@@ -49,6 +49,9 @@ OPAQUE_XATTR = b"trusted.overlay.opaque"
 _SHORT = 1.0
 PATCH_LEVEL = getattr(pyfuse3, "ROLLSTACK_PATCH", 0)  # third_party/pyfuse3; 0: a stock pyfuse3
 PATCHED = PATCH_LEVEL >= 1  # no-open mode (level 2 adds the fd-holder handover, mount/daemon.py)
+XATTR_FAST = PATCH_LEVEL >= 3  # getxattr/listxattr of inodes without xattrs answered in C
+# ROLLSTACK_XATTR_FAST=0 turns the fast path off (A/B measurements: `rollstack bench exec`)
+_XATTR_FAST_ON = XATTR_FAST and os.environ.get("ROLLSTACK_XATTR_FAST", "1") != "0"
 
 
 def _errno_of(exc: BaseException) -> int:
@@ -99,7 +102,11 @@ class LazyFS(pyfuse3.Operations):
         self.svc = service
         self.timeout = service.config.entry_timeout
         self.no_open = service.config.no_open and PATCHED
-        service.fs_mode = {"no_open": self.no_open, "patched_pyfuse3": PATCHED}
+        service.fs_mode = {"no_open": self.no_open, "patched_pyfuse3": PATCHED, "xattr_fast_path": _XATTR_FAST_ON}
+        if _XATTR_FAST_ON:
+            pyfuse3.set_no_xattr_ranges([])  # a fresh process: nothing declared yet
+            service.xattr_hook = pyfuse3.set_no_xattr_ranges
+            service.fs_fast_stats = pyfuse3.fast_path_stats
         self.lookups: dict[int, int] = {}
         self.ops: dict[str, int] = {}  # FUSE requests served, by operation
         self._xattr_keys: dict[bytes, str] = {}  # xattr name -> its ops counter key

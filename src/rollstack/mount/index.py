@@ -40,6 +40,7 @@ class LayerIndex:
         self._children: dict[int, list[tuple[str, int]]] = {}
         self._dir_links: dict[int, int] = {}
         self._hardlinks: dict[int, int] | None = None  # target inode -> extra names
+        self._xattr_inodes: frozenset[int] | None = None  # inodes with xattrs (or opaque), once scanned
 
     # -- inode <-> path --------------------------------------------------------------------
     @property
@@ -124,13 +125,24 @@ class LayerIndex:
         """Target inode -> number of extra names. Scans every entry once (call off-loop early)."""
         if self._hardlinks is None:
             counts: dict[int, int] = {}
-            for e in self.toc.entries:  # bulk materialisation: ~3 us an entry
+            with_xattrs: set[int] = set()
+            first = self.base + self._shift
+            for i, e in enumerate(self.toc.entries):  # bulk materialisation: ~3 us an entry
                 if e.type is EntryType.HARDLINK:
                     t = self.find(e.link)
                     if t is not None:
                         counts[t] = counts.get(t, 0) + 1
+                elif e.xattrs or e.opaque:
+                    with_xattrs.add(first + i)
+            self._xattr_inodes = frozenset(with_xattrs)
             self._hardlinks = counts
         return self._hardlinks
+
+    @property
+    def xattr_inodes(self) -> frozenset[int] | None:
+        """Inodes that have extended attributes (TOC xattrs, or the opaque marker); None until
+        `hardlinks()` has scanned the layer. Every other inode of the layer has none."""
+        return self._xattr_inodes
 
     @property
     def hardlinks_ready(self) -> bool:

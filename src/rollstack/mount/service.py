@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import trio
 
@@ -62,6 +62,8 @@ class DaemonConfig:
     holder_grace: float = 30.0
     """Seconds an fd-holder process keeps the FUSE connection alive for a successor after the
     daemon dies (mount/holder.py); 0: no holder."""
+    fuse_priority: str = "rr"
+    """CPU priority of the thread serving FUSE: rr | nice | normal (mount/priority.py)."""
 
     @property
     def control_socket(self) -> Path:
@@ -134,7 +136,11 @@ class LazyStoreService:
         self.started = time.time()
         self.layers_changed_ns = int(self.started * 1e9)  # mtime of /layers (kernel listing caches)
         self.fs_ops: dict[str, int] = {}  # filled in by the FUSE layer
-        self.fs_mode: dict[str, bool] = {}  # filled in by the FUSE layer
+        self.fs_mode: dict[str, Any] = {}  # filled in by the FUSE layer and the daemon
+        # set by the FUSE layer on a pyfuse3 with the xattr fast path (patch level 3):
+        # called with the inode ranges that have no xattrs and the exceptions inside them
+        self.xattr_hook: Callable[[list[tuple[int, int]], frozenset[int]], None] | None = None
+        self.fs_fast_stats: Callable[[], dict[str, int]] | None = None
         self.shared = {"hits": 0, "misses": 0, "errors": 0, "published": 0, "publish_errors": 0}
 
     # -- layers ----------------------------------------------------------------------------
@@ -183,6 +189,7 @@ class LazyStoreService:
             results[digest] = info
             if len(toc) <= SMALL_LAYER:
                 index.hardlinks()  # a few ms: exact link counts from the first getattr on
+                self.publish_xattr_ranges()
             else:
                 self.fetcher.spawn(self._prepare, layer)
         finally:
@@ -225,6 +232,30 @@ class LazyStoreService:
         environment that is starting right now."""
         await trio.sleep(PREPARE_DELAY)
         await trio.to_thread.run_sync(layer.index.hardlinks)
+        self.publish_xattr_ranges()
+
+    def _fuse_ops(self) -> dict[str, int]:
+        """FUSE requests served, by operation; `getxattr_fast`: xattr requests answered by the
+        patched pyfuse3 in C (not counted under `getxattr`)."""
+        ops = dict(self.fs_ops)
+        if self.fs_fast_stats is not None:
+            fast = self.fs_fast_stats()
+            ops["getxattr_fast"] = int(fast["xattr_fast_replies"])
+        return ops
+
+    def publish_xattr_ranges(self) -> None:
+        """Tell the FUSE layer which inodes have no xattrs (every scanned layer's range, minus its
+        inodes with xattrs), so overlayfs' `trusted.overlay.*` probes are answered without Python."""
+        if self.xattr_hook is None:
+            return
+        ranges: list[tuple[int, int]] = []
+        inodes: set[int] = set()
+        for layer in self._base_layers:
+            got = layer.index.xattr_inodes
+            if got is not None:
+                ranges.append((layer.index.base, layer.index.base + layer.index.size))
+                inodes |= got
+        self.xattr_hook(ranges, frozenset(inodes))
 
     def layer_dir(self, digest: str) -> Path:
         return self.config.mountpoint / "layers" / _hex(digest)
@@ -567,7 +598,7 @@ class LazyStoreService:
                       "hits": self.peers.hits if self.peers else 0, "misses": self.peers.misses if self.peers else 0},
             "fetch": self.metrics.snapshot(),
             "background": self.fetcher.gate.snapshot(),
-            "fuse_ops": dict(self.fs_ops),
+            "fuse_ops": self._fuse_ops(),
             "fuse_mode": dict(self.fs_mode),
             "shared_trace_hits": self.shared["hits"], "shared_trace_misses": self.shared["misses"],
             "shared_trace_errors": self.shared["errors"], "shared_traces_published": self.shared["published"],

@@ -4,11 +4,14 @@ A layer read through FUSE costs a daemon round trip for every open, directory re
 read and (for each new overlay mount) every extended-attribute probe overlayfs makes; pyfuse3
 cannot let the kernel cache directory listings, symlinks or skip opens. For the first
 environments of a stack that is the price of starting from metadata alone. Once a layer is hot
-(used by `after` environments on this node), it is worth having locally: the materializer fetches
-it whole (`fetch_all(background=True)`: gated like background fill, after a `grace` period,
-so running environments' reads go first), copies the FUSE view of it with `cp -a` (contents, modes, owners,
-timestamps, hardlinks, symlinks, xattrs incl. `trusted.overlay.opaque`, whiteout devices) into
-`<root>/<hex>.tmp`, and renames it to `<root>/<hex>` when the copy is complete. New
+(used by `after` environments on this node), it is worth having locally. With a `store` (what a
+node passes), the materializer runs `rollstack.node.extract` in its own process after a `grace`
+period: the blob is streamed once, in blob order, and decoded straight into `<root>/<hex>.tmp`
+(chunks the node's disk cache holds are taken from there), single-threaded at SCHED_IDLE /
+nice 19 and the idle I/O class, so it uses at most one core and only what running environments
+leave; the lazy store daemon does no work for it. Without a store (the old path, kept for
+tests), it fetches the layer through the daemon (`fetch_all(background=True)`) and copies the
+FUSE view with `cp -a`. The directory is renamed to `<root>/<hex>` when complete. New
 environments stack the local directory instead of the FUSE one; running ones keep theirs.
 
 - One layer at a time, in a background thread at the lowest CPU and I/O priority; never while
@@ -84,8 +87,13 @@ class LayerMaterializer:
     def __init__(self, root: Path, lazy: Any, *, after: int = 2, budget: int = 32 << 30,
                  copier: Copier = copy_tree, retry_after: float = 300.0,
                  in_use: Callable[[], str] = mounted_paths, grace: float = 5.0,
-                 min_free: int = 8 << 30, disk_free: Callable[[Path], int] | None = None) -> None:
+                 min_free: int = 8 << 30, disk_free: Callable[[Path], int] | None = None,
+                 store: str | None = None, chunk_cache: Path | None = None) -> None:
         self.root = root
+        self.store = store  # set: extract blobs straight into directories (node.extract)
+        self.chunk_cache = chunk_cache
+        self._proc: subprocess.Popen[str] | None = None
+        self.extract_stats: list[dict[str, Any]] = []
         self.lazy = lazy
         self.after = after
         self.budget = budget
@@ -133,6 +141,9 @@ class LayerMaterializer:
         if self._thread is not None:
             self._stopping.set()
             self._queue.put(None)
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
             self._thread.join(timeout=60)
             self._thread = None
 
@@ -181,6 +192,8 @@ class LayerMaterializer:
             try:
                 self._materialize(ref)
             except Exception as exc:  # noqa: BLE001 - a failed copy only means FUSE stays in use
+                if self._stopping.is_set():
+                    return  # stop() ended the extraction: not a failure
                 log.warning("materializing %s failed: %s", ref.digest, exc)
                 with self._lock:
                     self._failed[ref.digest] = time.time()
@@ -204,12 +217,15 @@ class LayerMaterializer:
                 self._failed[ref.digest] = time.time()  # try again after retry_after
             log.warning("not materializing %s: less than %d bytes free under %s", ref.digest, self.min_free, self.root)
             return
-        self.lazy.fetch_all([ref], background=True)
         try:
-            self.copier(Path(self.lazy.layer_dir(ref.digest)), tmp)
+            if self.store is not None:
+                self._extract(ref, tmp)
+            else:
+                self.lazy.fetch_all([ref], background=True)
+                self.copier(Path(self.lazy.layer_dir(ref.digest)), tmp)
         except subprocess.CalledProcessError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"cp failed: {(exc.stderr or '').strip()[-500:]}") from None
+            raise RuntimeError(f"{exc.cmd[0]} failed: {(exc.stderr or '').strip()[-500:]}") from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -223,6 +239,31 @@ class LayerMaterializer:
             self._last_used[ref.digest] = time.time()
             self.materialized += 1
         log.info("materialized %s (%d bytes) in %.1fs", ref.digest, size, time.perf_counter() - t0)
+
+    def _extract(self, ref: Any, tmp: Path) -> None:
+        """`python -m rollstack.node.extract` into `tmp`, its own low-priority process."""
+        import json
+
+        from rollstack.node.extract import spawn_args
+
+        argv = spawn_args(self.store, ref.repo, ref.digest, tmp, self.chunk_cache)
+        with self._lock:
+            if self._stopping.is_set():
+                raise RuntimeError("materializer stopping")
+            self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = self._proc.communicate()
+        finally:
+            code = self._proc.returncode
+            self._proc = None
+        if code != 0:
+            raise subprocess.CalledProcessError(code, argv, out, err)
+        try:
+            doc = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            doc = {}
+        with self._lock:
+            self.extract_stats.append({"digest": ref.digest, **doc})
 
     def _make_room(self, incoming: int) -> None:
         """Remove least recently used, unmounted layers until `incoming` more bytes fit."""

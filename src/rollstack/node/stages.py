@@ -119,7 +119,8 @@ class Stages:
 
             self.materializer = LayerMaterializer(cfg.materialized_dir, self.lazy, after=cfg.materialize_after,
                                                   budget=cfg.materialize_budget,
-                                                  min_free=cfg.materialize_min_free).start()
+                                                  min_free=cfg.materialize_min_free, store=spec,
+                                                  chunk_cache=cfg.lazy_dir / "state" / "chunks").start()
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)
             for env, doc in self.adopted:

@@ -169,7 +169,7 @@ class TreeRoot(SafeRoot):
                 try:
                     os.rename(src[-1], dst[-1], src_dir_fd=s_stack[-1], dst_dir_fd=d_stack[-1])
                 except OSError as e:
-                    if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
+                    if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR, errno.EINVAL):
                         raise InvalidRequest(f"cannot move {source} to {destination}: {e.strerror}") from None
                     raise
                 st = self._lstat(d_stack[-1], dst[-1], destination)

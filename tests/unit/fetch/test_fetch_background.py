@@ -89,3 +89,37 @@ def test_background_chunks_skip_the_memory_cache(tmp_path):
 
     trio.run(main)
     assert f.metrics.snapshot()["served_chunks"]["disk"] == 6
+
+
+def test_background_requests_run_at_idle_cpu_priority_and_demand_reads_do_not(tmp_path):
+    import os
+    import threading
+
+    from rollstack.fetch.background import IDLE_NICE, idle_thread
+
+    blob = FakeBlob(n=6)
+    f = make(tmp_path, neighbor_bytes=0, background_request=60_000, background_quiet=0.0, background_share=0.0)
+    layer = blob.layer()
+    seen: list[tuple[str, int]] = []
+    inner = layer.read_range
+
+    def read_range(offset, length):
+        seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, 0)))
+        return inner(offset, length)
+
+    layer.read_range = read_range
+
+    async def main():
+        async with f.running():
+            await f.get(layer, blob.chunks[0], None)  # a demand read
+            demand = len(seen)
+            await f.fill(layer, None)
+            return demand
+
+    demand = trio.run(main)
+    assert demand >= 1 and all(p == 0 for _, p in seen[:demand])
+    assert len(seen) > demand and all(p == IDLE_NICE for _, p in seen[demand:])
+    # the worker threads are back at their own priority afterwards
+    with idle_thread():
+        assert os.getpriority(os.PRIO_PROCESS, 0) == IDLE_NICE
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0

@@ -133,3 +133,17 @@ def test_sibling_chunks_are_the_small_regular_files_of_the_same_directory():
     assert [c.blob_offset for c in idx.sibling_chunks(a, file_max=100)] == [20]  # b.pyc: not itself, not deeper, not big
     assert [c.blob_offset for c in idx.sibling_chunks(a, file_max=10_000)] == [20, 30]
     assert [c.blob_offset for c in idx.sibling_chunks(idx.find("q"), file_max=100)] == [5030]  # top level
+
+
+def test_xattr_inodes_are_known_after_the_scan_and_name_exactly_the_entries_with_xattrs():
+    for with_root in (True, False):
+        t = toc(with_root)
+        t.lookup("a/x").xattrs["user.k"] = b"v"
+        idx = LayerIndex(D, t, base=7000)
+        assert idx.xattr_inodes is None  # not scanned yet: the fast path must not answer for this layer
+        idx.hardlinks()
+        a = idx.child(idx.root, "a")
+        x, sub = idx.child(a, "x"), idx.child(a, "sub")
+        assert idx.xattr_inodes == frozenset({x, sub})  # the xattr, and the opaque directory
+        assert idx.child(a, "y") == x  # the hardlink resolves to the inode that has the xattr
+        assert all(idx.owns(i) for i in idx.xattr_inodes)

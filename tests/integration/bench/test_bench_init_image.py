@@ -1,0 +1,47 @@
+"""`bench init --image` end to end on a tiny single-layer image (busybox tree packed like
+`bench.images` packs its images): import (then a re-import that converts nothing), containerd
+cold/warm, rollstack first-ever / warm on FUSE / warm materialized over the real link, registry,
+containerd and node; every command succeeds and the document has every figure. No timing asserts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rollstack.bench.baseline_containerd import available
+
+pytestmark = pytest.mark.integration
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (netns, FUSE, overlayfs, runc, containerd)"
+    return available()
+
+
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_bench_init_image_on_a_single_layer_layout(tmp_path: Path) -> None:
+    from rollstack.bench.env import build_busybox_trees
+    from rollstack.bench.images import write_single_layer_layout
+    from rollstack.bench.init_image import ImageInitConfig, run_init_image
+
+    trees = build_busybox_trees(tmp_path / "trees")
+    layout = tmp_path / "img"
+    packed = write_single_layer_layout(trees["os"], layout)
+    assert packed["layer_size"] > 0
+    before_ns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    doc = run_init_image(ImageInitConfig(image=f"oci:{layout}:latest", command="ls /bin >/dev/null && echo ok",
+                                         cold=1, warm=1, work=Path("/var/cache/rollstack/bench-init-image-test"),
+                                         log=lambda m: None))
+    kinds = {s["kind"] for s in doc["samples"]}
+    assert kinds == {"containerd_cold", "containerd_warm", "rollstack_first_ever", "rollstack_warm_fuse",
+                     "rollstack_warm_materialized"}
+    assert all(s["exit_code"] == 0 for s in doc["samples"]), [s for s in doc["samples"] if s["exit_code"]]
+    assert doc["import"]["converted"] == 1 and doc["import"]["reimport_converted"] == 0
+    assert doc["import"]["unpacked_bytes"] > 0 and doc["materializer"]["stats"]["materialized"] == 1
+    assert set(doc["summary"]) >= kinds and "first_ever_cold_s" in doc["targets"]
+    after_ns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    assert not {n for n in after_ns - before_ns if n.startswith(f"rs-bench-{os.getpid()}-")}

@@ -1,0 +1,39 @@
+"""`convert()` of a gzip tarball file (decompressed by `pigz -dc` where installed, format.tarstream):
+the same layer as the uncompressed path, and a corrupt stream (bad data, bad CRC trailer, truncation) is refused."""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+
+from rollstack.errors import SourceInvalid
+
+convert_mod = importlib.import_module("rollstack.format.convert")
+
+
+def test_pigz_gives_the_same_layer_as_the_python_path(tmp_path: Path, make_ti, make_tar) -> None:
+    tar = make_tar([(make_ti("d/f", mode=0o640), os.urandom(300_000)), (make_ti("g"), b"g" * 5000)])
+    (tmp_path / "l.tar.gz").write_bytes(gzip.compress(tar))
+    (tmp_path / "l.tar").write_bytes(tar)
+    with_pigz = convert_mod.convert(tmp_path / "l.tar.gz", tmp_path / "a.blob")
+    plain = convert_mod.convert(tmp_path / "l.tar", tmp_path / "b.blob")
+    assert (tmp_path / "a.blob").read_bytes() == (tmp_path / "b.blob").read_bytes()
+    assert with_pigz.digest == plain.digest
+
+
+def test_a_corrupt_gzip_file_is_refused(tmp_path: Path, make_ti, make_tar) -> None:
+    gz = bytearray(gzip.compress(make_tar([(make_ti("f"), os.urandom(200_000))])))
+    bad_crc = bytearray(gz)
+    bad_crc[-6] ^= 0xFF  # the CRC32 trailer
+    flipped = bytearray(gz)
+    flipped[len(gz) // 2] ^= 0xFF
+    for i, data in enumerate((bytes(bad_crc), bytes(flipped), bytes(gz[: len(gz) // 2]))):
+        src = tmp_path / f"bad{i}.tar.gz"
+        src.write_bytes(data)
+        with pytest.raises(SourceInvalid):
+            convert_mod.convert(src, tmp_path / f"bad{i}.blob")
+        assert not (tmp_path / f"bad{i}.blob").exists()
