@@ -190,6 +190,7 @@ def test_gvisor_tier_through_the_node(client, node):
 
 def test_gvisor_with_a_network_policy_is_refused_before_anything_is_made(client, node):
     root = node[0].config.root
+    node[0].wait_destroyed()  # earlier tests' destroys finish in the background
     before = sorted(p.name for p in (root / "envs").iterdir())
     with pytest.raises(errors.RuntimeFailure, match="runsc supports only network: none"):
         client.create(plan(runtime="runsc", network="outbound"))
