@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench.baseline_containerd import available
+from rollstack.bench.systems.containerd import available
 
 pytestmark = pytest.mark.integration
 
@@ -105,10 +105,10 @@ def _image(path: Path, base: Path) -> Path:
 
 @pytest.mark.skipif(os.geteuid() != 0 or available() is not None, reason=str(available()))
 def test_a_multilayer_image_runs_identically_to_containerd(tmp_path: Path) -> None:
-    from rollstack.bench.baseline_bench import BenchRig
+    from rollstack.bench.systems.rig import BenchRig
     from rollstack.bench.baseline_oci import push
     from rollstack.bench.env import build_busybox_trees
-    from rollstack.bench.rig_rollstack import RollstackSystem
+    from rollstack.bench.systems.rollstack import RollstackSystem
     from rollstack.plan.imports import import_image
     from rollstack.store import open_store
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench.baseline_containerd import available
+from rollstack.bench.systems.containerd import available
 
 pytestmark = pytest.mark.integration
 
