@@ -223,10 +223,24 @@ class Placer:
             return self._resolver
 
     def request(self, wire: dict[str, Any]) -> PlacementRequest:
-        from rollstack.node.stages import trace_keys
         from rollstack.plan.model import load_plan
 
-        plan = load_plan(wire)
+        return self.request_plan(load_plan(wire))
+
+    def request_template(self, name_tag: str) -> PlacementRequest:
+        """The request of a published plan (an E2B template id), read from the cluster's store
+        (TemplateNotFound when there is none; without a store: the node will answer)."""
+        from rollstack.errors import TemplateNotFound
+        from rollstack.plan.published import load_published
+
+        resolver = self._get_resolver()
+        if resolver is None:
+            raise TemplateNotFound(f"no store to look up template {name_tag!r} in")
+        return self.request_plan(load_published(resolver.store, name_tag))
+
+    def request_plan(self, plan: Any) -> PlacementRequest:
+        from rollstack.node.stages import trace_keys
+
         resolver = self._get_resolver()
         layers: tuple[tuple[str, int], ...] = ()
         key = None
