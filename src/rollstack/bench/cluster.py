@@ -1,6 +1,7 @@
 """`rollstack bench cluster`: a GRPO iteration on N Ray nodes on this host vs the same on 1.
 
-Setup: a real docker-registry on loopback holding a busybox corpus (os/busybox:1 and a repo
+Setup: each node in its own network namespace behind a tc-shaped link (`--link`, default dc;
+rollstack.bench.cluster_net), a real docker-registry on the host side of those links holding a busybox corpus (os/busybox:1 and a repo
 group with one file per task plus an incompressible `data.bin` every test run reads, so each
 node must get its bytes from somewhere), a `ray.cluster_utils` cluster (real GCS + raylets, each
 node with the `rollstack` resource) and `rollstack.cluster.up` on it. Each iteration is the GRPO
