@@ -69,14 +69,28 @@ class E2BGateway:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
             if is_envd(path):
-                await self._envd(scope, receive, send, headers)
+                await self._envd(scope, receive, tracked, headers)
             else:
-                await self._control(scope, receive, send, headers, path)
-        except RollstackError as exc:
-            status = 429 if exc.code == "insufficient_capacity" else exc.status
-            await _json(send, status, {"code": status, "message": f"{exc.code}: {exc.message}"})
+                await self._control(scope, receive, tracked, headers, path)
+        except Exception as exc:  # noqa: BLE001 - answered E2B-style, never a traceback to the client
+            if isinstance(exc, RollstackError):
+                status = 429 if exc.code == "insufficient_capacity" else exc.status
+                message = f"{exc.code}: {exc.message}"
+            else:
+                log.exception("E2B gateway call %s %s failed", scope.get("method"), path)
+                status, message = 500, f"internal error: {type(exc).__name__}: {exc}"
+            if started:  # a relayed stream broke half way: nothing more can be said
+                raise
+            await _json(send, status, {"code": status, "message": message})
 
     async def _lifespan(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         async def closing_send(message: dict[str, Any]) -> None:
