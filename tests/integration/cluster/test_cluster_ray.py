@@ -1,5 +1,6 @@
 """The cluster layer on a real 3-node Ray cluster (ray.cluster_utils: a real GCS and three
-raylets on this host, each node with the `rollstack` resource), one per module: node agents as
+raylets on this host, each node with the `rollstack` resource, each node agent in its own
+network namespace behind its own shaped link), one per module: node agents as
 Ray actors (up/status/down, CLI too), the Pool (placement, direct calls), the gateway (and its
 restart), peer chunks, node loss (SIGKILL: node_lost, rejoin), an agent that cannot start, and
 nothing left behind after `down`."""
@@ -55,6 +56,7 @@ class Rig:
         self.address, self.spec, self.root, self.cluster = address, spec, root, cluster
         self.env_ids: set[str] = set()
         self.nodes = 3
+        self.fabric = None  # rollstack.bench.cluster_net.Fabric: the nodes' network namespaces
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +66,19 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
 
     import rollstack.cluster as rc
 
+    from rollstack.bench.cluster_net import Fabric
+
     work = tmp_path_factory.mktemp("cluster")
     spec = publish_busybox_corpus(work / "store", work / "build")
+    # each node agent (and its lazy store: the peer server) in its own network namespace behind
+    # its own shaped link, as `bench cluster` runs them (the raylet's env tells its actor where)
+    fabric = Fabric(3, "dc").__enter__()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"rollstack": 1},
-                                                            "include_dashboard": False})
+                                                            "include_dashboard": False,
+                                                            "env_vars": fabric.nodes[0].env})
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, resources={"rollstack": 1})
+        for i in range(2):
+            cluster.add_node(num_cpus=1, resources={"rollstack": 1}, env_vars=fabric.nodes[i + 1].env)
         cluster.wait_for_nodes()
         root = work / "nodes"
         # an agent that cannot start: every node reports it, none is left running
@@ -81,6 +89,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
         doc = rc.up(cluster.address, spec, root=root, options={"max_environments": 16})
         assert len(doc["nodes"]) == 3 and doc["failed"] == []
         rig = Rig(cluster.address, spec, root, cluster)
+        rig.fabric = fabric
         yield rig
         down = rc.down(cluster.address)
         assert len([s for s in down["stopped"] if s["stopped"]]) == rig.nodes, down
@@ -92,6 +101,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
     finally:
         ray.shutdown()
         cluster.shutdown()
+        fabric.close()
 
 
 def _pool(rig: Rig):
@@ -108,7 +118,8 @@ def test_status_cli_and_direct_calls(rig: Rig) -> None:
     assert len(nodes) == 3 and len({n["url"] for n in nodes}) == 3
     assert {"node_id", "url", "environments", "capacity", "hot_stacks"} <= set(nodes[0])
     assert all(n["capacity"]["slots"] == 16 for n in nodes)
-    assert len({Path(n["url"]).name for n in nodes}) == 3  # one port each, one host
+    assert len({Path(n["url"]).name for n in nodes}) == 3  # one address each, one host
+    assert {n["url"].split("//")[1].split(":")[0] for n in nodes} == {n.ip for n in rig.fabric.nodes}  # own netns
     with _pool(rig) as pool:
         envs = pool.create(busybox_plan(), count=4)
         rig.env_ids.update(e.id for e in envs)
