@@ -3,10 +3,16 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+EXECD := native/build/rollstack-execd
 
 .PHONY: setup demo test test-unit test-integration bench-quick clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(EXECD)
+
+# the static in-sandbox exec agent / PID 1 (docs/runtime.md); Debian's gcc + libc6-dev
+$(EXECD): native/execd/execd.c native/build.sh scripts/setup-system.sh
+	bash scripts/setup-system.sh
+	bash native/build.sh
 
 $(STAMP): pyproject.toml scripts/setup-system.sh third_party/pyfuse3/build.sh third_party/pyfuse3/rollstack.patch
 	bash scripts/setup-system.sh

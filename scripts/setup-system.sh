@@ -2,7 +2,8 @@
 # Installs every Debian package rollstack uses. Idempotent; needs root.
 set -euo pipefail
 PKGS=(fuse3 libfuse3-dev pkg-config runc docker-registry containerd skopeo umoci debootstrap
-      busybox-static iproute2 zstd catatonit tini git patch ca-certificates pigz)
+      busybox-static iproute2 zstd catatonit tini git patch ca-certificates pigz
+      gcc libc6-dev nftables runsc)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,8 @@
 """Shared fixtures for every test package (keep small and generic).
 
-- `require_root()`: call it (or mark a test `integration`) to skip, with the reason, when not
-  root. Integration tests need root; CI runs them as root.
+- `need()`, `require_tool()`, `require_root()` (tests/components.py): what a test needs from the
+  machine; a test skips, with the reason, on a developer's machine and FAILS in CI (env `CI` set).
+  Marking a test `integration` requires root.
 - `registry` (session): a started `RegistryServer` on a free loopback port; `.url`. Always stopped.
 - `registry_store`: a `RegistryStore` on it (fresh client per test; counters in `.stats`).
 - `oci_store`: an `OciLayoutStore` in `tmp_path`.
@@ -18,13 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from components import need, require_root
 from rollstack.store.server import DEFAULT_BINARY
-
-
-def require_root() -> None:
-    """Skips the calling test unless running as root (with the reason)."""
-    if os.geteuid() != 0:
-        pytest.skip("integration test needs root (CI runs as root)")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -32,13 +28,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require_root()
 
 
+@pytest.fixture
+def as_root() -> None:
+    """For tests that need root but no other component: `pytest.mark.usefixtures("as_root")`."""
+    require_root()
+
+
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory):
     """A real docker-registry for the whole session (stopped at the end, even on failure)."""
     from rollstack.store.server import RegistryServer
 
-    if not os.access(DEFAULT_BINARY, os.X_OK):
-        pytest.skip(f"{DEFAULT_BINARY} missing (Debian package docker-registry)")
+    need(os.access(DEFAULT_BINARY, os.X_OK), f"{DEFAULT_BINARY} (Debian package docker-registry)")
     root = tmp_path_factory.mktemp("registry")
     server = RegistryServer(root, die_with_parent=True)
     try:

@@ -19,7 +19,7 @@ _EXPORTS = {
     "AsyncEnvironment": "rollstack.client.aio",
     "ExecResult": "rollstack.node.models",
     "Evaluation": "rollstack.node.models",
-    "Node": "rollstack.node.local",
+    "Node": "rollstack.client.local",
     "Pool": "rollstack.cluster.pool",
     "AsyncPool": "rollstack.cluster.pool",
 }

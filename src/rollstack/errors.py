@@ -28,6 +28,7 @@ HTTP status + JSON in the node agent, -> one `error: <code>: <message>` line in 
     ├── OomTerminated             oom_terminated        409
     ├── EnvironmentGone           environment_gone      409
     ├── RuntimeFailure            runtime_error         500
+    ├── PortUnavailable           port_unavailable      502   (an exposed port nobody listens on)
     ├── NodeUnavailable           node_unavailable      503
     │   ├── NodeLost              node_lost             503   (retryable: the env's node died)
     │   └── ClusterUnavailable    cluster_unavailable   503   (no Ray cluster / no rollstack node)
@@ -169,6 +170,10 @@ class EnvironmentGone(RollstackError):
 
 class RuntimeFailure(RollstackError, OSError):
     code, status = "runtime_error", 500
+
+
+class PortUnavailable(RollstackError):
+    code, status = "port_unavailable", 502
 
 
 class NodeUnavailable(RollstackError, ConnectionError):

@@ -33,7 +33,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 
-from rollstack.bench.netem import get_profile, tbf_burst_bytes
+from rollstack.bench.link.netem import get_profile, tbf_burst_bytes
 from rollstack.errors import RuntimeFailure
 
 NS_PREFIX = "rs-bcl-"

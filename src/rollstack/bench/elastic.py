@@ -3,7 +3,7 @@
 A mix of bursty tasks drawn from the paper's distributions (peak CPU median 1 core / p99 68 cores,
 peak memory median 0.15 GiB / p99 7 GiB), scaled to this machine (CPU x1/4, memory x1/2, clamped
 to a bench node of 2 cores / 4 GiB and a per-environment cap of 2 cores / 1 GiB), runs as real
-processes in real cgroups (`rollstack.provision.workload`) under:
+processes in real cgroups (`rollstack.bench.workload`) under:
 
   (a) a fixed quota sized for the median (v1 OOM killer on: tail tasks get killed, counted),
   (b) a fixed quota sized for the tail (every task fits; the node admits few at once),
@@ -12,6 +12,9 @@ processes in real cgroups (`rollstack.provision.workload`) under:
 The same `--concurrency` tasks are in flight in every scenario. Reported: per-task and total
 completion time, OOM kills, environments admitted at once for the node (admission rule of
 `rollstack.provision.policy`), memory reserved over time (PNG), the 256-cgroup sampling cost.
+
+Size (~420 lines): one benchmark (task mix, scenario runner, summary, CLI); its pieces are used
+nowhere else.
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def admitted_at_once(cpu: float, memory: int, config: PolicyConfig) -> int:
 def run_scenario(name: str, quota: dict[str, Any], tasks: list[dict[str, Any]], backend: Any, parent: str,
                  concurrency: int, config: PolicyConfig, timeout: float) -> dict[str, Any]:
     from rollstack.provision.controller import Provisioner
-    from rollstack.provision.workload import WorkloadProcess
+    from rollstack.bench.workload import WorkloadProcess
 
     elastic = name == "elastic"
     terminated: dict[str, dict[str, Any]] = {}

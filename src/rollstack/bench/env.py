@@ -26,6 +26,9 @@ from typing import Any, Annotated
 
 import typer
 
+from rollstack.host import mountinfo
+from rollstack.host.cgroups import env_cgroup, env_cgroup_dirs
+
 BUSYBOX = Path("/bin/busybox")
 APPLETS = ("sh", "ls", "cat", "echo", "true", "false", "mkdir", "rm", "sleep", "ps", "wc", "test",
            "env", "pwd", "ln", "head", "tail", "kill", "grep", "dd", "printf", "touch", "id", "ip",
@@ -136,21 +139,16 @@ def _timed(fn: Any) -> float:
 
 def _leftovers(root: Path, ids: set[str]) -> dict[str, int]:
     envs_dir = root / "envs"
-    mounts = sum(1 for line in Path("/proc/self/mountinfo").read_text().splitlines()
-                 if line.split(" ")[4].startswith(str(envs_dir)))
+    mounts = len(mountinfo.mounts_under(envs_dir))
     env_dirs = sum(1 for _ in envs_dir.iterdir()) if envs_dir.is_dir() else 0
     runc = root / "runc"
     runc_state = sum(1 for p in runc.iterdir() if p.name in ids) if runc.is_dir() else 0
-    cgroups = 0
-    for hier in Path("/sys/fs/cgroup").iterdir():
-        parent = hier / "rollstack"
-        if parent.is_dir():
-            cgroups += sum(1 for p in parent.iterdir() if p.name in ids)
+    cgroups = sum(len(env_cgroup_dirs(i)) for i in ids)
     procs = 0
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if any(f"rollstack/{i}" in (d / "cgroup").read_text() for i in ids):
+                if any(env_cgroup(i) in (d / "cgroup").read_text() for i in ids):
                     procs += 1
             except OSError:
                 pass
@@ -208,6 +206,9 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
                 env.exec("echo x > /tmp/f; sleep 60 & true")
                 env.destroy()
             cycle_s = time.perf_counter() - t
+            from rollstack.bench.node import wait_destroys_drained
+
+            wait_destroys_drained(client)  # destroys finish in the background (docs/node.md)
             left = _leftovers(config.root, ids)
         return {
             "warm_create_to_first_exec": summarize(first_exec),

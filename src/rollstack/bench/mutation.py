@@ -23,6 +23,7 @@ from typing import Any, Optional
 import typer
 
 from rollstack.bench import report
+from rollstack.core.stats import percentile
 
 OPS = [(" == ", " != "), (" != ", " == "), (" < ", " <= "), (" > ", " >= "), (" + ", " - "), (" - ", " + "),
        (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True")]
@@ -99,13 +100,8 @@ def make_patches(repo: Path, files: list[Path], n: int, seed: int) -> list[dict[
     return out
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def _summary(times: list[float]) -> dict[str, float]:
-    return {"p50": _pct(times, 0.5), "p95": _pct(times, 0.95), "mean": statistics.fmean(times),
+    return {"p50": percentile(times, 50), "p95": percentile(times, 95), "mean": statistics.fmean(times),
             "max": max(times)}
 
 
@@ -127,9 +123,9 @@ def run(tree: Path, n: int, seed: int, work: Path, command: str) -> dict[str, An
     tree_files = sum(1 for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts)
     doc = {
         "tree": {"source": str(tree), "files": tree_files},
-        "patches": {"count": len(patches), "files_p50": _pct([p["files"] for p in patches], 0.5),
+        "patches": {"count": len(patches), "files_p50": percentile([p["files"] for p in patches], 50),
                     "files_max": max(p["files"] for p in patches),
-                    "lines_p50": _pct([p["lines"] for p in patches], 0.5),
+                    "lines_p50": percentile([p["lines"] for p in patches], 50),
                     "lines_max": max(p["lines"] for p in patches)},
         "systems": {"rollstack": _summary(ours), "git-apply": _summary(git_apply)},
         "ratio_p50_git_over_rollstack": _summary(git_apply)["p50"] / _summary(ours)["p50"],

@@ -1,7 +1,7 @@
 """Benchmark reports: results.json, results.md (markdown table) and PNG plots in one directory.
 
-Pure helpers (`percentile`, `summarize`, `markdown_table`, `init_summary`) are separate from the
-writers. Every report carries the machine facts and the exact command that produced it. Plots use
+Pure helpers (`summarize`, `markdown_table`, `init_summary`; `percentile` is
+`rollstack.core.stats.percentile`, re-exported for the benchmarks) are separate from the writers. Every report carries the machine facts and the exact command that produced it. Plots use
 matplotlib's Agg backend (no display): a CDF of init latency per system and an iteration
 timeline (one bar per rollout, coloured by phase: init / exec / eval).
 """
@@ -19,22 +19,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from rollstack.core.stats import percentile  # noqa: F401 (bench/init.py and iteration.py import it from here)
+
 PHASE_COLOURS = {"init": "#d62728", "exec": "#1f77b4", "eval": "#2ca02c", "destroy": "#7f7f7f"}
 
 
 # -- pure ------------------------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """q-th percentile (0..100) with linear interpolation; NaN for no values."""
-    if not 0 <= q <= 100:
-        raise ValueError("q must be within 0..100")
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def summarize(values: Sequence[float]) -> dict[str, float]:
     """n, p50, p95, mean, min, max of a sample."""
     if not values:

@@ -34,12 +34,25 @@ def _client(node: str | None, token: str | None) -> "Client":
 
 
 @app.command("create")
-def create(plan: Path, node: NodeOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
-    """Create an environment from PLAN; print its id, per-phase timings and fetch statistics."""
+def create(
+    plan: Path,
+    count: Annotated[Optional[int], typer.Option(
+        "--count", min=1, max=256, help="N environments of the plan in one call (a GRPO group)")] = None,
+    node: NodeOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create an environment from PLAN; print its id, per-phase timings and fetch statistics.
+    With --count N: N environments (all or none), one id per line; --json prints a list."""
     with _client(node, token) as client:
-        env = client.create(plan)
-    assert env.created is not None
-    emit(env.created.model_dump(mode="json"), as_json, _print_created)
+        if count is None:
+            env = client.create(plan)
+            assert env.created is not None
+            emit(env.created.model_dump(mode="json"), as_json, _print_created)
+            return
+        envs = client.create(plan, count=count)
+    docs = [e.created.model_dump(mode="json") for e in envs if e.created is not None]
+    emit(docs, as_json, lambda ds: [_print_created(d) for d in ds])
 
 
 def _print_created(doc: dict[str, Any]) -> None:

@@ -50,23 +50,35 @@ def _open(store: Optional[str]) -> Any:
     return open_store(store)
 
 
+def _remember(store: Any, cache_dir: Optional[Path], name_tag: str, digest: str, layers: list[dict[str, Any]]) -> None:
+    """Point this machine's resolution cache for `name_tag` at what was just written."""
+    from rollstack.plan.resolve import Resolver, default_cache_dir
+
+    Resolver(store, cache_dir or default_cache_dir()).remember(name_tag, digest, [(d["digest"], d["size"]) for d in layers])
+
+
 @app.command("publish")
 def publish(
     name_tag: str = typer.Argument(..., metavar="NAME:TAG", help="e.g. repo/attrs:23.2.0"),
     sources: list[Path] = typer.Argument(..., metavar="SRC...", help="directories or tarballs, one layer each, bottom first"),
     store: Optional[str] = typer.Option(None, "--store", envvar="ROLLSTACK_STORE", help=STORE_HELP),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="resolution cache to update (default: ~/.cache/rollstack)"),
     kind: Optional[str] = typer.Option(None, "--kind", help="component kind: os, repo, harness, evaluator, ... (default: NAME's first component)"),
     source: Optional[str] = typer.Option(None, "--source", help="where the content came from (annotation)"),
     created: Optional[str] = typer.Option(None, "--created", help="creation time to record (default: now); fixes the manifest digest"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
-    """Publish SRC... as group NAME:TAG; prints the group's digest. Unchanged blobs are not uploaded."""
+    """Publish SRC... as group NAME:TAG; prints the group's digest. Unchanged blobs are not uploaded.
+
+    This machine's resolution cache learns the new digest at once; other machines' caches pick it
+    up within their tag TTL (60 s by default, `plan resolve --ttl`)."""
     from rollstack.plan.groups import publish_group
 
     st = _open(store)
     try:
         result = publish_group(st, name_tag, sources, kind=kind, source_desc=source, created=created,
                                progress=RichProgress())
+        _remember(st, cache_dir, name_tag, result.digest, result.layers)
     finally:
         st.close()
     doc = {**result.to_dict(), "store": st.url}
@@ -87,6 +99,7 @@ def import_cmd(
     kind: Optional[str] = typer.Option(None, "--kind", help="component kind (default: NAME's first component)"),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="conversion cache (default: ~/.cache/rollstack)"),
     tls_verify: bool = typer.Option(False, "--tls-verify/--no-tls-verify", help="verify the source registry's TLS"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="chunk compression workers (default: one per core; 1 uses the least CPU on a busy node)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Convert an existing OCI/Docker image's layers into group NAME:TAG (cached by layer digest)."""
@@ -96,14 +109,17 @@ def import_cmd(
     st = _open(store)
     try:
         result = import_image(image, name_tag, st, cache_dir=cache_dir or default_cache_dir(), kind=kind,
-                              tls_verify=tls_verify, progress=RichProgress())
+                              tls_verify=tls_verify, progress=RichProgress(), threads=threads)
+        _remember(st, cache_dir, name_tag, result.digest, result.layers)
     finally:
         st.close()
     doc = {**result.to_dict(), "store": st.url}
 
     def human(d: dict[str, Any]) -> None:
+        rate = f" ({d['payload_bytes'] / 1e6 / d['seconds']:.0f} MB/s unpacked)" if d["converted"] and d["seconds"] else ""
         stderr.print(f"{d['name']}:{d['tag']}: {len(d['layers'])} layer(s) from {image}, "
-                     f"converted {d['converted']}, cached {d['cached']}, uploaded {d['uploaded_bytes']} bytes")
+                     f"converted {d['converted']}, cached {d['cached']}, uploaded {d['uploaded_bytes']} bytes "
+                     f"in {d['seconds']:.2f} s{rate}")
         stdout.print(d["digest"])
 
     emit(doc, as_json, human)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,33 +11,22 @@ from typing import Any
 import typer
 
 from rollstack.cli.output import emit, stdout
-from rollstack.errors import InvalidRequest
+from rollstack.core.units import parse_binary_size
 
 app = typer.Typer(no_args_is_help=True, help="Seekable layer blobs: convert, ls, cat, verify.")
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """`1048576`, `64K`, `1M`, `1MiB` -> bytes (binary units)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise InvalidRequest(f"not a size: {text!r} (examples: 65536, 64K, 1M, 1MiB)")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
-
 
 @app.command("convert")
 def convert_cmd(
     src: Path = typer.Argument(..., help="directory, .tar, .tar.gz/.tgz or .tar.zst"),
     dst: Path = typer.Argument(..., help="the layer blob to write"),
-    chunk_size: str = typer.Option("1M", "--chunk-size", help="chunk size (e.g. 256K, 1M)"),
+    chunk_size: str = typer.Option("1Mi", "--chunk-size", help="chunk size, binary units (e.g. 256Ki, 1Mi)"),
     level: int = typer.Option(3, "--level", help="zstd level for chunks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Convert SRC into the seekable layer blob DST (deterministic: same input, same bytes)."""
     from rollstack.format.convert import convert
 
-    info = convert(src, dst, chunk_size=parse_size(chunk_size), level=level)
+    info = convert(src, dst, chunk_size=parse_binary_size(chunk_size), level=level)
     doc = {"path": str(dst), **info.to_dict()}
 
     def human(d: dict[str, Any]) -> None:

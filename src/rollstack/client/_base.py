@@ -22,6 +22,8 @@ TOKEN_FILE = "token"
 CONNECT_TIMEOUT = 10.0
 SHORT_TIMEOUT = 60.0
 """Seconds for calls that do not run user work (files, list, destroy...)."""
+EXEC_ANSWER_SLACK = 30.0
+"""Seconds past an exec's own timeout the node has to answer it (it reports the timeout itself)."""
 
 
 def default_node() -> str:
@@ -84,7 +86,7 @@ def exec_request(
 
 def request_timeout(seconds: float | None) -> httpx.Timeout:
     """For calls that run user work: no read deadline of ours beyond the work's own plus slack."""
-    read = None if seconds is None else seconds + 30.0
+    read = None if seconds is None else seconds + EXEC_ANSWER_SLACK
     return httpx.Timeout(connect=CONNECT_TIMEOUT, read=read, write=SHORT_TIMEOUT, pool=None)
 
 
@@ -92,6 +94,14 @@ def request_timeout(seconds: float | None) -> httpx.Timeout:
 class Settings:
     url: str = field(default_factory=default_node)
     token: str | None = None
+
+    @classmethod
+    def of(cls, url: str | None, token: str | None) -> "Settings":
+        """What a client was given, with the defaults ($ROLLSTACK_NODE, the token) for the rest."""
+        settings = cls(token=token if token is not None else default_token())
+        if url:
+            settings.url = url
+        return settings
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}

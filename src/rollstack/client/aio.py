@@ -1,102 +1,123 @@
-"""`AsyncClient` and `AsyncEnvironment`: the `Client` interface with async/await (httpx.AsyncClient).
+"""`AsyncClient` and `AsyncEnvironment`: the `Client` interface with async/await.
 
     async with AsyncClient(url, token=...) as client:
         async with await client.create(plan) as env:
             r = await env.exec("pytest -q", timeout=60)
+
+`AsyncHttpService` is the async twin of `HttpService`: the same routes and wire models
+(`client.routes`) over `httpx.AsyncClient`; the handles mirror `Environment` /
+`EnvironmentFacade` method for method.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
 import httpx
 
+from rollstack.client import routes
 from rollstack.client._base import (
     SHORT_TIMEOUT,
     Settings,
-    default_token,
     error_of,
     exec_request,
     plan_to_wire,
     raise_for,
-    request_timeout,
-    transport_error,
 )
-from rollstack.errors import from_dict
 from rollstack.node.models import (
     CreateResponse,
     EnvironmentInfo,
-    EnvironmentList,
     Evaluation,
     ExecChunk,
+    ExecRequest,
     ExecResult,
     Health,
     Stats,
 )
 
+T = TypeVar("T")
 
-class AsyncClient:
-    """A node agent over HTTP, asynchronously. Same defaults as `Client`."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        token: str | None = None,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self.settings = Settings(token=token if token is not None else default_token())
-        if url:
-            self.settings.url = url
+class AsyncHttpService:
+    """The `EnvironmentService` interface over HTTP, with `async def` methods."""
+
+    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.settings = settings
         self.http = httpx.AsyncClient(
-            base_url=self.settings.url,
-            headers=self.settings.headers(),
+            base_url=settings.url,
+            headers=settings.headers(),
             timeout=httpx.Timeout(SHORT_TIMEOUT, connect=10.0),
             transport=transport,
         )
 
-    async def __aenter__(self) -> "AsyncClient":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _do(self, call: routes.Call[T]) -> T:
         try:
-            response = await self.http.request(method, path, **kwargs)
+            response = await self.http.request(call.method, call.path, **call.kwargs)
         except httpx.TransportError as exc:
-            raise transport_error(exc, self.settings.url) from exc
+            raise call.failure(exc, self.settings.url) from exc
         raise_for(response)
-        return response
+        return call.decode(response)
 
-    async def create(self, plan: Any) -> "AsyncEnvironment":
-        r = await self._request(
-            "POST", "/v1/environments", json={"plan": plan_to_wire(plan)}, timeout=request_timeout(None)
-        )
-        created = CreateResponse.model_validate_json(r.content)
-        return AsyncEnvironment(self, created.id, created)
-
-    async def get(self, env_id: str) -> "AsyncEnvironment":
-        await self._request("GET", f"/v1/environments/{env_id}")
-        return AsyncEnvironment(self, env_id)
+    async def create(self, plan: dict[str, Any]) -> CreateResponse:
+        return await self._do(routes.create(plan))
 
     async def list(self) -> list[EnvironmentInfo]:
-        r = await self._request("GET", "/v1/environments")
-        return EnvironmentList.model_validate_json(r.content).environments
+        return await self._do(routes.list_environments())
+
+    async def info(self, env_id: str) -> EnvironmentInfo:
+        return await self._do(routes.info(env_id))
+
+    async def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
+        return await self._do(routes.exec_(env_id, request))
+
+    async def exec_stream(self, env_id: str, request: ExecRequest) -> AsyncIterator[ExecChunk]:
+        call = routes.exec_stream(env_id, request)
+        try:
+            async with self.http.stream(call.method, call.path, **call.kwargs) as response:
+                if response.status_code >= 400:
+                    raise error_of(response.status_code, await response.aread())
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield routes.chunk(line)
+        except httpx.TransportError as exc:
+            raise call.failure(exc, self.settings.url) from exc
+
+    async def read_file(self, env_id: str, path: str) -> bytes:
+        return await self._do(routes.read_file(env_id, path))
+
+    async def write_file(self, env_id: str, path: str, data: bytes) -> None:
+        await self._do(routes.write_file(env_id, path, data))
+
+    async def diff(self, env_id: str, binary: str = "name") -> str:
+        return await self._do(routes.diff(env_id, binary))
+
+    async def evaluate(self, env_id: str) -> Evaluation:
+        return await self._do(routes.evaluate(env_id))
+
+    async def stats(self, env_id: str) -> Stats:
+        return await self._do(routes.stats(env_id))
+
+    async def destroy(self, env_id: str) -> None:
+        await self._do(routes.destroy(env_id))
 
     async def health(self) -> Health:
-        return Health.model_validate_json((await self._request("GET", "/healthz")).content)
+        return await self._do(routes.health())
+
+    async def metrics(self) -> dict[str, float]:
+        return await self._do(routes.metrics())
+
+    async def metrics_text(self) -> str:
+        return await self._do(routes.metrics_text())
 
 
 class AsyncEnvironment:
     """One environment, async. `async with` always destroys it on exit."""
 
-    def __init__(self, client: AsyncClient, env_id: str, created: CreateResponse | None = None):
-        self._client = client
+    def __init__(self, service: AsyncHttpService, env_id: str, created: CreateResponse | None = None):
+        self._service = service
         self.id = env_id
         self.created = created
 
@@ -109,76 +130,83 @@ class AsyncEnvironment:
     async def __aexit__(self, *exc: object) -> None:
         await self.destroy()
 
-    def _path(self, tail: str = "") -> str:
-        return f"/v1/environments/{self.id}{tail}"
+    async def exec(self, command: str | list[str], timeout: float | None = None, cwd: str | None = None,
+                   env: dict[str, str] | None = None, stdin: str | bytes | None = None) -> ExecResult:
+        """Run `command` (shell string or argv) to completion. A timeout is reported, not raised."""
+        return await self._service.exec(self.id, exec_request(command, timeout, cwd, env, stdin))
 
-    async def exec(
-        self,
-        command: str | list[str],
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        stdin: str | bytes | None = None,
-    ) -> ExecResult:
-        req = exec_request(command, timeout, cwd, env, stdin)
-        r = await self._client._request(
-            "POST",
-            self._path("/exec"),
-            content=req.model_dump_json(exclude_none=True),
-            headers={"content-type": "application/json"},
-            timeout=request_timeout(req.timeout),
-        )
-        return ExecResult.model_validate_json(r.content)
-
-    async def exec_stream(
-        self,
-        command: str | list[str],
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        stdin: str | bytes | None = None,
-    ) -> AsyncIterator[ExecChunk]:
+    def exec_stream(self, command: str | list[str], timeout: float | None = None, cwd: str | None = None,
+                    env: dict[str, str] | None = None, stdin: str | bytes | None = None) -> AsyncIterator[ExecChunk]:
         """Chunks of type `stdout`/`stderr` as they come, then one `result`."""
-        req = exec_request(command, timeout, cwd, env, stdin)
-        try:
-            async with self._client.http.stream(
-                "POST",
-                self._path("/exec/stream"),
-                content=req.model_dump_json(exclude_none=True),
-                headers={"content-type": "application/json"},
-                timeout=request_timeout(req.timeout),
-            ) as response:
-                if response.status_code >= 400:
-                    raise error_of(response.status_code, await response.aread())
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    chunk = ExecChunk.model_validate(json.loads(line))
-                    if chunk.type == "error":
-                        raise from_dict(chunk.error or {"code": "internal_error"})
-                    yield chunk
-        except httpx.TransportError as exc:
-            raise transport_error(exc, self._client.settings.url) from exc
+        return self._service.exec_stream(self.id, exec_request(command, timeout, cwd, env, stdin))
 
     async def read_file(self, path: str) -> bytes:
-        return (await self._client._request("GET", self._path("/files"), params={"path": path})).content
+        return await self._service.read_file(self.id, path)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        body = data.encode() if isinstance(data, str) else data
-        await self._client._request("PUT", self._path("/files"), params={"path": path}, content=body)
+        await self._service.write_file(self.id, path, data.encode() if isinstance(data, str) else data)
 
     async def diff(self, binary: str = "name") -> str:
-        return (await self._client._request("GET", self._path("/diff"), params={"binary": binary})).text
+        return await self._service.diff(self.id, binary)
 
     async def evaluate(self) -> Evaluation:
-        r = await self._client._request("POST", self._path("/evaluate"), timeout=request_timeout(None))
-        return Evaluation.model_validate_json(r.content)
+        return await self._service.evaluate(self.id)
 
     async def stats(self) -> Stats:
-        return Stats.model_validate_json((await self._client._request("GET", self._path("/stats"))).content)
+        return await self._service.stats(self.id)
 
     async def info(self) -> EnvironmentInfo:
-        return EnvironmentInfo.model_validate_json((await self._client._request("GET", self._path())).content)
+        return await self._service.info(self.id)
 
     async def destroy(self) -> None:
-        await self._client._request("DELETE", self._path(), timeout=request_timeout(None))
+        """Idempotent."""
+        await self._service.destroy(self.id)
+
+
+class AsyncClient:
+    """A node agent over HTTP, asynchronously. Same defaults and methods as `Client`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._service = AsyncHttpService(Settings.of(url, token), transport)
+
+    @property
+    def url(self) -> str:
+        return self._service.settings.url
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._service.aclose()
+
+    async def create(self, plan: Any) -> AsyncEnvironment:
+        """`plan`: a dict, a path to a plan YAML file, or a `Plan`."""
+        created = await self._service.create(plan_to_wire(plan))
+        return AsyncEnvironment(self._service, created.id, created)
+
+    async def get(self, env_id: str) -> AsyncEnvironment:
+        await self._service.info(env_id)  # raises EnvironmentNotFound
+        return AsyncEnvironment(self._service, env_id)
+
+    async def list(self) -> list[EnvironmentInfo]:
+        return await self._service.list()
+
+    async def destroy(self, env_id: str) -> None:
+        """Destroy an environment by id (idempotent for ids this node destroyed)."""
+        await self._service.destroy(env_id)
+
+    async def health(self) -> Health:
+        return await self._service.health()
+
+    async def metrics(self) -> dict[str, float]:
+        """The node's gauges (`<name>_total` counters, environments, lazy store...)."""
+        return await self._service.metrics()

@@ -7,7 +7,7 @@ always destroyed on exit, whatever happened inside.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, overload
 
 from rollstack.client._base import exec_request, plan_to_wire
 from rollstack.node.models import (
@@ -89,8 +89,18 @@ class EnvironmentFacade:
 
     _service: EnvironmentService
 
-    def create(self, plan: Any) -> Environment:
-        """`plan`: a dict, a path to a plan YAML file, or a `Plan`."""
+    @overload
+    def create(self, plan: Any) -> Environment: ...
+
+    @overload
+    def create(self, plan: Any, count: int) -> list[Environment]: ...
+
+    def create(self, plan: Any, count: int | None = None) -> Environment | list[Environment]:
+        """`plan`: a dict, a path to a plan YAML file, or a `Plan`. With `count`, that many
+        environments of the plan in one call (a GRPO group, all or none), as a list."""
+        if count is not None:
+            group = self._service.create_many(plan_to_wire(plan), count)
+            return [Environment(self._service, c.id, c) for c in group]
         created = self._service.create(plan_to_wire(plan))
         return Environment(self._service, created.id, created)
 
@@ -107,6 +117,10 @@ class EnvironmentFacade:
 
     def health(self) -> Any:
         return self._service.health()
+
+    def metrics(self) -> dict[str, float]:
+        """The node's gauges (`<name>_total` counters, environments, lazy store...)."""
+        return self._service.metrics()
 
     def close(self) -> None:
         pass

@@ -5,31 +5,27 @@
             print(env.exec("pytest -q", timeout=60).exit_code)
 
 Tests hand in `transport=httpx.MockTransport(...)` or an ASGI transport instead of a server.
+One `Client` may be shared by any number of threads (each thread has its own connection pool).
 """
 
 from __future__ import annotations
 
-import json
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 import httpx
 
 from rollstack.client._base import (
     SHORT_TIMEOUT,
     Settings,
-    default_token,
     error_of,
     raise_for,
-    request_timeout,
-    transport_error,
 )
+from rollstack.client import routes
 from rollstack.client.environment import EnvironmentFacade
-from rollstack.errors import from_dict
+from rollstack.core.httppool import PerThreadClient
 from rollstack.node.models import (
     CreateResponse,
     EnvironmentInfo,
-    EnvironmentList,
     Evaluation,
     ExecChunk,
     ExecRequest,
@@ -38,106 +34,94 @@ from rollstack.node.models import (
     Stats,
 )
 
+T = TypeVar("T")
+
 
 class HttpService:
-    """The `EnvironmentService` interface over HTTP."""
+    """The `EnvironmentService` interface over HTTP (the routes are `client.routes`). Safe to
+    share between threads: each thread gets its own `httpx.Client` (`rollstack.core.httppool.PerThreadClient`
+    says why)."""
 
     def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None) -> None:
         self.settings = settings
-        self.http = httpx.Client(
+        self._pool = PerThreadClient(lambda ssl_context: httpx.Client(
             base_url=settings.url,
             headers=settings.headers(),
             timeout=httpx.Timeout(SHORT_TIMEOUT, connect=10.0),
             transport=transport,
-        )
+            verify=ssl_context,
+        ), settings.url)
+
+    @property
+    def http(self) -> httpx.Client:
+        """This thread's client (created on first use)."""
+        return self._pool.get()
 
     def close(self) -> None:
-        self.http.close()
+        self._pool.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _do(self, call: routes.Call[T]) -> T:
         try:
-            response = self.http.request(method, path, **kwargs)
+            response = self.http.request(call.method, call.path, **call.kwargs)
         except httpx.TransportError as exc:
-            raise transport_error(exc, self.settings.url) from exc
+            raise call.failure(exc, self.settings.url) from exc
         raise_for(response)
-        return response
+        return call.decode(response)
 
     def create(self, plan: dict[str, Any]) -> CreateResponse:
-        r = self._request("POST", "/v1/environments", json={"plan": plan}, timeout=request_timeout(None))
-        return CreateResponse.model_validate_json(r.content)
+        return self._do(routes.create(plan))
+
+    def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
+        return self._do(routes.create_many(plan, count))
 
     def list(self) -> list[EnvironmentInfo]:
-        return EnvironmentList.model_validate_json(self._request("GET", "/v1/environments").content).environments
+        return self._do(routes.list_environments())
 
     def info(self, env_id: str) -> EnvironmentInfo:
-        return EnvironmentInfo.model_validate_json(self._request("GET", f"/v1/environments/{env_id}").content)
+        return self._do(routes.info(env_id))
 
     def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
-        r = self._request(
-            "POST",
-            f"/v1/environments/{env_id}/exec",
-            content=request.model_dump_json(exclude_none=True),
-            headers={"content-type": "application/json"},
-            timeout=request_timeout(request.timeout),
-        )
-        return ExecResult.model_validate_json(r.content)
+        return self._do(routes.exec_(env_id, request))
 
     def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
-        with self._stream(env_id, request) as response:
-            for line in response.iter_lines():
-                if line.strip():
-                    yield _chunk(line)
-
-    @contextmanager
-    def _stream(self, env_id: str, request: ExecRequest) -> Iterator[httpx.Response]:
+        call = routes.exec_stream(env_id, request)
         try:
-            with self.http.stream(
-                "POST",
-                f"/v1/environments/{env_id}/exec/stream",
-                content=request.model_dump_json(exclude_none=True),
-                headers={"content-type": "application/json"},
-                timeout=request_timeout(request.timeout),
-            ) as response:
+            with self.http.stream(call.method, call.path, **call.kwargs) as response:
                 if response.status_code >= 400:
                     raise error_of(response.status_code, response.read())
-                yield response
+                for line in response.iter_lines():
+                    if line.strip():
+                        yield routes.chunk(line)
         except httpx.TransportError as exc:
-            raise transport_error(exc, self.settings.url) from exc
+            raise call.failure(exc, self.settings.url) from exc
 
     def read_file(self, env_id: str, path: str) -> bytes:
-        return self._request("GET", f"/v1/environments/{env_id}/files", params={"path": path}).content
+        return self._do(routes.read_file(env_id, path))
 
     def write_file(self, env_id: str, path: str, data: bytes) -> None:
-        self._request("PUT", f"/v1/environments/{env_id}/files", params={"path": path}, content=data)
+        self._do(routes.write_file(env_id, path, data))
 
     def diff(self, env_id: str, binary: str = "name") -> str:
-        return self._request("GET", f"/v1/environments/{env_id}/diff", params={"binary": binary}).text
+        return self._do(routes.diff(env_id, binary))
 
     def evaluate(self, env_id: str) -> Evaluation:
-        r = self._request("POST", f"/v1/environments/{env_id}/evaluate", timeout=request_timeout(None))
-        return Evaluation.model_validate_json(r.content)
+        return self._do(routes.evaluate(env_id))
 
     def stats(self, env_id: str) -> Stats:
-        return Stats.model_validate_json(self._request("GET", f"/v1/environments/{env_id}/stats").content)
+        return self._do(routes.stats(env_id))
 
     def destroy(self, env_id: str) -> None:
-        self._request("DELETE", f"/v1/environments/{env_id}", timeout=request_timeout(None))
+        self._do(routes.destroy(env_id))
 
     def health(self) -> Health:
-        return Health.model_validate_json(self._request("GET", "/healthz").content)
+        return self._do(routes.health())
 
     def metrics(self) -> dict[str, float]:
-        return {}
+        """The node's gauges (`NodeService.metrics()`), read from its /metrics."""
+        return self._do(routes.metrics())
 
     def metrics_text(self) -> str:
-        return self._request("GET", "/metrics").text
-
-
-def _chunk(line: str) -> ExecChunk:
-    chunk = ExecChunk.model_validate(json.loads(line))
-    if chunk.type == "error":
-        raise from_dict(chunk.error or {"code": "internal_error", "message": "stream failed"})
-    return chunk
+        return self._do(routes.metrics_text())
 
 
 class Client(EnvironmentFacade):
@@ -151,10 +135,7 @@ class Client(EnvironmentFacade):
         *,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        settings = Settings(token=token if token is not None else default_token())
-        if url:
-            settings.url = url
-        self._service = HttpService(settings, transport)
+        self._service = HttpService(Settings.of(url, token), transport)
 
     @property
     def url(self) -> str:

@@ -233,36 +233,36 @@ class Pool:
 # -- async ----------------------------------------------------------------------------------------
 
 class _AsyncBound:
-    """What `AsyncEnvironment` needs of its client (`_request`, `http`, `settings`), bound to
-    one node and translating its errors."""
+    """The async twin of `_BoundService`: one node's `AsyncHttpService`, errors translated."""
 
-    def __init__(self, core: _Core, node_id: str, client: Any, instance: str | None) -> None:
-        self._core, self.node_id, self._client, self._instance = core, node_id, client, instance
-        self.http, self.settings = client.http, client.settings
+    def __init__(self, core: _Core, node_id: str, http: Any, instance: str | None) -> None:
+        self._core, self.node_id, self._http, self._instance = core, node_id, http, instance
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            return await self._client._request(method, path, **kwargs)  # noqa: SLF001
-        except RollstackError as exc:
-            raise await asyncio.to_thread(self._core.translate, exc, self.node_id, self._instance) from exc
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._http, name)
+        if not callable(fn):
+            return fn
+        if name == "exec_stream":
+            return functools.wraps(fn)(lambda *a, **kw: self._stream(fn(*a, **kw)))
 
-
-@functools.lru_cache(maxsize=1)
-def _async_env_class() -> Any:
-    from rollstack.client.aio import AsyncEnvironment
-
-    class PoolAsyncEnvironment(AsyncEnvironment):
-        """`AsyncEnvironment` whose exec stream also reports a lost node as `NodeLost`."""
-
-        async def exec_stream(self, *args: Any, **kwargs: Any) -> Any:
-            bound = self._client
+        @functools.wraps(fn)
+        async def call(*args: Any, **kwargs: Any) -> Any:
             try:
-                async for chunk in super().exec_stream(*args, **kwargs):
-                    yield chunk
+                return await fn(*args, **kwargs)
             except RollstackError as exc:
-                raise await asyncio.to_thread(bound._core.translate, exc, bound.node_id, bound._instance) from exc
+                raise await self._translate(exc) from exc
 
-    return PoolAsyncEnvironment
+        return call
+
+    async def _translate(self, exc: RollstackError) -> RollstackError:
+        return await asyncio.to_thread(self._core.translate, exc, self.node_id, self._instance)
+
+    async def _stream(self, chunks: Any) -> Any:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except RollstackError as exc:
+            raise await self._translate(exc) from exc
 
 
 class AsyncPool:
@@ -272,25 +272,26 @@ class AsyncPool:
                  store: str | None = None, policy: PlacementPolicy | None = None, interval: float = 1.0,
                  name: str = "pool") -> None:
         self._core = _Core(address, nodes, store, policy or PlacementPolicy(), interval, name)
-        self._clients: dict[str, Any] = {}
+        self._services: dict[str, Any] = {}
 
     @property
     def directory(self) -> Directory:
         return self._core.directory
 
-    def _client(self, node_id: str) -> Any:
-        from rollstack.client.aio import AsyncClient
+    def _service(self, node_id: str) -> Any:
+        """The node's `AsyncHttpService` (one per node URL; a node back on a new URL gets a new one)."""
+        from rollstack.client.aio import AsyncHttpService
 
         m = self._core.directory.member(node_id)
         if m is None:
             raise NodeLost(f"node {node_id} is not a member of the pool", node=node_id)
-        c = self._clients.get(node_id)
-        if c is None or c.settings.url != m.url:
-            c = self._clients[node_id] = AsyncClient(m.url, token=m.token or "")
-        return c
+        svc = self._services.get(node_id)
+        if svc is None or svc.settings.url != m.url:
+            svc = self._services[node_id] = AsyncHttpService(Settings.of(m.url, m.token or ""))
+        return svc
 
     async def create(self, plan: Any, count: int | None = None) -> Any:
-        AsyncEnvironment = _async_env_class()  # noqa: N806 - a class
+        from rollstack.client.aio import AsyncEnvironment
 
         wire = plan_to_wire(plan)
         req = await asyncio.to_thread(self._core.placer.request, wire)
@@ -306,18 +307,14 @@ class AsyncPool:
         return await self._create_one(wire, req, AsyncEnvironment)
 
     async def _create_one(self, wire: dict[str, Any], req: PlacementRequest, cls: Any) -> Any:
-        from rollstack.client._base import request_timeout
-        from rollstack.node.models import CreateResponse
-
         core, excluded = self._core, set()
         while True:
             node_id, record = core.choose(req, excluded)
             core.directory.reserve(node_id, req)
             ok = False
             try:
-                client = self._client(node_id)
-                r = await client._request("POST", "/v1/environments", json={"plan": wire},  # noqa: SLF001
-                                          timeout=request_timeout(None))
+                service = self._service(node_id)
+                created = await service.create(wire)
                 ok = True
             except InsufficientCapacity:
                 excluded.add(node_id)
@@ -328,18 +325,16 @@ class AsyncPool:
                 continue
             finally:
                 core.directory.release(node_id, req, created=ok)
-            created = CreateResponse.model_validate_json(r.content)
             record["created"] = True
-            bound = _AsyncBound(core, node_id, client, core.directory.instance(node_id))
-            env = cls(bound, created.id, created)
+            env = cls(_AsyncBound(core, node_id, service, core.directory.instance(node_id)), created.id, created)
             env.node_id = node_id
             return env
 
     async def get(self, env_id: str) -> Any:
-        AsyncEnvironment = _async_env_class()  # noqa: N806 - a class
+        from rollstack.client.aio import AsyncEnvironment
 
         node_id = await asyncio.to_thread(Pool._locate, self, env_id)  # type: ignore[arg-type]
-        env = AsyncEnvironment(_AsyncBound(self._core, node_id, self._client(node_id),  # type: ignore[arg-type]
+        env = AsyncEnvironment(_AsyncBound(self._core, node_id, self._service(node_id),  # type: ignore[arg-type]
                                            self._core.directory.instance(node_id)), env_id)
         env.node_id = node_id  # type: ignore[attr-defined]
         return env
@@ -349,7 +344,7 @@ class AsyncPool:
         for m in list(self._core.directory.members.values()):
             if m.alive:
                 try:
-                    out += await self._client(m.node_id).list()
+                    out += await self._service(m.node_id).list()
                 except NodeUnavailable:
                     self._core.directory.mark_dead(m.node_id)
         return out
@@ -361,8 +356,8 @@ class AsyncPool:
         return self._core.directory.views()
 
     async def aclose(self) -> None:
-        for c in self._clients.values():
-            await c.aclose()
+        for svc in self._services.values():
+            await svc.aclose()
         await asyncio.to_thread(self._core.close)
 
     async def __aenter__(self) -> "AsyncPool":

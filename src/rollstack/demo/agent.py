@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from rollstack.demo.plans import FIX_ARGV, failing_tests_command, rollout_plan, StackGroups
+from rollstack.corpus.plans import FIX_ARGV, StackGroups, TaskLike, as_task, failing_tests_command, rollout_plan
 from rollstack.demo.report import RolloutRecord, StepResult
 from rollstack.errors import InsufficientCapacity, RollstackError
 
@@ -54,13 +54,14 @@ def _step(env: Any, command: str | list[str], timeout: float, stdin: str | None 
     return StepResult(exit_code=r.exit_code, seconds=round(r.duration, 4), timed_out=r.timed_out), r
 
 
-def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: int, *,
+def run_rollout(node: Any, task: TaskLike, groups: StackGroups, rollout: int, *,
                 exec_timeout: float = 300.0, cancel: threading.Event | None = None,
                 apply_fix: bool = True, background_fill: bool = False) -> RolloutRecord:
     """Run one rollout of `task` on `node`; never raises for a rollout's own failure.
 
     `apply_fix=False` is the control: an agent that changes nothing (its reward must be 0.0)."""
-    rec = RolloutRecord(task=task["instance_id"], rollout=rollout)
+    task = as_task(task)
+    rec = RolloutRecord(task=task.instance_id, rollout=rollout)
     t_start = time.perf_counter()
     env = None
     try:
@@ -77,7 +78,7 @@ def run_rollout(node: Any, task: dict[str, Any], groups: StackGroups, rollout: i
         rec.test_before, _ = _step(env, failing_tests_command(task), exec_timeout)
         _check(cancel)
         if apply_fix:
-            rec.fix, fix_out = _step(env, FIX_ARGV, 60.0, stdin=task["fix"])
+            rec.fix, fix_out = _step(env, FIX_ARGV, 60.0, stdin=task.fix)
             if rec.fix.exit_code != 0:
                 rec.error = f"fix_failed: git apply exited {rec.fix.exit_code}: {(fix_out.stderr or '').strip()[-200:]}"
         _check(cancel)

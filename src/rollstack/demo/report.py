@@ -6,9 +6,10 @@ bytes. Percentiles interpolate linearly between order statistics (p50 of [1, 2] 
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
+
+from rollstack.core.stats import percentile
 
 PHASES = ("resolve", "toc", "mount", "mutation", "start", "total")
 """The create phases the node times (interface.md, `env create --json`)."""
@@ -64,19 +65,6 @@ class RolloutRecord:
         doc = asdict(self)
         doc["bug_reproduced"], doc["fixed"] = self.bug_reproduced, self.fixed
         return doc
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation; None for no values."""
-    xs = sorted(float(v) for v in values if v is not None and not math.isnan(float(v)))
-    if not xs:
-        return None
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} is outside 0..100")
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -20,11 +20,13 @@ from typing import Any
 
 from rollstack.demo.agent import run_rollout
 from rollstack.demo.config import DemoConfig
-from rollstack.demo.corpus import ensure_corpus
-from rollstack.demo.plans import stack_groups
-from rollstack.demo.publish import publish_corpus_groups
+from rollstack.corpus.cache import ensure_corpus
+from rollstack.corpus.plans import stack_groups
+from rollstack.corpus.publish import publish_corpus_groups
 from rollstack.demo.report import RolloutRecord, summarize
 from rollstack.errors import InvalidRequest
+from rollstack.host import mountinfo
+from rollstack.host.cgroups import env_cgroup_dirs
 from rollstack.interrupts import sigterm_as_interrupt
 
 
@@ -104,7 +106,7 @@ def _rollout_stack(published: list[Any]) -> dict[str, Any]:
 
 def _run_rollouts(config: DemoConfig, store_spec: str, tasks: list[dict[str, Any]], groups: Any,
                   stages: dict[str, float]) -> tuple[list[RolloutRecord], dict[str, Any], dict[str, list[str]]]:
-    from rollstack.node.local import Node
+    from rollstack.client.local import Node
 
     log = config.log
     node_root = config.node_root.absolute()
@@ -193,24 +195,12 @@ def _node_metrics(node: Any) -> dict[str, Any]:
 def find_leftovers(node_root: Path, env_ids: set[str], ignore_children: set[str] = frozenset()) -> dict[str, list[str]]:
     """What a stopped node left: mounts under its root, env dirs, runc state, env cgroups, children
     (live child processes of this process, `"<pid> <comm>"`, except `ignore_children`)."""
-    prefix = str(node_root).rstrip("/") + "/"
-    mounts = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mp = line.split(" ")[4].replace("\\040", " ")
-            if mp.startswith(prefix):
-                mounts.append(mp)
+    mounts = mountinfo.mounts_under(node_root)
     envs_dir = node_root / "envs"
     envs = sorted(p.name for p in envs_dir.iterdir()) if envs_dir.is_dir() else []
     runc_dir = node_root / "runc"
     runc = sorted(p.name for p in runc_dir.iterdir() if p.is_dir()) if runc_dir.is_dir() else []
-    cgroups = []
-    cg_root = Path("/sys/fs/cgroup")
-    hierarchies = [cg_root] + ([p for p in cg_root.iterdir() if p.is_dir()] if cg_root.is_dir() else [])
-    for hier in hierarchies:
-        parent = hier / "rollstack"
-        if parent.is_dir():
-            cgroups += sorted(str(parent / i) for i in env_ids if (parent / i).is_dir())
+    cgroups = sorted(str(cg) for i in env_ids for cg in env_cgroup_dirs(i))
     processes = [c for c in child_processes() if c not in ignore_children]
     return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "processes": processes}
 

@@ -11,10 +11,7 @@ so DST is either the complete blob or untouched.
 from __future__ import annotations
 
 import base64
-import bz2
-import gzip
 import io
-import lzma
 import os
 import stat
 import tarfile
@@ -22,27 +19,30 @@ import tempfile
 import urllib.parse
 import zlib
 from decimal import Decimal, InvalidOperation
+from lzma import LZMAError
 from pathlib import Path
-from typing import BinaryIO
+from dataclasses import replace
+from typing import BinaryIO, Protocol
 
 import zstandard
 
 from rollstack.errors import InvalidRequest, RollstackError, SourceInvalid, UnsafePath
 from rollstack.format import paths as layer_paths
 from rollstack.format.toc import EntryType, TocEntry
+from rollstack.format.tarstream import Forward, decompressing, drain
 from rollstack.format.writer import DEFAULT_CHUNK_SIZE, DEFAULT_LEVEL, LayerInfo, LayerWriter
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
 OVERLAY_OPAQUE_XATTR = "trusted.overlay.opaque"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _MAX_U32 = (1 << 32) - 1
 _I64 = (-(1 << 63), (1 << 63) - 1)
 _READ_BUF = 1 << 20
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
-            chunk_size: int = DEFAULT_CHUNK_SIZE, level: int = DEFAULT_LEVEL) -> LayerInfo:
+            chunk_size: int = DEFAULT_CHUNK_SIZE, level: int = DEFAULT_LEVEL,
+            threads: int | None = None) -> LayerInfo:
     """Convert SRC (directory or tarball) into the layer blob DST (atomically)."""
     src, dst = Path(src), Path(dst)
     if not src.exists():
@@ -57,14 +57,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     try:
         with os.fdopen(fd, "wb", buffering=_READ_BUF) as out:
             if src.is_dir():
-                info = convert_dir(src, out, chunk_size=chunk_size, level=level)
+                info = convert_dir(src, out, chunk_size=chunk_size, level=level, threads=threads)
             else:
                 try:
                     f = open(src, "rb", buffering=0)
                 except OSError as exc:
                     raise SourceInvalid(f"cannot read {src}: {exc.strerror or exc}") from None
                 with f:
-                    info = convert_tar(f, out, chunk_size=chunk_size, level=level)
+                    info = convert_tar(f, out, chunk_size=chunk_size, level=level, threads=threads)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dst)
         return info
@@ -84,89 +84,67 @@ def _unlink(path: str) -> None:
 
 
 def convert_fileobj(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                    level: int = DEFAULT_LEVEL) -> LayerInfo:
+                    level: int = DEFAULT_LEVEL, threads: int | None = None) -> LayerInfo:
     """Alias of `convert_tar` (e.g. an OCI image layer streamed from a registry)."""
-    return convert_tar(tar_stream, out, chunk_size=chunk_size, level=level)
+    return convert_tar(tar_stream, out, chunk_size=chunk_size, level=level, threads=threads)
+
+
+def default_threads() -> int:
+    """Chunk workers (digest + zstd) beside the thread parsing the tar: one per core, at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class Lower(Protocol):
+    """What the layers below an image layer have (`group import` knows them, see `convert_tar`)."""
+
+    def __call__(self, path: str) -> TocEntry | None:
+        """The entry at `path` in the merged lower layers (a hardlink as its target), or None."""
+        ...
+
+    def payload(self, entry: TocEntry) -> BinaryIO:
+        """A regular file's bytes (an entry `__call__` returned)."""
+        ...
 
 
 def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                level: int = DEFAULT_LEVEL) -> LayerInfo:
-    """A (maybe compressed) tar stream, read once front to back -> a layer blob written to `out`."""
-    writer = LayerWriter(out, chunk_size=chunk_size, level=level)
-    stream = _decompressing(tar_stream)
+                level: int = DEFAULT_LEVEL, threads: int | None = None, lower: Lower | None = None) -> LayerInfo:
+    """A (maybe compressed) tar stream, read once front to back -> a layer blob written to `out`.
+
+    gzip is decoded off this thread (format/tarstream.py: a pigz child, or zlib on a thread);
+    chunks are digested and compressed on `threads` workers (default: one per core); the blob
+    is byte-identical for any thread count (see format/pipeline.py).
+
+    `lower` lets an image layer hardlink to a file only a lower layer has (Docker and containerd
+    allow it: the link is made in the unpacked tree): that file is copied into this layer at its
+    path, with its metadata, and the hardlink points at the copy, which is exactly the upper
+    layer overlayfs gets when containerd links a lower file (copy-up, then link)."""
+    writer = LayerWriter(out, chunk_size=chunk_size, level=level,
+                         threads=default_threads() if threads is None else threads)
     member = "<archive start>"
     try:
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=_READ_BUF) as tf:
-            for ti in tf:
+        with decompressing(tar_stream) as stream:
+            reader = Forward(stream)
+            tf = tarfile.open(fileobj=reader, mode="r:")  # type: ignore[arg-type]  (forward seeks only)
+            while True:
+                ti = tf.next()
+                if ti is None:
+                    break
                 member = ti.name
-                _add_tar_member(writer, tf, ti)
+                _add_tar_member(writer, tf, ti, lower)
+                tf.members.clear()  # O(1) memory per member: we never look members up again
             member = "<archive end>"
-            _drain(stream)
-        return writer.finish()
+            drain(reader)
+            stream.check()
+        return writer.finish(existing_dir=lower)
     except RollstackError:
         raise
-    except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError, OSError, ValueError, lzma.LZMAError) as exc:
+    except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError, OSError, ValueError, LZMAError) as exc:
         raise SourceInvalid(f"corrupt or truncated archive near entry {member!r}: {exc or type(exc).__name__}") from None
+    finally:
+        writer.close()
 
 
-def _decompressing(stream: BinaryIO) -> BinaryIO:
-    """Detect the compression by magic bytes and unwrap it. We decompress ourselves rather than
-    let tarfile do it because tarfile's stream mode never checks gzip's CRC/length trailer."""
-    head = _read_exact(stream, 6)
-    rest: BinaryIO = _Prefixed(head, stream)  # type: ignore[assignment]
-    if head.startswith(_ZSTD_MAGIC):
-        return zstandard.ZstdDecompressor().stream_reader(rest, read_size=_READ_BUF, read_across_frames=True)  # type: ignore[return-value]
-    if head.startswith(b"\x1f\x8b"):
-        return gzip.GzipFile(fileobj=rest, mode="rb")  # type: ignore[return-value]
-    if head.startswith(b"BZh"):
-        return bz2.BZ2File(rest)  # type: ignore[return-value]
-    if head.startswith(b"\xfd7zXZ\x00"):
-        return lzma.LZMAFile(rest)  # type: ignore[return-value]
-    return rest
-
-
-def _drain(stream: BinaryIO) -> None:
-    """Read past the tar end marker to EOF, so decompressors verify their trailers/checksums."""
-    while stream.read(_READ_BUF):
-        pass
-
-
-class _Prefixed(io.RawIOBase):
-    """Puts already-consumed bytes back in front of a stream (works for non-seekable ones)."""
-
-    def __init__(self, head: bytes, stream: BinaryIO) -> None:
-        self._head = head
-        self._stream = stream
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:
-        if self._head:
-            if n < 0:
-                out, self._head = self._head + self._stream.read(), b""
-                return out
-            out, self._head = self._head[:n], self._head[n:]
-            return out
-        return self._stream.read(n)
-
-    def readinto(self, b: bytearray) -> int:  # type: ignore[override]
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        more = stream.read(n - len(out))
-        if not more:
-            break
-        out += more
-    return out
-
-
-def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInfo) -> None:
+def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInfo, lower: Lower | None = None) -> None:
     path = layer_paths.normalize(ti.name)
     name = path.rsplit("/", 1)[-1]
     if name == OPAQUE_MARKER:
@@ -187,6 +165,8 @@ def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInf
     elif ti.issym():
         writer.add(TocEntry(path, EntryType.SYMLINK, link=ti.linkname, xattrs=xattrs, **common))
     elif ti.islnk():
+        if lower is not None:
+            _copy_up(writer, lower, layer_paths.normalize(ti.linkname, what=f"hardlink target of {path!r}"))
         writer.add(TocEntry(path, EntryType.HARDLINK, link=ti.linkname, xattrs=xattrs, **common))
     elif ti.ischr() or ti.isblk():
         etype = EntryType.CHAR if ti.ischr() else EntryType.BLOCK
@@ -199,6 +179,16 @@ def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInf
         entry = writer.add(TocEntry(path, EntryType.REG, xattrs=xattrs, **common), f or io.BytesIO())
         if entry.size != ti.size:
             raise SourceInvalid(f"entry {path!r}: archive is truncated ({entry.size} of {ti.size} bytes)")
+
+
+def _copy_up(writer: LayerWriter, lower: Lower, target: str) -> None:
+    """A hardlink's target that this layer lacks but a lower layer has: copy it up first."""
+    if writer.has(target):
+        return
+    entry = lower(target)
+    if entry is None or entry.type in (EntryType.DIR, EntryType.WHITEOUT):
+        return  # not a file below either: the writer rejects the hardlink, naming it
+    writer.add(replace(entry, path=target, chunks=[]), lower.payload(entry) if entry.type is EntryType.REG else None)
 
 
 def _tar_mtime_ns(ti: tarfile.TarInfo, path: str) -> int:
@@ -235,10 +225,18 @@ def _pax_xattrs(pax: dict[str, str], path: str) -> dict[str, bytes]:
 # -- directories --------------------------------------------------------------------------
 
 def convert_dir(root: str | os.PathLike[str], out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                level: int = DEFAULT_LEVEL) -> LayerInfo:
+                level: int = DEFAULT_LEVEL, threads: int | None = None) -> LayerInfo:
     """A directory tree, walked depth-first in sorted name order -> a layer blob on `out`."""
     root = os.fspath(root)
-    writer = LayerWriter(out, chunk_size=chunk_size, level=level)
+    writer = LayerWriter(out, chunk_size=chunk_size, level=level,
+                         threads=default_threads() if threads is None else threads)
+    try:
+        return _walk_dir(root, writer)
+    finally:
+        writer.close()
+
+
+def _walk_dir(root: str, writer: LayerWriter) -> LayerInfo:
     seen_inodes: dict[tuple[int, int], str] = {}
     stack = [""]
     while stack:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, replace
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import zstandard
 
@@ -20,6 +20,7 @@ from rollstack.format import paths as layer_paths
 from rollstack.format import toc_codec
 from rollstack.format.chunk import encode_chunk
 from rollstack.format.footer import Footer
+from rollstack.format.pipeline import ChunkPipeline
 from rollstack.format.toc import TOC_ZSTD_LEVEL, Chunk, Compression, EntryType, Toc, TocEntry
 
 DEFAULT_CHUNK_SIZE = 1 << 20
@@ -71,7 +72,7 @@ class _HashingSink:
 
 class LayerWriter:
     def __init__(self, out: BinaryIO, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 level: int = DEFAULT_LEVEL) -> None:
+                 level: int = DEFAULT_LEVEL, threads: int = 1) -> None:
         if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
             raise InvalidRequest(f"chunk size {chunk_size} outside [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
         self._sink = _HashingSink(out)
@@ -83,6 +84,13 @@ class LayerWriter:
         self._chunk_refs = 0
         self._payload = 0
         self._finished = False
+        # threads > 1: digests + zstd frames on a pool, committed in input order (same bytes)
+        self._pipe = ChunkPipeline(level, threads, self._commit) if threads > 1 else None
+
+    def close(self) -> None:
+        """Stop the chunk workers (after `finish`, or to abandon a failed conversion)."""
+        if self._pipe is not None:
+            self._pipe.close()
 
     # -- adding entries -----------------------------------------------------------------
     def add(self, entry: TocEntry, payload: BinaryIO | None = None) -> TocEntry:
@@ -104,6 +112,10 @@ class LayerWriter:
         self._put(entry)
         return entry
 
+    def has(self, path: str) -> bool:
+        """Whether this layer already has an entry (of any type) at `path`."""
+        return path in self._entries
+
     def mark_opaque(self, directory: str) -> None:
         """OCI `.wh..wh..opq`: `directory` hides everything below it in lower layers."""
         self._opaque.add(directory)
@@ -113,6 +125,8 @@ class LayerWriter:
 
     def _put(self, entry: TocEntry) -> None:
         cur = self._entries.get(entry.path)
+        if cur is not None and self._pipe is not None and EntryType.REG in (cur.type, entry.type):
+            self._pipe.drain()  # comparing duplicates needs their chunk digests
         if cur is None:
             self._entries[entry.path] = entry
         elif EntryType.WHITEOUT in (cur.type, entry.type) and cur.type is not entry.type:
@@ -148,35 +162,53 @@ class LayerWriter:
             data = _read_full(payload, self.chunk_size)
             if not data:
                 break
-            entry.chunks.append(self._store_chunk(size, data))
+            if self._pipe is not None:
+                self._pipe.submit(entry, size, data)
+            else:
+                self._store_chunk(entry, size, data)
             size += len(data)
             if len(data) < self.chunk_size:
                 break
         entry.size = size
         self._payload += size
 
-    def _store_chunk(self, file_offset: int, data: bytes) -> Chunk:
+    def _store_chunk(self, entry: TocEntry, file_offset: int, data: bytes) -> None:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self._commit(entry, file_offset, len(data), digest, lambda: encode_chunk(data, self._cctx))
+
+    def _commit(self, entry: TocEntry, file_offset: int, size: int, digest: str,
+                stored: Callable[[], tuple[bytes, Compression]]) -> None:
+        """Chunk `digest` of `entry` at `file_offset`, in input order: write it unless stored."""
         self._chunk_refs += 1
         where = self._stored.get(digest)
         if where is None:  # identical chunks are stored once per layer
-            stored, comp = encode_chunk(data, self._cctx)
-            where = (self._sink.offset, len(stored), comp)
-            self._sink.write(stored)
+            data, comp = stored()
+            where = (self._sink.offset, len(data), comp)
+            self._sink.write(data)
             self._stored[digest] = where
-        return Chunk(file_offset, len(data), where[0], where[1], digest, where[2])
+        entry.chunks.append(Chunk(file_offset, size, where[0], where[1], digest, where[2]))
 
     # -- finishing ----------------------------------------------------------------------
-    def finish(self) -> LayerInfo:
-        """Complete the entry set, write TOC + footer, return the blob's descriptor + stats."""
+    def finish(self, existing_dir: Callable[[str], TocEntry | None] | None = None) -> LayerInfo:
+        """Complete the entry set, write TOC + footer, return the blob's descriptor + stats.
+
+        `existing_dir(path)`: the directory lower layers already have at `path`, if any; a
+        directory this layer only implies (a parent of its entries, an opaque marker without
+        its directory's header) then keeps that one's metadata, as unpacking onto the lower
+        tree would, instead of becoming 0755 root:root over it."""
         if self._finished:
             raise RuntimeError("LayerWriter.finish() called twice")
         self._finished = True
+        if self._pipe is not None:
+            try:
+                self._pipe.drain()
+            finally:
+                self._pipe.close()
         payload_end = self._sink.offset
         for d in sorted(self._opaque):
             if d not in self._entries:
-                self._entries[d] = TocEntry(d, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=True)
-        self._add_implicit_dirs()
+                self._entries[d] = _implicit_dir(d, existing_dir, opaque=True)
+        self._add_implicit_dirs(existing_dir)
         toc = Toc(self._entries.values())
         raw = toc_codec.encode_raw(toc.entries)
         raw_len = len(raw)
@@ -193,20 +225,34 @@ class LayerWriter:
             stored_payload_size=payload_end, chunk_size=self.chunk_size,
         )
 
-    def _add_implicit_dirs(self) -> None:
+    def _add_implicit_dirs(self, existing_dir: Callable[[str], TocEntry | None] | None) -> None:
         if "" not in self._entries:
-            self._entries[""] = TocEntry("", EntryType.DIR, IMPLICIT_DIR_MODE)
+            self._entries[""] = _implicit_dir("", existing_dir)
         elif self._entries[""].type is not EntryType.DIR:
             raise SourceInvalid("the layer root is not a directory")
         for path in list(self._entries):
-            for anc in layer_paths.ancestors(path):
+            # walk up to the nearest directory this layer names: that one checks its own
+            # ancestors when its turn comes (O(entries), not O(entries x depth))
+            anc = layer_paths.parent(path) if path else None
+            while anc:
                 cur = self._entries.get(anc)
                 if cur is None:
-                    self._entries[anc] = TocEntry(anc, EntryType.DIR, IMPLICIT_DIR_MODE)
+                    self._entries[anc] = _implicit_dir(anc, existing_dir)
                 elif cur.type is EntryType.WHITEOUT:  # deleted then recreated in this layer
                     self._entries[anc] = TocEntry(anc, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=True)
-                elif cur.type is not EntryType.DIR:
+                elif cur.type is EntryType.DIR:
+                    break
+                else:
                     raise SourceInvalid(f"entry {path!r} lies below {anc!r}, which is a {cur.type.value}, not a directory")
+                anc = layer_paths.parent(anc)
+
+
+def _implicit_dir(path: str, existing_dir: Callable[[str], TocEntry | None] | None, opaque: bool = False) -> TocEntry:
+    below = existing_dir(path) if existing_dir is not None else None
+    if below is None or below.type is not EntryType.DIR:
+        return TocEntry(path, EntryType.DIR, IMPLICIT_DIR_MODE, opaque=opaque)
+    return TocEntry(path, EntryType.DIR, below.mode, below.uid, below.gid, below.mtime_ns,
+                    xattrs=dict(below.xattrs), opaque=opaque)
 
 
 def _check_fields(e: TocEntry) -> None:

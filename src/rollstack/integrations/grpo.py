@@ -383,4 +383,5 @@ async def run_batch(
 
 
 def results_json(groups: list[list[RolloutResult]]) -> list[list[dict[str, Any]]]:
+    """Every rollout result as a plain dict, grouped as `run_batch` returned them (examples/)."""
     return [[asdict(r) for r in g] for g in groups]

@@ -14,19 +14,21 @@ task's, and hands the evaluator the task: `RS_TASK` (the JSON the demo corpus's 
 `DEMO_TEMPLATE` is the demo corpus's layout (`rollstack bench corpus build --small`): groups
 os/..., repo/..., harness/..., and the evaluator group with its pytest scorer. With the built
 corpus at hand, `corpus_planner(root)` takes the mapping from the corpus module itself
-(`rollstack.bench.corpus.plan_for_task`: group names from its manifest) instead.
+(`rollstack.corpus.build.plan_for_task`: group names from its manifest) instead.
 """
 
 from __future__ import annotations
 
 import json
-import string
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
+from rollstack.corpus.build import plan_for_task
+from rollstack.corpus.model import CorpusManifest, Task, validate_tasks
+from rollstack.corpus.spec import EVAL_DIR
 from rollstack.errors import InvalidRequest, PlanInvalid
 
 SCORE_COMMAND = 'printf "%s" "$RS_TASK" > /tmp/rs-task.json && exec /opt/rollstack-eval/score /tmp/rs-task.json'
@@ -50,61 +52,13 @@ DEMO_TEMPLATE: dict[str, Any] = {
     },
 }
 
-Planner = Callable[["SweTask"], dict[str, Any]]
+Planner = Callable[[Task], dict[str, Any]]
 
 _FIELDS = ("repo", "version", "instance_id", "workdir", "test_command")
-_ID_CHARS = set(string.ascii_letters + string.digits + "._-")
 
 
-class SweTask(BaseModel):
-    """One task in the SWE-smith schema (lenient: unknown fields are kept)."""
-
-    model_config = ConfigDict(extra="allow")
-    instance_id: str
-    repo: str
-    patch: str = ""
-    FAIL_TO_PASS: list[str] = Field(default_factory=list)
-    PASS_TO_PASS: list[str] = Field(default_factory=list)
-    fix: str | None = None
-    test_command: str | None = None
-    workdir: str | None = None
-    version: str = ""
-    problem_statement: str | None = None
-
-    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
-    @classmethod
-    def _json_list(cls, v: Any) -> Any:
-        # SWE-bench-style exports store these lists as JSON strings.
-        return json.loads(v) if isinstance(v, str) else v
-
-    @field_validator("instance_id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        if not v or not set(v) <= _ID_CHARS:
-            raise ValueError(f"instance_id {v!r} must be letters, digits, '.', '_' or '-'")
-        return v
-
-    def resolved_workdir(self) -> str:
-        return self.workdir or f"/work/{self.repo.rsplit('/', 1)[-1]}"
-
-    def prompt(self) -> str:
-        """What an agent is told: the problem statement, else the failing tests."""
-        if self.problem_statement:
-            return self.problem_statement
-        tests = "\n".join(f"- {t}" for t in self.FAIL_TO_PASS[:20])
-        more = f"\n(and {len(self.FAIL_TO_PASS) - 20} more)" if len(self.FAIL_TO_PASS) > 20 else ""
-        run = f"\nRun them with: {self.test_command}" if self.test_command else ""
-        return f"Fix the bug in {self.repo} so that these failing tests pass:\n{tests}{more}{run}"
-
-    def score_document(self) -> dict[str, Any]:
-        """The fields the corpus scorer reads (kept small: it travels in an environment variable)."""
-        return {
-            "instance_id": self.instance_id,
-            "workdir": self.resolved_workdir(),
-            "test_command": self.test_command or "",
-            "FAIL_TO_PASS": self.FAIL_TO_PASS,
-            "PASS_TO_PASS": self.PASS_TO_PASS,
-        }
+SweTask = Task
+"""The name this module has always exported: the one task model, `rollstack.corpus.model.Task`."""
 
 
 def load_tasks(path: str | Path) -> list[SweTask]:
@@ -197,10 +151,6 @@ def corpus_planner(root: str | Path, harness: str = "mini-swe-agent") -> Planner
 
     Corpora built before the evaluator tree carried one JSON per task get the scorer command of
     `DEMO_TEMPLATE` (the task travels in `RS_TASK`) instead of `score tasks/<id>.json`."""
-    from rollstack.bench.corpus import plan_for_task
-    from rollstack.bench.corpus_model import CorpusManifest, Task
-    from rollstack.bench.corpus_spec import EVAL_DIR
-
     root = Path(root)
     try:
         manifest = CorpusManifest.model_validate_json((root / "manifest.json").read_text())
@@ -209,11 +159,10 @@ def corpus_planner(root: str | Path, harness: str = "mini-swe-agent") -> Planner
 
     def plan(task: SweTask) -> dict[str, Any]:
         try:
-            corpus_task = Task.model_validate({k: v for k, v in task.model_dump().items() if v is not None})
-            doc = plan_for_task(manifest, corpus_task, harness=harness)
-        except (ValidationError, InvalidRequest) as exc:
+            validate_tasks([task])  # a corpus plan needs a complete task (the fix, the tests, the workdir)
+            doc = plan_for_task(manifest, task, harness=harness)
+        except InvalidRequest as exc:
             raise PlanInvalid(f"{task.instance_id}: not a task of the corpus at {root}: {exc}") from exc
-        doc["mutation_text"] = task.patch
         doc.setdefault("resources", dict(DEMO_TEMPLATE["resources"]))
         doc.setdefault("timeout", DEMO_TEMPLATE["timeout"])
         ev = doc["evaluator"]

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 import httpx
 
 from rollstack.errors import NodeUnavailable, RollstackError, from_dict
+from rollstack.core.httppool import PerThreadClient
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
 
 
@@ -40,8 +41,15 @@ class LazyStoreClient:
         self.mountpoint = Path(mountpoint)
         self.socket_path = Path(socket_path)
         self.process = process
-        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
-                                  base_url="http://lazystore", timeout=timeout)
+        # one connection pool per thread: a pool shared by the node's create threads failed
+        # with EBADF under bursts (rollstack.core.httppool)
+        self._pool = PerThreadClient(lambda ssl_context: httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket_path), verify=ssl_context),
+            base_url="http://lazystore", timeout=timeout), f"lazy store at {self.socket_path}")
+
+    @property
+    def _http(self) -> httpx.Client:
+        return self._pool.get()
 
     # -- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -112,7 +120,7 @@ class LazyStoreClient:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Unmount and end the daemon; never leaves a hung mount behind. Idempotent."""
-        if self._http.is_closed:
+        if self._pool.closed:
             return
         try:
             self._http.post("/v1/shutdown", timeout=2.0)
@@ -137,7 +145,7 @@ class LazyStoreClient:
                 time.sleep(0.05)
         if mounted_at(self.mountpoint) is not None and (proc is None or proc.poll() is not None):
             lazy_unmount(self.mountpoint)
-        self._http.close()
+        self._pool.close()
 
     def __enter__(self) -> "LazyStoreClient":
         return self

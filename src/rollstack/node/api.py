@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unauthorized
 from rollstack.node.models import (
+    CreateGroupResponse,
     CreateRequest,
     CreateResponse,
     EnvironmentInfo,
@@ -111,9 +112,13 @@ def create_app(
         body, content_type = await call("metrics", metrics.render)
         return Response(body, media_type=content_type)
 
-    @app.post("/v1/environments", dependencies=auth, response_model=CreateResponse, status_code=201)
-    async def create(req: CreateRequest) -> CreateResponse:
-        return await call("create", service.create, req.plan)
+    @app.post("/v1/environments", dependencies=auth, status_code=201,
+              response_model=CreateResponse | CreateGroupResponse)
+    async def create(req: CreateRequest) -> CreateResponse | CreateGroupResponse:
+        if req.count is None:
+            return await call("create", service.create, req.plan)
+        created = await call("create", service.create_many, req.plan, req.count)
+        return CreateGroupResponse(environments=created)
 
     @app.get("/v1/environments", dependencies=auth, response_model=EnvironmentList)
     async def list_environments() -> EnvironmentList:
@@ -168,6 +173,18 @@ def create_app(
     @app.post("/v1/environments/{env_id}/evaluate", dependencies=auth, response_model=Evaluation)
     async def evaluate(env_id: str) -> Evaluation:
         return await call("evaluate", service.evaluate, env_id)
+
+    @app.api_route("/v1/environments/{env_id}/ports/{port}/{path:path}", dependencies=auth,
+                   include_in_schema=False,  # one route, many methods: not an OpenAPI operation
+                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+    async def port_proxy(env_id: str, port: int, path: str, request: Request) -> Response:
+        from rollstack.node import ports
+
+        base = await call("port", service.port_target, env_id, port)
+        resp = await ports.forward(base, env_id, port, request.method, path, request.url.query,
+                                   dict(request.headers), await request.body())
+        return Response(resp.content, status_code=resp.status_code,
+                        headers=ports.response_headers(resp))
 
     @app.get("/v1/environments/{env_id}/stats", dependencies=auth, response_model=Stats)
     async def stats(env_id: str) -> Stats:

@@ -58,6 +58,19 @@ class NodeConfig(BaseModel):
     adopt: bool = True
     """On start, re-adopt a crashed run's running environments when its lazy store daemon still
     serves them (otherwise, and always for evaluator environments, they are destroyed)."""
+    async_destroy: bool = True
+    """Destroy answers once the environment is released (admission, provisioner) and killed;
+    runc delete, cgroup removal, unmount and dir removal follow on a background thread."""
+    destroy_workers: int = Field(default=4, ge=1)
+    """Threads doing background destroys."""
+    exec_agent: bool = True
+    """Run execs through each environment's PID 1 (rollstack-execd) instead of `runc exec`."""
+    cpu_overcommit: float = Field(default=8.0, ge=1)
+    """Admission: the sum of environments' CPU quotas may reach cores x this (see
+    docs/provisioning.md, "Overcommit"). Memory is never overcommitted."""
+    network_warm: int = Field(default=4, ge=0)
+    """Network slots (netns + veth + a drop-all table) kept prepared once the first create asks
+    for a network, so later ones only load their rules; 0: each is built during its create."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
 

@@ -22,6 +22,9 @@ class CreateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     plan: dict[str, Any] | str
+    count: int | None = Field(default=None, ge=1, le=256)
+    """N identical environments of the plan in one call (a GRPO group), all or none; the answer
+    is then a `CreateGroupResponse`. Absent: one environment, a `CreateResponse`."""
 
 
 class Timings(_Wire):
@@ -45,6 +48,20 @@ class FetchStats(_Wire):
     from_peer_bytes: int = 0
 
 
+class NetworkInfo(_Wire):
+    """An environment's network (absent for `network: none` without `expose`)."""
+
+    mode: str
+    address: str
+    """The environment's address (the node reaches exposed ports there)."""
+    gateway: str
+    """The node, as seen from the environment."""
+    token: str
+    """Per-environment token, also in the environment as ROLLSTACK_ENV_TOKEN."""
+    endpoints: list[str] = Field(default_factory=list)
+    expose: list[int] = Field(default_factory=list)
+
+
 class CreateResponse(_Wire):
     """The `env create --json` document."""
 
@@ -53,6 +70,13 @@ class CreateResponse(_Wire):
     fetch: FetchStats = Field(default_factory=FetchStats)
     stack_digest: str | None = None
     layers: int = 0
+    network: NetworkInfo | None = None
+
+
+class CreateGroupResponse(_Wire):
+    """`POST /v1/environments` with `count`: one create document per environment."""
+
+    environments: list[CreateResponse]
 
 
 class ExecRequest(BaseModel):

@@ -10,9 +10,15 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rollstack.node.models import CreateResponse, EnvironmentInfo, Quotas
+
+if TYPE_CHECKING:
+    from rollstack.plan.model import Plan
+    from rollstack.plan.resolve import LayerRef
+    from rollstack.run.environment import Environment
 
 CREATING, RUNNING, DESTROYING, DESTROYED = "creating", "running", "destroying", "destroyed"
 OOM_TERMINATED, FAILED = "oom_terminated", "failed"
@@ -23,7 +29,7 @@ LIVE_STATES = (CREATING, RUNNING, OOM_TERMINATED)
 @dataclass
 class EnvRecord:
     id: str
-    plan: Any
+    plan: Plan
     """The validated `rollstack.plan.model.Plan`."""
     timeout: float
     internal: bool = False
@@ -33,15 +39,15 @@ class EnvRecord:
     started_mono: float = field(default_factory=time.monotonic)
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Held by destroy and by anything that must not race it (files, diff); never by exec."""
-    runtime: Any = None
+    runtime: Environment | None = None
     """The running environment (rollstack.run side)."""
-    refs: list[Any] = field(default_factory=list)
+    refs: list[LayerRef] = field(default_factory=list)
     created: CreateResponse | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
-    oom_file: Any = None
+    oom_file: Path | None = None
     """The cgroup file counting kernel OOM kills (found on first use)."""
     execs: int = 0
-    """Execs in flight (an OOM kill marks them failed)."""
+    """Execs in flight (an OOM kill marks them failed); changed under the service's lock."""
 
     @property
     def deadline(self) -> float:

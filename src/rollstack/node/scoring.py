@@ -32,6 +32,8 @@ def evaluator_plan(plan: Any, rollout_diff: str) -> Any:
         workdir=MUTATION_WORKDIR,
         env=env,
         resources=plan.resources,
+        runtime=getattr(plan, "runtime", "runc"),  # the rollout's code runs in the same tier
+        security=plan.security,
         fetch=plan.fetch,
         timeout=max(ev.timeout + 60.0, 120.0),
     )

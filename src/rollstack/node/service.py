@@ -10,6 +10,9 @@ Concurrency: every method blocks and is safe to call from many threads at once. 
 guards only the id -> record map and admission counting (never held across I/O); each record has
 its own lock that destroy holds, so creates, execs and destroys of different environments run in
 parallel, and an exec never holds a lock (a long command must not block destroy).
+
+Size (~440 lines): one class whose methods are the node API's operations, each a short
+orchestration over `Stages`; splitting it would split the one place the stages meet.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any, Iterator
 
 from rollstack.errors import (
@@ -34,6 +38,7 @@ from rollstack.errors import (
 from rollstack.node import record as st
 from rollstack.node import recovery
 from rollstack.node.config import NodeConfig
+from rollstack.node.counters import Counters
 from rollstack.node.execution import stream, to_wire
 from rollstack.node.models import (
     CreateResponse,
@@ -66,9 +71,12 @@ class NodeService:
         self._stopping = threading.Event()
         self._reaper: threading.Thread | None = None
         self.stages: Stages | None = None
+        self._destroyer = ThreadPoolExecutor(max_workers=config.destroy_workers,
+                                             thread_name_prefix="rollstack-destroy")
+        self._destroys: set[Future] = set()
         self.started_at = time.time()
-        self.counters = {"created": 0, "destroyed": 0, "create_failures": 0, "execs": 0, "evaluations": 0, "reaped": 0,
-                         "lazy_daemon_restarts": 0}
+        self.counters = Counters(("created", "destroyed", "create_failures", "execs", "evaluations", "reaped",
+                                  "lazy_daemon_restarts"))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -90,6 +98,7 @@ class NodeService:
         if ids:
             with ThreadPoolExecutor(max_workers=min(16, len(ids))) as pool:
                 list(pool.map(self._destroy_quietly, ids))
+        self._destroyer.shutdown(wait=True)  # background destroys finish before the stages stop
         if self._reaper is not None:
             self._reaper.join(timeout=10)
         if self.stages is not None:
@@ -109,7 +118,7 @@ class NodeService:
 
     def _destroy_quietly(self, env_id: str) -> None:
         try:
-            self.destroy(env_id)
+            self.destroy(env_id, wait=True)
         except Exception:  # noqa: BLE001 - stop must go on; the next start's recovery cleans up
             log.exception("destroying %s during stop failed", env_id)
 
@@ -122,6 +131,13 @@ class NodeService:
 
     def create(self, plan: dict[str, Any] | Any) -> CreateResponse:
         return self._create(self._load(plan), internal=False)
+
+    def create_many(self, plan: dict[str, Any] | Any, count: int) -> list[CreateResponse]:
+        """`count` environments of one plan in one call (a GRPO group), all or none; the shared
+        work (resolve, layer TOCs) is done once (`rollstack.node.fanout`)."""
+        from rollstack.node.fanout import create_group
+
+        return create_group(self, self._load(plan), count)
 
     def _load(self, plan: dict[str, Any] | Any) -> Any:
         from rollstack.plan.model import load_plan
@@ -137,13 +153,16 @@ class NodeService:
                 raise PlanInvalid("mutation: send the diff inline (mutation_text), not a file path")
         return load_plan(plan)
 
-    def _create(self, plan: Any, internal: bool) -> CreateResponse:
+    def _create(self, plan: Any, internal: bool, rec: EnvRecord | None = None,
+                prepared: Any = None) -> CreateResponse:
+        """Build one environment; `rec` if already admitted, `prepared` if the shared work of
+        its plan was done (`Stages.prepare`)."""
         stages = self._stages()
-        rec = self._admit(plan, internal)
+        rec = rec or self._admit(plan, internal)
         t0 = time.perf_counter()
         timings = Timings()
         try:
-            built = stages.build(rec, timings)
+            built = stages.build(rec, timings, prepared)
             rec.runtime, rec.refs = built.runtime, built.refs
             timings.total = round(time.perf_counter() - t0, 6)
             rec.created = CreateResponse(
@@ -152,6 +171,7 @@ class NodeService:
                 fetch=FetchStats(**built.fetch),
                 stack_digest=built.stack_digest,
                 layers=len(built.refs),
+                network=built.network,
             )
             with rec.lock:
                 if rec.state == st.CREATING:
@@ -162,10 +182,10 @@ class NodeService:
                     "plan": rec.plan.model_dump(mode="json", exclude_none=True),
                     "timeout": rec.timeout, "started_at": rec.started_at,
                 })
-            self.counters["created"] += 1
+            self.counters.bump("created")
             return rec.created
         except BaseException:
-            self.counters["create_failures"] += 1
+            self.counters.bump("create_failures")
             try:
                 self._teardown(rec, final=st.FAILED)
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
@@ -188,21 +208,53 @@ class NodeService:
 
     # -- destroy ------------------------------------------------------------------------------
 
-    def destroy(self, env_id: str) -> None:
-        """Kill, runc delete, unmount, remove dirs and cgroup. Idempotent."""
+    def destroy(self, env_id: str, wait: bool | None = None) -> None:
+        """Kill, runc delete, unmount, remove dirs and cgroup. Idempotent.
+
+        Asynchronous unless `wait` (default: not `config.async_destroy`): the environment stops
+        counting for admission, leaves the provisioner and has its processes killed at once; the
+        rest (runc delete, cgroups, unmount, dirs) runs on a background thread. `stop()` and
+        `wait_destroyed()` wait for those."""
         with self._lock:
             rec = self._envs.get(env_id)
             if rec is None:
                 if env_id in self._gone:
                     return
                 raise EnvironmentNotFound(f"no environment {env_id!r}")
-        self._teardown(rec, final=st.DESTROYED)
+        if wait if wait is not None else not self.config.async_destroy:
+            self._teardown(rec, final=st.DESTROYED)
+            return
+        with rec.lock:
+            if rec.state in (st.DESTROYING, st.DESTROYED, st.FAILED):
+                return
+            terminated = rec.state == st.OOM_TERMINATED
+            rec.state = st.DESTROYING
+        if self.stages is not None:
+            self.stages.release(rec)
+        future = self._destroyer.submit(self._teardown, rec, st.DESTROYED, terminated)
+        with self._lock:
+            self._destroys.add(future)
+        future.add_done_callback(self._destroy_done)
 
-    def _teardown(self, rec: EnvRecord, final: str) -> None:
+    def _destroy_done(self, future: Future) -> None:
+        with self._lock:
+            self._destroys.discard(future)
+        if future.exception() is not None:  # the next start's recovery reclaims what is left
+            log.error("background destroy failed: %s", future.exception())
+
+    def wait_destroyed(self, timeout: float | None = None) -> bool:
+        """Block until every background destroy has finished; False on timeout."""
+        with self._lock:
+            pending = list(self._destroys)
+        done, not_done = futures_wait(pending, timeout=timeout)
+        return not not_done
+
+    def _teardown(self, rec: EnvRecord, final: str, terminated: bool | None = None) -> None:
         with rec.lock:
             if rec.state in (st.DESTROYED, st.FAILED):
                 return
-            terminated = rec.state == st.OOM_TERMINATED
+            if terminated is None:
+                terminated = rec.state == st.OOM_TERMINATED
             rec.state = st.DESTROYING
             try:
                 if self.stages is not None:
@@ -217,13 +269,15 @@ class NodeService:
                     while len(self._gone) > _TOMBSTONES:
                         self._gone.pop(next(iter(self._gone)))
                 if final == st.DESTROYED:
-                    self.counters["destroyed"] += 1
+                    self.counters.bump("destroyed")
 
     # -- queries ------------------------------------------------------------------------------
 
     def _get(self, env_id: str) -> EnvRecord:
         with self._lock:
             rec = self._envs.get(env_id)
+        if rec is not None and rec.state == st.DESTROYING:  # destroyed; the rest is cleanup
+            raise EnvironmentNotFound(f"environment {env_id!r} was destroyed")
         if rec is None:
             state = self._gone.get(env_id)
             if state == st.OOM_TERMINATED:
@@ -241,13 +295,19 @@ class NodeService:
             raise EnvironmentGone(f"environment {env_id} is {rec.state}")
         return rec
 
+    def port_target(self, env_id: str, port: int) -> str:
+        """`http://ADDRESS:PORT` of an exposed port (rollstack.node.ports)."""
+        from rollstack.node.ports import port_target
+
+        return port_target(self._running(env_id), port)
+
     def info(self, env_id: str) -> EnvironmentInfo:
         rec = self._get(env_id)
         return rec.info(self._quotas(rec))
 
     def list(self) -> list[EnvironmentInfo]:
         with self._lock:
-            recs = [r for r in self._envs.values() if not r.internal]
+            recs = [r for r in self._envs.values() if not r.internal and r.state != st.DESTROYING]
         return [r.info(self._quotas(r)) for r in sorted(recs, key=lambda r: r.started_mono)]
 
     def _quotas(self, rec: EnvRecord) -> Quotas | None:
@@ -272,9 +332,11 @@ class NodeService:
     def metrics(self) -> dict[str, float]:
         with self._lock:
             states = [r.state for r in self._envs.values()]
-        out = {f"{k}_total": float(v) for k, v in self.counters.items()}
+        out = {f"{k}_total": float(v) for k, v in self.counters.snapshot().items()}
         out["environments"] = float(sum(1 for s in states if s in st.LIVE_STATES))
         out["environments_max"] = float(self.config.max_environments)
+        with self._lock:
+            out["destroys_pending"] = float(len(self._destroys))
         if self.stages is not None:
             out.update(self.stages.metrics())
         return out
@@ -283,19 +345,20 @@ class NodeService:
 
     def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
         rec = self._running(env_id)
-        self.counters["execs"] += 1
+        self.counters.bump("execs")
         return to_wire(self._exec(rec, request, None))
 
     def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
         rec = self._running(env_id)
-        self.counters["execs"] += 1
+        self.counters.bump("execs")
         return stream(lambda on_output: self._exec(rec, request, on_output), to_wire, name=f"exec-{env_id}")
 
     def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any, control: Any = None) -> Any:
         """Run the command; an OOM ending (provisioner or kernel) becomes OomTerminated."""
         stages = self._stages()
         kills = stages.oom_kills(rec)
-        rec.execs += 1
+        with self._lock:  # parallel execs in one environment
+            rec.execs += 1
         try:
             result = stages.exec(rec, request, on_output, control)
         except (EnvironmentGone, RuntimeFailure):
@@ -304,7 +367,8 @@ class NodeService:
             self._raise_if_oom(rec)
             raise
         finally:
-            rec.execs -= 1
+            with self._lock:
+                rec.execs -= 1
         self._check_kernel_oom(rec, stages, kills)
         self._raise_if_oom(rec)
         return result
@@ -313,7 +377,7 @@ class NodeService:
         """A blocking exec whose caller holds `control` (`rollstack.run.execpump.ExecControl`):
         stdin written while it runs, signals, its pid. For long-lived processes (the E2B API)."""
         rec = self._running(env_id)
-        self.counters["execs"] += 1
+        self.counters.bump("execs")
         return to_wire(self._exec(rec, request, on_output, control))
 
     def set_timeout(self, env_id: str, seconds: float) -> EnvironmentInfo:
@@ -416,7 +480,7 @@ class NodeService:
             data = self._read_reward(created.id, path) if path else None
         finally:
             self.destroy(created.id)
-        self.counters["evaluations"] += 1
+        self.counters.bump("evaluations")
         t_end = time.perf_counter()
         return Evaluation(
             reward=reward_from(ev, result.exit_code, data),
@@ -458,7 +522,7 @@ class NodeService:
                 with self._lock:
                     live = [r for r in self._envs.values() if r.state in st.LIVE_STATES]
                 stages.reattach(live)
-                self.counters["lazy_daemon_restarts"] += 1
+                self.counters.bump("lazy_daemon_restarts")
         except Exception:  # noqa: BLE001 - retried on the next tick
             log.exception("restarting the lazy store daemon failed")
 
@@ -470,5 +534,5 @@ class NodeService:
         for env_id in expired:
             log.info("environment %s expired; destroying", env_id)
             self._destroy_quietly(env_id)
-            self.counters["reaped"] += 1
+            self.counters.bump("reaped")
         return expired

@@ -7,6 +7,10 @@
 
 Start order is recovery first (a previous run's environments are destroyed before anything new
 mounts over their paths), then the lazy store, then the provisioner. Stop is the reverse.
+The stages' types are `node.seams` (protocols) and the stages' own classes.
+
+Size (~430 lines): one class, one method per call the service makes into a stage; the seam is
+kept in one file so every cross-stage call is visible in one place.
 """
 
 from __future__ import annotations
@@ -18,42 +22,60 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from rollstack.errors import InsufficientCapacity, InvalidRequest
+from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest
 from rollstack.node.config import NodeConfig
+from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
+from rollstack.node.seams import LazyStore, Materializer
 from rollstack.mount import holder
 from rollstack.node import recovery
 from rollstack.node.recovery import end_orphan_daemon
 
+if TYPE_CHECKING:
+    from rollstack.plan.model import Plan
+    from rollstack.plan.resolve import LayerRef, Resolver
+    from rollstack.provision.controller import Provisioner
+    from rollstack.run.environment import Environment, EnvironmentRuntime, Leftovers
+    from rollstack.store.base import ArtifactStore
+
 log = logging.getLogger(__name__)
 
-CGROUP_PARENT = "rollstack"
 DIFF_BASE = "/"
 """The diff names paths from the environment root (the evaluator applies it the same way)."""
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What `Stages.prepare` computed for a plan (shared by the environments of one group)."""
+
+    stack: Any
+    refs: list[Any]
+    lowers: list[Path]
+
+
 @dataclass
 class Built:
-    runtime: Any
-    refs: list[Any]
+    runtime: Environment
+    refs: list[LayerRef]
     stack_digest: str | None
     fetch: dict[str, int] = field(default_factory=dict)
+    network: dict[str, Any] | None = None
 
 
 class Stages:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self.store: Any = None
-        self.resolver: Any = None
-        self.lazy: Any = None
-        self.runtime: Any = None
-        self.provisioner: Any = None
-        self.materializer: Any = None
-        self.recovered: Any = None
-        self.adopted: list[Any] = []
+        self.store: ArtifactStore | None = None
+        self.resolver: Resolver | None = None
+        self.lazy: LazyStore | None = None
+        self.runtime: EnvironmentRuntime | None = None
+        self.provisioner: Provisioner | None = None
+        self.materializer: Materializer | None = None
+        self.recovered: Leftovers | None = None
+        self.adopted: list[tuple[Environment, dict[str, Any]]] = []
 
     @classmethod
     def start(cls, config: NodeConfig, on_terminate: Callable[..., None]) -> "Stages":
@@ -73,7 +95,8 @@ class Stages:
 
         cfg = self.config
         cfg.root.mkdir(parents=True, exist_ok=True)
-        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root))
+        self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root, exec_agent=cfg.exec_agent,
+                                                        network_warm=cfg.network_warm))
         spec = self._spec = cfg.store or default_store_spec()
         self.store = open_store(spec)
         self.resolver = Resolver(self.store, cfg.resolve_cache, cfg.resolve_ttl)
@@ -88,6 +111,7 @@ class Stages:
         )
         if not self.recovered.empty():
             log.warning("previous run left %s; re-adopted %s", self.recovered, [e.id for e, _ in self.adopted])
+        self.runtime.start_network_pool()  # after recovery: a crashed run's warm slots are gone
         if self.lazy is None:  # the old daemon's mounts hold adopted environments' lower dirs
             self.lazy = old_daemon if self.adopted else self._start_lazy(spec)
         if cfg.materialize_after:
@@ -106,7 +130,7 @@ class Stages:
                 except Exception:  # noqa: BLE001 - it still runs, only without elastic quotas
                     log.exception("re-registering adopted environment %s failed", env.id)
 
-    def _live_daemon(self) -> Any:
+    def _live_daemon(self) -> LazyStore | None:
         """A client of the lazy store daemon a previous agent left serving our mountpoint, if healthy."""
         from rollstack.mount.client import LazyStoreClient
 
@@ -144,7 +168,7 @@ class Stages:
                 log.exception("re-registering environment %s with the lazy store failed", rec.id)
         return n
 
-    def _start_lazy(self, spec: str) -> Any:
+    def _start_lazy(self, spec: str) -> LazyStore:
         """A daemon on the node's mountpoint: `LazyStoreClient.start` clears a dead predecessor's
         stale mount, or the daemon takes a connection its fd-holder keeps over."""
         from rollstack.mount.client import LazyStoreClient
@@ -155,7 +179,7 @@ class Stages:
         return LazyStoreClient.start(lazy / "mnt", lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers,
                                      listen=cfg.lazy_listen)
 
-    def _start_provisioner(self, on_terminate: Callable[..., None]) -> Any:
+    def _start_provisioner(self, on_terminate: Callable[..., None]) -> Provisioner:
         from rollstack.provision.backend import detect_backend
         from rollstack.provision.config import NodeCapacity, PolicyConfig
         from rollstack.provision.controller import Provisioner
@@ -166,7 +190,8 @@ class Stages:
             cpu=float(cfg.capacity_cpu or os.cpu_count() or 1),
             memory=int(cfg.capacity_memory or max(ram - cfg.reserve_memory, 1 << 30)),
         )
-        return Provisioner(detect_backend(), PolicyConfig(), capacity, on_terminate=on_terminate).start()
+        policy = PolicyConfig(cpu_overcommit=cfg.cpu_overcommit)
+        return Provisioner(detect_backend(), policy, capacity, on_terminate=on_terminate).start()
 
     def stop(self) -> None:
         adopted_daemon = self.lazy is not None and getattr(self.lazy, "process", None) is None
@@ -179,6 +204,8 @@ class Stages:
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 log.exception("stopping the %s failed", name)
             setattr(self, name, None)
+        if self.runtime is not None:
+            self.runtime.close()  # the warm network pool's unclaimed slots
         if adopted_daemon:  # not our child: stop() cannot wait for it, so wait here
             end_orphan_daemon(self.config.lazy_dir / "mnt", self.config.lazy_dir / "state")
         for name in ("store",):
@@ -189,7 +216,7 @@ class Stages:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def admit(self, env_id: str, plan: Any) -> None:
+    def admit(self, env_id: str, plan: Plan) -> None:
         """Raises InsufficientCapacity when the provisioner cannot reserve the plan's start quotas."""
         if self.provisioner is None:
             return
@@ -198,34 +225,48 @@ class Stages:
 
     # -- create / teardown ----------------------------------------------------------------------
 
-    def build(self, rec: EnvRecord, timings: Timings) -> Built:
-        """Resolve, ensure layers, mount + mutate + start; fills the phase timings."""
-        from rollstack.run.ocispec import SpecParams
-
-        plan = rec.plan
+    def prepare(self, plan: Any, timings: Timings | None = None) -> Prepared:
+        """The work every environment of one plan shares: resolve, the layers' TOCs, the lowers.
+        `count` creates (a GRPO group) do it once."""
         t = time.perf_counter()
         stack = self.resolver.resolve(plan)
-        timings.resolve = round(time.perf_counter() - t, 6)
+        t_resolved = time.perf_counter()
         refs = list(stack.layers)
-
-        t = time.perf_counter()
         self.lazy.add_layers(refs)
         if plan.fetch.eager:
             self.lazy.fetch_all(refs)
+        lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
+        if timings is not None:
+            timings.resolve = round(t_resolved - t, 6)
+            timings.toc = round(time.perf_counter() - t_resolved, 6)
+        return Prepared(stack, refs, lowers)
+
+    def build(self, rec: EnvRecord, timings: Timings, prepared: Prepared | None = None) -> Built:
+        """Resolve, ensure layers (unless `prepared`), mount + mutate + start; fills the timings."""
+        from rollstack.run.ocispec import SpecParams
+
+        from rollstack.node.netplan import harness_env, network_spec, new_token
+
+        plan = rec.plan
+        net = network_spec(plan, reserved_node_ports=(self.config.host_port()[1],))  # names resolve now
+        token = new_token() if net.needs_netns else ""
+        shared = prepared or self.prepare(plan, timings)
+        stack, refs, lowers = shared.stack, shared.refs, shared.lowers
+        t = time.perf_counter()
         trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
         self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
                             trace_key=trace_key, fallback_key=stack_key)
-        lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
-        timings.toc = round(time.perf_counter() - t, 6)
+        timings.toc = round(timings.toc + time.perf_counter() - t, 6)
 
         params = SpecParams(
             env_id=rec.id,
             cwd=plan.workdir,
-            env=dict(plan.env),
+            env=harness_env(plan, net, token, internal=rec.internal),
             cpu=plan.resources.cpu,
             memory=plan.resources.memory,
         )
-        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan))
+        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net,
+                                  runtime=plan.runtime, userns=plan.security.userns)
         timings.mount = round(env.timings.get("mount", 0.0), 6)
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)
         timings.start = round(env.timings.get("start", 0.0), 6)
@@ -239,7 +280,13 @@ class Stages:
             self.materializer.used(refs)
         fetch = self._fetch_stats(rec.id)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
-        return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch)
+        h = env.net
+        network = None if h is None else {
+            "mode": net.mode, "address": h.address, "gateway": h.gateway, "token": token,
+            "endpoints": [e.replace("${ROLLSTACK_GATEWAY}", h.gateway) for e in net.endpoints],
+            "expose": list(net.expose)}
+        return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch,
+                     network=network)
 
     def _lower(self, digest: str) -> Path:
         """The layer's local copy when it has one (`node.materialize`), else its FUSE directory."""
@@ -254,6 +301,15 @@ class Stages:
             doc = {}
         keys = ("fetched_bytes", "from_cache_bytes", "from_peer_bytes")
         return {k: int(doc.get(k, 0) or 0) for k in keys}
+
+    def release(self, rec: EnvRecord) -> None:
+        """The cheap, immediate part of an asynchronous destroy: leave the provisioner (its
+        quotas no longer count for admission) and SIGKILL the environment's PID 1 (the kernel
+        then kills its whole pid namespace). `teardown` does the rest later."""
+        if self.provisioner is not None:
+            _try([], self.provisioner.unregister, rec.id)
+        if rec.runtime is not None:
+            _try([], rec.runtime.kill_init)
 
     def teardown(self, rec: EnvRecord) -> None:
         """Undo whatever part of `build` happened. Raises if something could not be reclaimed."""
@@ -290,25 +346,13 @@ class Stages:
     def oom_kills(self, rec: EnvRecord) -> int:
         """Processes the kernel's OOM killer ended in the environment so far (a cheap file read)."""
         if rec.oom_file is None:
-            from rollstack.run.cgroupfs import env_cgroup_dirs
-
-            for cg in env_cgroup_dirs(rec.id, CGROUP_PARENT):
-                for name in ("memory.oom_control", "memory.events"):
-                    if (cg / name).exists():
-                        rec.oom_file = cg / name
-                        break
-                if rec.oom_file is not None:
-                    break
+            rec.oom_file = oom_counter_file(rec.id, CGROUP_PARENT)
             if rec.oom_file is None:
                 return 0
         try:
-            for line in rec.oom_file.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
+            return oom_kill_count(rec.oom_file.read_text())
+        except OSError:  # the cgroup is gone: the environment is being torn down
+            return 0
 
     def read_file(self, rec: EnvRecord, path: str) -> bytes:
         limit = self.config.max_file_bytes
@@ -332,21 +376,21 @@ class Stages:
             return None
         try:
             q = self.provisioner.quotas(env_id)
-        except Exception:  # noqa: BLE001 - not (or no longer) provisioned
+        except EnvironmentNotFound:  # not (or no longer) provisioned
             return None
         return Quotas(cpu_limit=q.get("cpu"), memory_limit=q.get("memory"))
 
     def kill(self, rec: EnvRecord) -> None:
         """Kill every process of the environment (its mounts and state stay for destroy)."""
         if rec.runtime is not None:
-            self.runtime.runc.kill(rec.id, "KILL", all_processes=True)
+            rec.runtime.engine.kill(rec.id, "KILL", all_processes=True)
 
     def _history(self, env_id: str) -> list[dict[str, Any]]:
         if self.provisioner is None:
             return []
         try:
             return [_as_dict(s) for s in self.provisioner.history(env_id)]
-        except Exception:  # noqa: BLE001 - an unknown env has no history
+        except EnvironmentNotFound:  # not (or no longer) provisioned: no history
             return []
 
     def history(self, env_id: str) -> tuple[list[Sample], list[dict[str, Any]]]:
@@ -355,7 +399,7 @@ class Stages:
         if self.provisioner is not None:
             try:
                 events = [_as_dict(e) for e in self.provisioner.events(env_id)]
-            except Exception:  # noqa: BLE001
+            except EnvironmentNotFound:
                 events = []
         return samples, events
 
@@ -364,7 +408,8 @@ class Stages:
         if self.lazy is not None:
             try:
                 stats = self.lazy.stats() or {}
-            except Exception:  # noqa: BLE001 - metrics never fail a scrape
+            except Exception:  # noqa: BLE001 - metrics never fail a scrape; the gap is logged
+                log.warning("lazy store stats failed; /metrics goes without them", exc_info=True)
                 stats = {}
             for key, value in _flatten(stats, "lazy"):
                 out[key] = value
@@ -375,7 +420,7 @@ class Stages:
         return out
 
 
-def trace_keys(stack_digest: str | None, plan: Any) -> tuple[str | None, str | None]:
+def trace_keys(stack_digest: str | None, plan: Plan) -> tuple[str | None, str | None]:
     """(task key, stack key) of the lazy store's access traces: the rollouts of one task (same
     stack and mutation: a GRPO group; plan names usually differ per rollout, so they are left
     out) share the first; every task on the stack, the second (what the first seconds of any
@@ -386,7 +431,7 @@ def trace_keys(stack_digest: str | None, plan: Any) -> tuple[str | None, str | N
     return f"{stack_digest}/task/{task}", f"{stack_digest}/stack"
 
 
-def _mutator(plan: Any) -> Callable[[Path], None] | None:
+def _mutator(plan: Plan) -> Callable[[Path], None] | None:
     if not plan.mutation_text:
         return None
     from rollstack.plan.mutation import apply_mutation

@@ -1,11 +1,10 @@
-"""Packaging: plans, layer groups, resolution, composition (LayerStack) and task mutations.
+"""Packaging: plans, layer groups, resolution and task mutations.
 
     load_plan(source) -> Plan                                 model.py    (pydantic, plan_invalid)
     GroupRef.parse("repo/attrs:23.2.0")                       refs.py
     publish_group(store, "NAME:TAG", [src...]) / list_groups  groups.py
     import_image(image_ref, "NAME:TAG", store, cache_dir=...) imports.py  (skopeo for registries)
     Resolver(store, cache_dir, ttl).resolve(plan) -> ResolvedStack[LayerRef]   resolve.py
-    LayerStack(tocs).lookup/listdir/walk/resolve              stack.py    (pure overlay rules)
     apply_mutation(root, diff, workdir=...) -> MutationResult mutation.py (patch.py + apply.py pure)
 
 Submodules are imported on first use of a name here, so `import rollstack.plan` costs nothing.
@@ -22,7 +21,6 @@ _NAMES = {
     "publish_group": "groups", "list_groups": "groups", "PublishResult": "groups", "GroupInfo": "groups",
     "import_image": "imports",
     "Resolver": "resolve", "ResolvedStack": "resolve", "LayerRef": "resolve",
-    "LayerStack": "stack",
     "apply_mutation": "mutation", "MutationResult": "mutation",
 }
 

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rollstack.errors import GroupNotFound, InvalidRequest, ManifestNotFound
+from rollstack.format import LAYER_MEDIA_TYPE
 from rollstack.plan.refs import GroupRef
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 GROUP_ARTIFACT_TYPE = "application/vnd.rollstack.group.v1"
 GROUP_CONFIG_MEDIA_TYPE = "application/vnd.rollstack.group.config.v1+json"
-LAYER_MEDIA_TYPE = "application/vnd.rollstack.layer.v1"
 ANN_KIND = "io.rollstack.kind"
 ANN_CREATED = "org.opencontainers.image.created"
 ANN_SOURCE = "io.rollstack.source"

@@ -16,13 +16,15 @@ import os
 import shutil
 import subprocess
 import tempfile
-from contextlib import contextmanager
+import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from rollstack.errors import InvalidRequest, ManifestNotFound, RegistryError, SourceInvalid
 from rollstack.plan.groups import BuiltLayer, Progress, publish_layers, split_name_tag
+from rollstack.plan.import_io import LowerLayers, Uploader
 
 INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
 MANIFEST_TYPES = {"application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"}
@@ -40,6 +42,9 @@ class ImportResult:
     cached: int = 0  # layers taken from the conversion cache
     uploaded_bytes: int = 0
     uploaded_blobs: int = 0
+    payload_bytes: int = 0  # unpacked file bytes of the layers converted now
+    transfer: str = ""  # how converted layers were read: "layout", "registry-stream", "skopeo" ("" if all cached)
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,20 +78,35 @@ class ConversionCache:
         except (OSError, ValueError):
             return {}
 
-    def get(self, source_digest: str) -> tuple[str, int] | None:
-        hit = self._read().get(source_digest)
+    def get(self, source_digest: str, below: list[str] | None = None) -> tuple[str, int] | None:
+        """The conversion of `source_digest`. One that asked the lower layers (an implied
+        directory's metadata, a hardlink target) is only valid over the same layers `below`
+        (source digests, bottom first), so it is filed under both."""
+        doc = self._read()
+        hit = doc.get(source_digest)
+        if not hit or "below" in hit:  # ("below" in a plain entry: written by an older version)
+            hit = doc.get(_chain_key(source_digest, below or []))
         return (hit["digest"], int(hit["size"])) if hit else None
 
     def blob_path(self, digest: str) -> Path:
         return self.blobs / digest.split(":", 1)[-1]
 
-    def put(self, source_digest: str, digest: str, size: int) -> None:
+    def put(self, source_digest: str, digest: str, size: int, below: list[str] | None = None) -> None:
         with self._locked():
             doc = self._read()
-            doc[source_digest] = {"digest": digest, "size": size}
+            if below is None:
+                doc[source_digest] = {"digest": digest, "size": size}
+            else:
+                doc[_chain_key(source_digest, below)] = {"digest": digest, "size": size, "below": below}
             tmp = self.map_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
             os.replace(tmp, self.map_path)
+
+
+def _chain_key(source_digest: str, below: list[str]) -> str:
+    import hashlib
+
+    return f"{source_digest}@below:{hashlib.sha256(' '.join(below).encode()).hexdigest()[:32]}"
 
 
 # -- reading images --------------------------------------------------------------------------------
@@ -184,6 +204,13 @@ class _RegistryImage:
         _skopeo(["copy", "-q", f"--src-tls-verify={self.tls}", self.pinned, f"oci:{dest}:image"])
         return _OciLayout(dest, "image")
 
+    def streamer(self) -> Any:
+        """A `store.stream.BlobStream` factory over the registry's blob API, or None when it
+        cannot be reached that way (then layers come through `skopeo copy`)."""
+        from rollstack.store.stream import open_registry_repo
+
+        return open_registry_repo(self.ref, tls_verify=self.tls == "true")
+
 
 def _open_source(image_ref: str, tls_verify: bool) -> _OciLayout | _RegistryImage:
     if image_ref.startswith("oci:"):
@@ -203,30 +230,33 @@ def _open_source(image_ref: str, tls_verify: bool) -> _OciLayout | _RegistryImag
 # -- the import ------------------------------------------------------------------------------------
 def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, kind: str | None = None,
                  tls_verify: bool = False, created: str | None = None, progress: Progress | None = None,
-                 work_dir: Path | None = None) -> ImportResult:
-    """Convert IMAGE_REF's layers into group NAME:TAG in `store` (conversions cached by source digest)."""
-    from rollstack.format.convert import convert
+                 work_dir: Path | None = None, threads: int | None = None) -> ImportResult:
+    """Convert IMAGE_REF's layers into group NAME:TAG in `store` (conversions cached by source digest).
 
+    Cached layers are not downloaded or decompressed at all. The others stream into the
+    converter (from the layout's file, or from the registry in ranged GETs on a download thread,
+    digest-checked), and each finished blob is uploaded on a thread while the next one converts."""
+    t0 = time.perf_counter()
     name, tag = split_name_tag(name_tag)
     cache = ConversionCache(cache_dir)
     source = _open_source(image_ref, tls_verify)
     result = ImportResult(name, tag, "", image_ref, source.manifest_digest)
-    built: list[BuiltLayer] = []
-    with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp:
-        todo = [layer for layer in source.layers if not _usable(cache, layer.digest, store, name)]
-        layout = source if isinstance(source, _OciLayout) else (source.download(Path(tmp) / "oci") if todo else None)
+    below = {layer.digest: [x.digest for x in source.layers[:i]] for i, layer in enumerate(source.layers)}
+    todo = [layer for layer in source.layers if not _usable(cache, layer.digest, below[layer.digest], store, name)]
+    with tempfile.TemporaryDirectory(prefix="rollstack-import-", dir=work_dir) as tmp, ExitStack() as stack, \
+            Uploader(store, name) as uploader, LowerLayers(store, name) as lowers:
+        closers: list[Callable[[], None]] = []
+        stack.callback(lambda: [close() for close in closers])
+        open_layer, result.transfer = _layer_opener(source, Path(tmp), closers) if todo else (None, "")
         if progress and todo:
             progress.start(f"convert {len(todo)} layer(s) of {image_ref}", sum(layer.size for layer in todo))
+        built: list[BuiltLayer] = []
         for layer in source.layers:
-            hit = cache.get(layer.digest) if layer not in todo else None
+            hit = cache.get(layer.digest, below[layer.digest]) if layer not in todo else None
             if hit is None:
-                assert layout is not None
-                dest = Path(tmp) / f"{layer.digest.split(':', 1)[-1]}.blob"
-                info = convert(layout.blob(layer.digest), dest)
-                final = cache.blob_path(info.digest)
-                shutil.move(str(dest), final)
-                cache.put(layer.digest, info.digest, info.size)
-                hit = (info.digest, info.size)
+                assert open_layer is not None
+                hit, payload = _convert_layer(cache, layer, open_layer, threads, lowers, below[layer.digest])
+                result.payload_bytes += payload
                 result.converted += 1
                 if progress:
                     progress.advance(layer.size)
@@ -234,18 +264,59 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
                 result.cached += 1
             path = cache.blob_path(hit[0])
             built.append(BuiltLayer(hit[0], hit[1], path if path.exists() else None, layer.digest))
+            lowers.push(hit[0], built[-1].path)
+            if built[-1].path is not None:
+                uploader.submit(built[-1])
         if progress and todo:
             progress.done()
+        uploader.wait()
         published = publish_layers(store, name, tag, built, kind=kind, source_desc=image_ref,
                                    created=created, progress=progress)
     result.digest = published.digest
     result.layers = published.layers
-    result.uploaded_bytes, result.uploaded_blobs = published.uploaded_bytes, published.uploaded_blobs
+    result.uploaded_bytes = published.uploaded_bytes + uploader.uploaded_bytes
+    result.uploaded_blobs = published.uploaded_blobs + uploader.uploaded_blobs
+    result.seconds = round(time.perf_counter() - t0, 3)
     return result
 
 
-def _usable(cache: ConversionCache, source_digest: str, store: Any, repo: str) -> bool:
-    hit = cache.get(source_digest)
+def _layer_opener(source: _OciLayout | _RegistryImage, tmp: Path,
+                  closers: list[Callable[[], None]]) -> tuple[Callable[[_SourceLayer], BinaryIO], str]:
+    """How to read a source layer's bytes front to back: a file, or a registry stream."""
+    if isinstance(source, _OciLayout):
+        return (lambda layer: open(source.blob(layer.digest), "rb", buffering=0)), "layout"
+    streams = source.streamer()
+    if streams is not None:
+        closers.append(streams.close)
+        return (lambda layer: streams(layer.digest, layer.size)), "registry-stream"
+    layout = source.download(tmp / "oci")  # registries only skopeo can talk to
+    return (lambda layer: open(layout.blob(layer.digest), "rb", buffering=0)), "skopeo"
+
+
+def _convert_layer(cache: ConversionCache, layer: _SourceLayer, open_layer: Callable[[_SourceLayer], BinaryIO],
+                   threads: int | None, lowers: LowerLayers, below: list[str]) -> tuple[tuple[str, int], int]:
+    """One source layer -> a blob in the cache (written next to it, renamed into place)."""
+    from rollstack.format.convert import convert_tar
+
+    fd, tmp_name = tempfile.mkstemp(prefix=".convert-", suffix=".tmp", dir=cache.blobs)
+    lowers.used = False
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as out, open_layer(layer) as src:
+            try:
+                info = convert_tar(src, out, threads=threads, lower=lowers)
+            except SourceInvalid as exc:
+                raise SourceInvalid(f"layer {layer.digest}: {exc}") from None
+        os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, cache.blob_path(info.digest))
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    cache.put(layer.digest, info.digest, info.size, below if lowers.used else None)
+    return (info.digest, info.size), info.payload_size
+
+
+def _usable(cache: ConversionCache, source_digest: str, below: list[str], store: Any, repo: str) -> bool:
+    hit = cache.get(source_digest, below)
     if hit is None:
         return False
     return cache.blob_path(hit[0]).exists() or store.has_blob(repo, hit[0])

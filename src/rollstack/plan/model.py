@@ -17,30 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollstack.core.units import GiB, parse_size
 from rollstack.errors import InvalidRequest, PlanInvalid
+from rollstack.plan.network import NetworkField, check_expose, check_network
 from rollstack.plan.refs import GroupRef
-
-GIB = 1024**3
-_UNITS = {
-    "": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*?)B?\s*$")
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from `256Mi`, `1.5Gi`, `512M`, `1024` (binary units Ki/Mi/Gi/Ti, decimal k/M/G/T)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a size")
-    if isinstance(value, (int, float)):
-        if value != value or value in (float("inf"), float("-inf")) or value < 0:
-            raise ValueError(f"{value!r} is not a size")
-        return int(value)
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m and m.group(2) in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2)])
-    raise ValueError(f"{value!r} is not a size (use e.g. 256Mi, 4Gi, 512M or bytes)")
 
 
 def _check_groups(refs: list[str]) -> list[str]:
@@ -82,11 +62,11 @@ class Resources(_Model):
 
     cpu: float = Field(1.0, gt=0, allow_inf_nan=False)
     """cores at start"""
-    memory: int = 1 * GIB
+    memory: int = 1 * GiB
     """bytes at start (`256Mi`, `4Gi`, ...)"""
     max_cpu: float = Field(64.0, gt=0, allow_inf_nan=False)
     """the most cores the quota may grow to"""
-    max_memory: int = 32 * GIB
+    max_memory: int = 32 * GiB
     """the most bytes the quota may grow to"""
 
     @field_validator("memory", "max_memory", mode="before")
@@ -111,6 +91,11 @@ class FetchPolicy(_Model):
     """fill the rest of the stack in the background once the environment is ready"""
     eager: bool = False
     """fetch every layer whole before the environment starts (the non-lazy baseline)"""
+
+
+class Security(_Model):
+    userns: bool = False
+    """run root inside as an unprivileged host uid range (rollstack.run.userns; opt-in)"""
 
 
 class Evaluator(_Model):
@@ -168,7 +153,13 @@ class Plan(_Model):
     workdir: str = "/"
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
-    network: str = "none"
+    network: NetworkField = "none"
+    """none | outbound | {allow: [HOST:PORT, CIDR:PORT, ...]} (see rollstack.plan.network)"""
+    expose: list[int] = Field(default_factory=list)
+    """ports inside the environment the client reaches through the node's API"""
+    security: Security = Field(default_factory=Security)
+    runtime: Literal["runc", "runsc"] = "runc"
+    """runc (namespaces + cgroups + seccomp) or runsc (gVisor: a user-space kernel per environment)"""
     fetch: FetchPolicy = Field(default_factory=FetchPolicy)
     timeout: float = Field(1800.0, gt=0, allow_inf_nan=False)
     """seconds the environment may live"""
@@ -178,12 +169,8 @@ class Plan(_Model):
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
     _workdir = field_validator("workdir")(classmethod(lambda cls, v: _check_abs(v)))
 
-    @field_validator("network")
-    @classmethod
-    def _network(cls, v: str) -> str:
-        if v != "none":
-            raise ValueError(f"{v!r} is not supported yet (only 'none')")
-        return v
+    _network = field_validator("network", mode="before")(classmethod(lambda cls, v: check_network(v)))
+    _expose = field_validator("expose", mode="before")(classmethod(lambda cls, v: check_expose(v)))
 
     @property
     def evaluator_workdir(self) -> str:

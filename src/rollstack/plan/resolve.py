@@ -5,6 +5,9 @@ in memory, and (with `cache_dir`) on disk so other processes and restarts share 
 re-checked against the store once its cache entry is older than `ttl` seconds (if the store is
 unreachable then, the stale entry is used and the failure logged); a `name@sha256:...` reference
 is immutable and never re-checked. An unknown group raises GroupNotFound naming it.
+`rollstack group publish` / `group import` write the tag they just set into this machine's
+cache (`Resolver.remember`), so a resolution here sees a new version at once; every other cache
+(other machines, a node's own cache under its root) sees it after at most `ttl` seconds.
 
 The stack is the groups' layers concatenated bottom first. A layer digest that appears twice is
 kept only at its highest position: re-applying an identical layer on top makes its lower copy
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollstack.errors import FormatError, GroupNotFound, ManifestNotFound, RegistryError
+from rollstack.errors import FormatError, GroupNotFound, InvalidRequest, ManifestNotFound, RegistryError
 from rollstack.plan.groups import parse_group_manifest
 from rollstack.plan.model import Plan, load_plan
 from rollstack.plan.refs import GroupRef
@@ -127,6 +130,19 @@ class Resolver:
             groups.append(ResolvedGroup(text, ref.name, entry.digest, len(entry.layers)))
             layers.extend(LayerRef(ref.name, digest, size, text) for digest, size in entry.layers)
         return ResolvedStack(_dedupe(layers), groups, None, time.perf_counter() - start, hits)
+
+    def remember(self, name_tag: str, digest: str, layers: list[tuple[str, int]]) -> None:
+        """Record that tag `name_tag` names group manifest `digest` now (what `group publish`
+        and `group import` just wrote), so a resolution on this machine sees the new version at
+        once instead of after the TTL. Other machines' caches still re-check only after their TTL."""
+        ref = GroupRef.parse(name_tag)
+        if ref.pinned:
+            raise InvalidRequest(f"{name_tag!r}: remember a tag, not a digest")
+        entry = _Entry(digest, [(str(d), int(size)) for d, size in layers], time.time())
+        key = self._key(ref)
+        with self._lock:
+            self._memory[key] = entry
+            self._save(key, entry)
 
     # -- cache -------------------------------------------------------------------------------
     def _key(self, ref: GroupRef) -> str:

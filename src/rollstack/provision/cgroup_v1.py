@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.host.cgroups import oom_kill_count
 from rollstack.provision._files import (
     UNLIMITED_V1,
     FdCache,
@@ -147,7 +148,6 @@ class CgroupV1(CgroupBackend):
             tr.oom = None  # re-read oom_control and failcnt on the next sample
             tr.failcnt = None
         return applied
-        return applied
 
     def set_memory_quota(self, path: str, quota: int, cap: int) -> int:
         return self.set_memory(path, quota)
@@ -234,8 +234,7 @@ class CgroupV1(CgroupBackend):
 
     def oom_kills(self, path: str) -> int:
         """The cgroup's OOM-kill count, read now (sample() refreshes it only near the limit)."""
-        oom = read_text(self.dir("memory", path) / "memory.oom_control").split()
-        return int(oom[5]) if len(oom) > 5 else 0
+        return oom_kill_count(read_text(self.dir("memory", path) / "memory.oom_control"))
 
 
 def _stat_value(data: bytes, key: bytes) -> int:

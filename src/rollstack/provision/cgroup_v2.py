@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.host.cgroups import oom_kill_count
 from rollstack.provision._files import FdCache, parse_flat_keyed, parse_psi_some_total, read_text, write_text
 from rollstack.provision.backend import CFS_PERIOD_US, CgroupBackend
 from rollstack.provision.sample import CgroupSample
@@ -87,7 +88,7 @@ class CgroupV2(CgroupBackend):
         write_text(self.dir(path) / "cgroup.procs", str(pid))
 
     def oom_kills(self, path: str) -> int:
-        return parse_flat_keyed(read_text(self.dir(path) / "memory.events").encode()).get(b"oom_kill", 0)
+        return oom_kill_count(read_text(self.dir(path) / "memory.events"))
 
     def forget(self, path: str) -> None:
         entry = self._cache.pop(path, None)

@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from rollstack.core.stats import percentile
 from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest, RuntimeFailure
 from rollstack.provision.backend import CgroupBackend
 from rollstack.provision.config import NodeCapacity, PolicyConfig
@@ -377,9 +378,8 @@ class Provisioner:
 def _percentiles(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {"count": 0}
-    xs = sorted(xs)
-    pick = lambda q: round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)  # noqa: E731
-    return {"count": len(xs), "p50_us": pick(0.5), "p99_us": pick(0.99), "max_us": round(xs[-1], 1)}
+    pick = lambda q: round(percentile(xs, q), 1)  # noqa: E731 (xs is non-empty: never None)
+    return {"count": len(xs), "p50_us": pick(50), "p99_us": pick(99), "max_us": round(max(xs), 1)}
 
 
 def _host_capacity() -> NodeCapacity:

@@ -3,6 +3,7 @@
 On disk, under the runtime root (`RuntimeConfig.root`):
 
     <root>/runc/                 runc's state (`runc --root`)
+    <root>/runsc/                runsc's state (environments with `runtime: runsc`)
     <root>/envs/<id>/meta.json   written FIRST on create: the anchor crash recovery looks for
     <root>/envs/<id>/upper/      overlay upper (the environment's writes)
     <root>/envs/<id>/work/       overlay work dir
@@ -19,20 +20,25 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import logging
 import os
 import resource
 import select
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from rollstack.host.cgroups import CGROUP_PARENT
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
-from rollstack.run import cgroupfs, overlay, procs
+from rollstack.run import agent, cgroupfs, overlay, procs
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
+from rollstack.run.execpump import check_request
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
+from rollstack.run.network import GATEWAY_REF, NetHandle, NetworkManager, NetworkSpec
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
 from rollstack.run.execpump import ExecControl
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
@@ -46,11 +52,20 @@ class RuntimeConfig:
 
     root: Path
     """State dir (envs/, runc/). Must be on a local fs that can hold overlay upper dirs."""
-    cgroup_parent: str = "rollstack"
+    cgroup_parent: str = CGROUP_PARENT
     """Environments' cgroups are `<parent>/<env-id>` in every hierarchy."""
     init: InitBinaries | None = None
     """Static init + exec wrapper; None: found on the host (`find_init_binaries`)."""
     runc_binary: str = "runc"
+    exec_agent: bool = True
+    """Serve execs through PID 1 (rollstack-execd, run/agent.py) when the init is execd; False:
+    every exec is a `runc exec` (the fallback path, also taken when an agent is unreachable)."""
+    runsc_binary: str = "runsc"
+    runsc_platform: str = "ptrace"
+    network: NetworkManager | None = None
+    """Builds per-environment network namespaces (None: a default NetworkManager when needed)."""
+    network_warm: int = 0
+    """Network slots kept prepared ahead (`NetworkManager.start_pool`); 0: built per create."""
     subreaper: bool = True
     """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
     exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host
@@ -82,7 +97,10 @@ class EnvironmentRuntime:
         self.root = Path(config.root).resolve()
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
         self.runc = Runc(self.root / "runc", config.runc_binary)
+        self._runsc: Runc | None = None
+        self._idmap = None
         self._init = config.init
+        self._network = config.network
         if config.subreaper:
             _set_child_subreaper()
 
@@ -92,13 +110,58 @@ class EnvironmentRuntime:
             self._init = find_init_binaries()
         return self._init
 
+    @property
+    def uses_agent(self) -> bool:
+        """New environments get rollstack-execd's exec socket."""
+        return self.config.exec_agent and self.init.agent
+
+    @property
+    def runsc(self) -> Runc:
+        """The gVisor engine (rollstack.run.runsc), made on first use."""
+        if self._runsc is None:
+            from rollstack.run.runsc import Runsc
+
+            self._runsc = Runsc(self.root / "runsc", self.config.runsc_binary,
+                                self.config.runsc_platform, self.config.cgroup_parent)
+        return self._runsc
+
+    def engine(self, name: str) -> Runc:
+        return self.runsc if name == "runsc" else self.runc
+
+    @property
+    def network(self) -> NetworkManager:
+        if self._network is None:
+            self._network = NetworkManager()
+        return self._network
+
+    def start_network_pool(self, lazy: bool = True) -> None:
+        """Keep `config.network_warm` network slots prepared (call after recovery); `lazy`: from
+        the first create that asks for a network on."""
+        if self.config.network_warm > 0:
+            self.network.reclaim(f"{self.root}:warm")
+            self.network.start_pool(f"{self.root}:", self.config.network_warm, lazy=lazy)
+
+    def close(self) -> None:
+        """Stop the warm network pool and remove its unclaimed slots."""
+        if self._network is not None:
+            self._network.stop_pool()
+
     def env_dir(self, env_id: str) -> Path:
         return self.root / "envs" / env_id
 
     def create(self, env_id: str, lowers: Sequence[Path], params: SpecParams,
-               before_start: Callable[[Path], None] | None = None) -> "Environment":
-        """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation], start}.
+               before_start: Callable[[Path], None] | None = None,
+               network: NetworkSpec | None = None, runtime: str = "runc",
+               userns: bool = False) -> "Environment":
+        """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation],
+        [network], start}.
 
+        `network`: a spec needing a namespace (rollstack.run.network) gets one, built while the
+        overlay mounts (`${ROLLSTACK_GATEWAY}` in `params.env` values becomes its gateway); `timings["network"]` is its own duration, `["network_wait"]` what it
+        added to the create after the mount and mutation.
+
+        `runtime`: "runc" or "runsc" (gVisor; RuntimeFailure naming it when not installed).
+        `userns`: root inside mapped to host 100000.. through idmapped lowers (rollstack.run.userns).
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
         there). On any failure everything created so far is destroyed before the error rises.
         """
@@ -113,31 +176,102 @@ class EnvironmentRuntime:
         if env.dir.exists():
             raise InvalidRequest(f"environment {env_id} already exists")
         spec = build_spec(str(env.rootfs), params)  # validates before touching the disk
+        if runtime not in ("runc", "runsc"):
+            raise InvalidRequest(f"runtime: {runtime!r} is not runc or runsc")
+        if runtime == "runsc":
+            from rollstack.run.runsc import runsc_available
+
+            from rollstack.run.runsc import NETWORK_UNSUPPORTED
+
+            if not runsc_available(self.config.runsc_binary):
+                raise RuntimeFailure(f"runtime: runsc is not installed on this node "
+                                     f"({self.config.runsc_binary} not found)")
+            if network is not None and network.needs_netns:
+                raise RuntimeFailure(NETWORK_UNSUPPORTED)
+            if userns:
+                raise RuntimeFailure("security.userns: not available with runtime: runsc")
+        if userns:
+            from rollstack.run import userns as uns
+
+            uns.check_traversable(env.dir)
+            params = replace(params, userns_map=(uns.HOST_BASE, uns.SIZE))
+            spec = build_spec(str(env.rootfs), params)
+        net_job: _NetJob | None = None
         try:
             env.dir.mkdir(parents=True)
             env._write_meta({"id": env_id, "lowers": [str(p) for p in lowers],
                              "created": time.time(), "cwd": params.cwd,
-                             "cgroup_parent": self.config.cgroup_parent})
+                             "cgroup_parent": self.config.cgroup_parent, "runtime": runtime,
+                             "userns": userns})
             for d in (env.upper, env.work, env.rootfs, env.bundle):
                 d.mkdir()
+            if network is not None and network.needs_netns:
+                # userns: the netns must belong to the environment's user namespace (runc exec
+                # joins the userns first, then could not enter a netns owned by ours), so runc
+                # makes it and the veth moves in after start (no warm slot, no overlap).
+                handle = self.network.claim(f"{self.root}:{env_id}") if userns \
+                    else self.network.acquire(f"{self.root}:{env_id}")
+                env._write_meta({**env.meta(), "net": handle.to_dict()})
+                if not userns:
+                    net_job = _NetJob(self.network, handle, network)
+                env_vars = {k: v.replace(GATEWAY_REF, handle.gateway) for k, v in params.env.items()}
+                spec = build_spec(str(env.rootfs), replace(
+                    params, netns_path=None if userns else handle.netns_path, env=env_vars))
             t0 = time.monotonic()
-            overlay.mount_overlay([Path(p) for p in lowers], env.upper, env.work, env.rootfs)
+            stack = [Path(p) for p in lowers]
+            if userns:
+                stack = self._idmapped(env, stack)
+                env.timings["idmap"] = time.monotonic() - t0
+            overlay.mount_overlay(stack, env.upper, env.work, env.rootfs)
             t1 = time.monotonic()
             env.timings["mount"] = t1 - t0
             if before_start is not None:
                 before_start(env.rootfs)
                 env.timings["mutation"] = time.monotonic() - t1
+            if net_job is not None:
+                tw = time.monotonic()
+                env.timings["network"] = net_job.wait()
+                env.timings["network_wait"] = time.monotonic() - tw
             t2 = time.monotonic()
             (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
-            env.pid = self.runc.run_detached(env_id, env.bundle)
+            # gVisor: execd is PID 1 without an exec socket (execs go through `runsc exec`)
+            listener = agent.bind_listener(env.dir) if self.uses_agent and runtime == "runc" else None
+            try:
+                engine = self.engine(runtime)
+                env.pid = engine.run_detached(env_id, env.bundle, listen_fd=listener.fileno()) \
+                    if listener is not None else engine.run_detached(env_id, env.bundle)
+            finally:
+                if listener is not None:
+                    listener.close()  # the init holds its own copy
             env.timings["start"] = time.monotonic() - t2
+            if userns and network is not None and network.needs_netns:
+                t3 = time.monotonic()
+                self.network.setup(handle, network, attach_pid=env.pid)
+                env.timings["network"] = env.timings["network_wait"] = time.monotonic() - t3
         except BaseException:
+            if net_job is not None:
+                net_job.join()  # never tear down under a setup still running
             try:
                 env.destroy()
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
-                pass
+                logging.getLogger(__name__).exception("cleaning up the failed create of %s failed", env_id)
             raise
         return env
+
+    def _idmapped(self, env: "Environment", lowers: list[Path]) -> list[Path]:
+        """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root."""
+        from rollstack.run import userns as uns
+
+        if self._idmap is None:
+            self._idmap = uns.IdMap()
+        out = []
+        for i, lower in enumerate(lowers):
+            d = env.dir / "idmap" / str(i)
+            d.mkdir(parents=True)
+            self._idmap.mount(lower, d)
+            out.append(d)
+        os.chown(env.upper, uns.HOST_BASE, uns.HOST_BASE)
+        return out
 
     def open(self, env_id: str) -> "Environment":
         """Re-open an existing environment (e.g. adopted after an agent restart)."""
@@ -157,6 +291,12 @@ class EnvironmentRuntime:
             left.containers = sorted(c.id for c in self.runc.list() if ENV_ID_RE.fullmatch(c.id))
         except RuntimeFailure:
             left.containers = []
+        if (self.root / "runsc").is_dir():
+            try:
+                left.containers = sorted(set(left.containers) | {
+                    c.id for c in self.runsc.list() if ENV_ID_RE.fullmatch(c.id)})
+            except RuntimeFailure:
+                pass
         prefix = str(envs_dir) + "/"
         left.mounts = sorted({mp for mp, _ in overlay.mount_points() if mp.startswith(prefix)})
         mounts = cgroupfs.cgroup_mounts()
@@ -180,6 +320,8 @@ class EnvironmentRuntime:
             Environment(self, env_id).destroy()
         for mp in reversed(left.mounts):  # mounts whose env dir is already gone
             overlay.unmount(Path(mp))
+        if self._network is not None or (self.network.state_dir / "slots").is_dir():
+            self.network.reclaim(f"{self.root}:warm")  # a crashed run's prepared, unclaimed slots
         return left
 
 
@@ -225,6 +367,28 @@ class Environment:
             raise EnvironmentGone(f"environment {self.id} has no readable state") from e
 
     @property
+    def runtime_name(self) -> str:
+        """"runc" or "runsc" (what created it; read from meta.json)."""
+        try:
+            return str(json.loads(self.meta_path.read_text()).get("runtime") or "runc")
+        except (OSError, ValueError):
+            has_runsc = (self.runtime.root / "runsc").is_dir() and self.runtime.runsc.has_state(self.id)
+            return "runsc" if has_runsc else "runc"
+
+    @property
+    def engine(self) -> Runc:
+        return self.runtime.engine(self.runtime_name)
+
+    @property
+    def net(self) -> NetHandle | None:
+        """The environment's network namespace, veth and table (None: loopback only)."""
+        try:
+            doc = json.loads(self.meta_path.read_text()).get("net")
+        except (OSError, ValueError):
+            return None
+        return NetHandle.from_dict(doc) if doc else None
+
+    @property
     def lowers(self) -> list[Path]:
         return [Path(p) for p in self.meta()["lowers"]]
 
@@ -234,11 +398,30 @@ class Environment:
              env: Mapping[str, str] | None = None, stdin: bytes | None = None,
              timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
              on_output: OnOutput | None = None, control: ExecControl | None = None) -> ExecResult:
-        """Run argv (or a shell string through `/bin/sh -c`) in the environment.
+        """Run argv (or a shell string through `/bin/sh -c`) in the environment: through its
+        exec agent (PID 1) when it has one, else (or when the agent is unreachable) `runc exec`.
 
-        `control`: a handle the caller keeps while it runs (open stdin, signals, pid)."""
+        `control`: a handle the caller keeps while it runs (open stdin, signals, pid); such an
+        exec always goes through `runc exec` (the agent protocol has no open stdin or signals)."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        return self.runtime.runc.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
+        if self.runtime.config.exec_agent and control is None and self.runtime_name == "runc":
+            check_request(argv, cwd, env, timeout, output_limit)
+            pump = agent.AgentPump(agent.socket_path(self.dir), argv, cwd, env, stdin, timeout,
+                                   output_limit, on_output, 0.2, self.id)
+            try:
+                return pump.run()
+            except agent.AgentUnavailable as e:
+                if not self.meta_path.exists():
+                    raise EnvironmentGone(f"environment {self.id} has no state") from e
+                # no agent (catatonit init, made before the agent) or it is not listening
+                # (the container is gone: runc exec says so precisely)
+            except RuntimeFailure as e:
+                # the shim dies with everything else when PID 1 is killed (destroy, OOM end)
+                init = self._init_pid()
+                if init is None or _wait_exit(init, [], timeout=0.5) or self.status() != "running":
+                    raise EnvironmentGone(f"environment {self.id} is not running: {e}") from e
+                raise
+        return self.engine.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
                                       timeout=timeout, output_limit=output_limit,
                                       on_output=on_output, control=control)
 
@@ -260,12 +443,12 @@ class Environment:
                           binary=binary)
 
     def update(self, cpu: float | None = None, memory: int | None = None) -> None:
-        self.runtime.runc.update(self.id, cpu=cpu, memory=memory)
+        self.engine.update(self.id, cpu=cpu, memory=memory)
 
     def status(self) -> str:
         """runc's status (running, stopped, ...) or "missing"."""
         try:
-            return self.runtime.runc.state(self.id).status
+            return self.engine.state(self.id).status
         except RuntimeFailure:
             return "missing"
 
@@ -274,19 +457,46 @@ class Environment:
 
     # -- teardown ----------------------------------------------------------------------------
 
+    def kill_init(self) -> bool:
+        """SIGKILL the environment's PID 1 without runc (the kernel then ends its whole pid
+        namespace); cheap, for asynchronous destroys. Only a process that is still in this
+        environment's cgroup is signalled (through a pidfd: no pid-reuse race). True if sent."""
+        pid = self._init_pid()
+        if pid is None:
+            return False
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        try:
+            if f"/{self.runtime.config.cgroup_parent.strip('/')}/{self.id}" not in \
+                    Path(f"/proc/{pid}/cgroup").read_text():
+                return False
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
     def destroy(self) -> None:
         """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""
-        runc, errors = self.runtime.runc, []
+        runc, errors = self.engine, []
         init_pid = self._init_pid()
-        if (runc.root / self.id).exists():
+        if runc.has_state(self.id):
             # kill + wait + plain delete: `runc delete --force` sleeps >= 100 ms polling.
             members = self._members()
-            try:
-                runc.kill(self.id, "KILL")
-            except RuntimeFailure:
-                pass  # not running any more: delete below handles it
-            if init_pid is not None:
-                _wait_exit(init_pid, members)
+            if not self.kill_init():  # PID 1 through a pidfd: no runc process needed
+                try:
+                    runc.kill(self.id, "KILL")
+                except RuntimeFailure:
+                    pass  # not running any more: delete below handles it
+            exited = init_pid is not None and _wait_exit(init_pid, members)
+            if exited and self.runtime_name == "runc":
+                # init (and so its whole pid namespace) is dead: what `runc delete` would still
+                # do is remove its state dir (cgroups are removed below); skip that Go process
+                shutil.rmtree(runc.root / self.id, ignore_errors=True)
+        if (runc.root / self.id).exists():
             try:
                 runc.delete(self.id)
             except RuntimeFailure:
@@ -294,7 +504,7 @@ class Environment:
                     runc.delete(self.id, force=True)
                 except RuntimeFailure as e:
                     errors.append(str(e))
-                    shutil.rmtree(runc.root / self.id, ignore_errors=True)
+                    runc.drop_state(self.id)
         if init_pid is not None:
             _reap(init_pid, wait=0)
         for cg in cgroupfs.env_cgroup_dirs(self.id, self.runtime.config.cgroup_parent):
@@ -302,15 +512,60 @@ class Environment:
                 cgroupfs.remove_cgroup(cg)
             except OSError as e:
                 errors.append(f"cgroup {cg}: {e}")
+        net, net_left = self.net, False
+        if net is not None:
+            try:
+                self.runtime.network.teardown(net)
+            except RuntimeFailure as e:
+                errors.append(str(e))
+                net_left = True  # keep meta.json: it is how a retry finds the slot
         try:
             overlay.unmount(self.rootfs)
         except RuntimeFailure as e:
             errors.append(str(e))
-        if self.dir.exists() and not overlay.is_mounted(self.rootfs):
+        idmaps = sorted((self.dir / "idmap").glob("*")) if (self.dir / "idmap").is_dir() else []
+        for d in idmaps:  # userns: the idmapped lower clones, after the overlay over them
+            try:
+                overlay.unmount(d)
+            except RuntimeFailure as e:
+                errors.append(str(e))
+        if any(overlay.is_mounted(d) for d in idmaps):
+            net_left = True  # never rmtree through a mount
+        if self.dir.exists() and not overlay.is_mounted(self.rootfs) and not net_left:
             shutil.rmtree(self.dir, ignore_errors=True)
         if self.dir.exists() or errors:
             raise RuntimeFailure(f"destroy of {self.id} incomplete: {'; '.join(errors)}",
                                  errors=errors)
+
+
+class _NetJob:
+    """`NetworkManager.setup` on a thread of its own, overlapping the overlay mount."""
+
+    def __init__(self, manager: NetworkManager, handle: NetHandle, spec: NetworkSpec) -> None:
+        import threading
+
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(manager, handle, spec),
+                                        name=f"netns-{handle.slot}", daemon=True)
+        self._thread.start()
+
+    def _run(self, manager: NetworkManager, handle: NetHandle, spec: NetworkSpec) -> None:
+        t = time.monotonic()
+        try:
+            manager.setup(handle, spec)
+        except BaseException as e:  # noqa: BLE001 - re-raised by wait() on the create's thread
+            self.error = e
+        self.seconds = time.monotonic() - t
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def wait(self) -> float:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.seconds
 
 
 def _set_child_subreaper() -> None:
@@ -319,8 +574,8 @@ def _set_child_subreaper() -> None:
         raise RuntimeFailure(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
 
 
-def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> None:
-    """Block until `pid` has exited (zombie or gone), at most `timeout` seconds.
+def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> bool:
+    """Block until `pid` has exited (zombie or gone), at most `timeout` seconds; True if it did.
 
     Meanwhile reap any of the environment's `members` that were re-parented to us: the init
     cannot finish exiting while a member of its pid namespace is an unreaped zombie.
@@ -328,13 +583,14 @@ def _wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> 
     try:
         fd = os.pidfd_open(pid)
     except OSError:
-        return  # already gone
+        return True  # already gone
     try:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             procs.reap(members)
             if select.select([fd], [], [], 0.01)[0]:
-                return
+                return True
+        return False
     finally:
         os.close(fd)
 

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.run.procs import ProcRef, kill_tree, reap, ref
@@ -143,6 +143,37 @@ class ExecControl:
         return True
 
 
+def capture(buf: bytearray, limit: int, name: str, chunk: bytes,
+            on_output: OnOutput | None) -> bool:
+    """Keep `chunk` in `buf` up to `limit` bytes and pass what was kept on; True if cut."""
+    room = limit - len(buf)
+    if room <= 0:
+        return True
+    cut = len(chunk) > room
+    if cut:
+        chunk = chunk[:room]
+    buf.extend(chunk)
+    if on_output is not None:
+        on_output(name, chunk)
+    return cut
+
+
+def check_request(argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | None,
+                  timeout: float | None, output_limit: int) -> None:
+    """InvalidRequest for an exec request no runtime path may run (the same rules for all)."""
+    if not argv or any(not isinstance(a, str) or "\x00" in a for a in argv):
+        raise InvalidRequest("argv must be a non-empty list of strings without NUL")
+    if timeout is not None and not timeout > 0:
+        raise InvalidRequest(f"timeout must be positive, not {timeout}")
+    if output_limit < 0:
+        raise InvalidRequest(f"output_limit must be >= 0, not {output_limit}")
+    if cwd and (not cwd.startswith("/") or "\x00" in cwd):
+        raise InvalidRequest(f"cwd must be an absolute path: {cwd!r}")
+    for k, v in (env or {}).items():
+        if not k or "=" in k or "\x00" in k or "\x00" in v:
+            raise InvalidRequest(f"invalid environment variable {k!r}")
+
+
 def runc_message(stderr: str) -> str:
     """runc's error text without the logrus decoration (time=... level=error msg="...")."""
     text = stderr.strip()
@@ -180,16 +211,7 @@ class ExecPump:
             if len(self.runc_err) < 65536:
                 self.runc_err.extend(chunk)
             return
-        buf = self.buf[name]
-        room = self.limit - len(buf)
-        if room <= 0:
-            self.truncated = True
-            return
-        if len(chunk) > room:
-            chunk, self.truncated = chunk[:room], True
-        buf.extend(chunk)
-        if self.on_output is not None:
-            self.on_output(name, chunk)
+        self.truncated |= capture(self.buf[name], self.limit, name, chunk, self.on_output)
 
     def _spawn(self) -> tuple[int, dict[str, int], int]:
         """posix_spawn runc with its fds wired; returns (pid, {name: read fd}, stdin write fd)."""

@@ -1,4 +1,9 @@
-"""Locating the static binaries every environment bind-mounts (catatonit, tini-static, busybox).
+"""Locating the static binaries every environment bind-mounts (rollstack-execd or catatonit as
+PID 1, tini-static, busybox).
+
+rollstack-execd is built from native/execd by `make setup` (native/build.sh); it is looked for at
+$ROLLSTACK_EXECD, then the checkout's native/build/, then /usr/local/libexec/rollstack/. Without
+it PID 1 is catatonit and every exec goes through `runc exec` (slower; a warning is logged).
 
 They run inside rootfs trees that may have no libc (a busybox test root, a distroless image),
 so they must be statically linked: an ELF with no PT_INTERP program header.
@@ -6,6 +11,8 @@ so they must be statically linked: an ELF with no PT_INTERP program header.
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -13,6 +20,9 @@ from pathlib import Path
 from rollstack.errors import RuntimeFailure
 from rollstack.run.ocispec import InitBinaries
 
+log = logging.getLogger(__name__)
+
+EXECD_NAME = "rollstack-execd"
 INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
 WRAPPER_CANDIDATES = ("/usr/bin/tini-static", "/sbin/tini-static", "/usr/bin/tini")
 SHELL_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
@@ -57,8 +67,29 @@ def _first_static(candidates: tuple[str, ...], name: str) -> str:
                          f" install Debian's catatonit, tini and busybox-static packages")
 
 
+def execd_candidates() -> list[Path]:
+    env = os.environ.get("ROLLSTACK_EXECD")
+    checkout = Path(__file__).resolve().parents[3] / "native" / "build" / EXECD_NAME
+    return [Path(p) for p in (env, checkout, f"/usr/local/libexec/rollstack/{EXECD_NAME}") if p]
+
+
+def find_execd() -> str | None:
+    """The static rollstack-execd binary, or None if it was not built."""
+    for c in execd_candidates():
+        if c.is_file() and is_static_elf(c):
+            return str(c)
+    return None
+
+
 def find_init_binaries() -> InitBinaries:
-    """The host's static catatonit (PID 1), tini (exec wrapper) and busybox (exec status)."""
-    return InitBinaries(init=_first_static(INIT_CANDIDATES, "catatonit"),
-                        exec_wrapper=_first_static(WRAPPER_CANDIDATES, "tini-static"),
-                        shell=_first_static(SHELL_CANDIDATES, "busybox"))
+    """PID 1 (rollstack-execd, else the host's static catatonit), tini (runc exec's wrapper) and
+    busybox (runc exec's fd shuffling)."""
+    wrapper = _first_static(WRAPPER_CANDIDATES, "tini-static")
+    shell = _first_static(SHELL_CANDIDATES, "busybox")
+    execd = find_execd()
+    if execd is not None:
+        return InitBinaries(init=execd, exec_wrapper=wrapper, shell=shell, init_args=(), agent=True)
+    log.warning("%s not found (looked at %s; `make setup` builds it): PID 1 is catatonit and "
+                "every exec is a runc exec", EXECD_NAME, ", ".join(map(str, execd_candidates())))
+    return InitBinaries(init=_first_static(INIT_CANDIDATES, "catatonit"), exec_wrapper=wrapper,
+                        shell=shell)

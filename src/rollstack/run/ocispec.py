@@ -7,8 +7,9 @@ What an environment gets (see docs/runtime.md for the reasons):
   (catatonit in pause mode `-P`: it runs no child, only reaps); commands run through
   /.rollstack/tini (tini-static as a subreaper) under /.rollstack/busybox sh, which reports the
   exit status (see `rollstack.run.runc`). All three are static, so any rootfs works.
-- namespaces: mount, pid, ipc, uts, network (new, loopback only; runc leaves `lo` down, the
-  environment runtime brings it up), cgroup.
+- namespaces: mount, pid, ipc, uts, network, cgroup. The network namespace is new (loopback
+  only) unless `netns_path` names one prepared by rollstack.run.network (veth + policy), which
+  runc then joins.
 - no_new_privileges; the container-engine default capability set (Docker/containerd's 14,
   below); runc's masked and read-only paths; runc's default devices.
 - cgroup `linux.cgroupsPath = "/<parent>/<env-id>"` (default parent `rollstack`): with runc's
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rollstack.errors import InvalidRequest
+from rollstack.host.cgroups import CGROUP_PARENT
 
 INIT_DIR = "/.rollstack"
 INIT_PATH = f"{INIT_DIR}/init"
@@ -67,11 +69,16 @@ class InitBinaries:
     """Host paths of the static binaries bind-mounted into every environment."""
 
     init: str = "/usr/bin/catatonit"
-    """PID 1: reaps zombies; started as `init -P` (pause: no child)."""
+    """PID 1: reaps zombies. rollstack-execd (native/execd) also serves execs; catatonit is
+    started as `init -P` (pause: no child)."""
     exec_wrapper: str = "/usr/bin/tini-static"
     """Wraps every exec as `tini -s -g -- argv` (subreaper: the exec's whole tree stays below it)."""
     shell: str = "/bin/busybox"
     """Static busybox: its `sh` reports each exec's exit status on an extra fd (see runc.py)."""
+    init_args: tuple[str, ...] = ("-P",)
+    """Arguments of PID 1 after its path."""
+    agent: bool = False
+    """PID 1 is rollstack-execd: it serves execs on a socket passed as its fd 3 (run/agent.py)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ class SpecParams:
     nofile: int = 65536
     """RLIMIT_NOFILE soft and hard."""
     cpu_period_us: int = 100_000
-    cgroup_parent: str = "rollstack"
+    cgroup_parent: str = CGROUP_PARENT
     capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
     init: InitBinaries = field(default_factory=InitBinaries)
     shm_bytes: int = 64 * 1024 * 1024
@@ -104,6 +111,10 @@ class SpecParams:
     """Apply `seccomp_profile()`: a deny list of kernel-attack-surface syscalls."""
     arch: str = field(default_factory=platform.machine)
     """Host architecture (`uname -m`), for the seccomp profile's architectures."""
+    netns_path: str | None = None
+    """Join this network namespace (made by rollstack.run.network) instead of a fresh one."""
+    userns_map: tuple[int, int] | None = None
+    """(host id, count): run in a new user namespace mapping 0.. to these host uids/gids."""
 
 
 # Denied with EPERM: kernel surfaces an agent's workload never needs (keys, bpf, perf, module and
@@ -147,7 +158,7 @@ def seccomp_profile(arch: str) -> dict[str, Any]:
     return profile
 
 
-def cgroup_path(env_id: str, parent: str = "rollstack") -> str:
+def cgroup_path(env_id: str, parent: str = CGROUP_PARENT) -> str:
     """The spec's `linux.cgroupsPath` for an environment (absolute, cgroupfs driver)."""
     return f"/{parent.strip('/')}/{env_id}"
 
@@ -187,6 +198,10 @@ def _validate(rootfs: str, p: SpecParams) -> None:
     for cap in p.capabilities:
         if not _CAP_RE.fullmatch(cap):
             raise InvalidRequest(f"invalid capability {cap!r}")
+    if p.netns_path is not None and (not p.netns_path.startswith("/") or "\x00" in p.netns_path):
+        raise InvalidRequest(f"netns path must be absolute: {p.netns_path!r}")
+    if p.userns_map is not None and not (p.userns_map[0] > 0 and 0 < p.userns_map[1] <= 1 << 24):
+        raise InvalidRequest(f"invalid user namespace mapping {p.userns_map!r}")
 
 
 def _env_list(extra: Mapping[str, str]) -> list[str]:
@@ -231,6 +246,22 @@ def _resources(p: SpecParams) -> dict[str, Any]:
     return res
 
 
+def _namespaces(p: SpecParams) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")]
+    if p.netns_path is not None:
+        out[1] = {"type": "network", "path": p.netns_path}
+    if p.userns_map is not None:
+        out.append({"type": "user"})
+    return out
+
+
+def _id_mappings(p: SpecParams) -> dict[str, Any]:
+    if p.userns_map is None:
+        return {}
+    m = [{"containerID": 0, "hostID": int(p.userns_map[0]), "size": int(p.userns_map[1])}]
+    return {"uidMappings": m, "gidMappings": [dict(x) for x in m]}
+
+
 def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
     """The config.json document for runc. Raises InvalidRequest on bad parameters."""
     _validate(rootfs, params)
@@ -240,7 +271,7 @@ def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": [INIT_PATH, "-P"],
+            "args": [INIT_PATH, *params.init.init_args],
             "env": _env_list(params.env),
             "cwd": params.cwd,
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
@@ -256,8 +287,8 @@ def build_spec(rootfs: str, params: SpecParams) -> dict[str, Any]:
         "linux": {
             "cgroupsPath": cgroup_path(params.env_id, params.cgroup_parent),
             "resources": _resources(params),
-            "namespaces": [{"type": t} for t in
-                           ("pid", "network", "ipc", "uts", "mount", "cgroup")],
+            "namespaces": _namespaces(params),
+            **_id_mappings(params),
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
             **({"seccomp": seccomp_profile(params.arch)} if params.seccomp else {}),

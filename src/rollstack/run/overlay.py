@@ -1,4 +1,4 @@
-"""One environment's overlayfs root: mount, unmount, is-mounted.
+"""One environment's overlayfs root: mount (unmount and is-mounted are `rollstack.host`'s).
 
 The layer stack (top first) becomes the overlay's lower dirs; a private upper and work dir on
 local disk take the environment's writes. Lower dirs may be anything overlayfs accepts as a lower
@@ -26,6 +26,9 @@ import os
 from pathlib import Path
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
+# Re-exported: callers treat "is the overlay mounted / unmount it" as part of this module.
+from rollstack.host.mountinfo import is_mounted, mount_points  # noqa: F401
+from rollstack.host.umount import unmount  # noqa: F401
 
 OVERLAY_MAX_LOWERS = 500
 PAGE_LIMIT = 4095
@@ -39,13 +42,11 @@ _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
 _FSMOUNT_CLOEXEC = 0x1
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _AT_FDCWD = -100
-_MNT_DETACH = 2
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 def _check_path(p: Path, what: str) -> bytes:
@@ -164,52 +165,3 @@ def mount_overlay(lowers: list[Path], upper: Path, work: Path, target: Path) -> 
         _mount_new_api(list(lowers), upper, work, target)
     except _OldKernel:
         _mount_classic(list(lowers), upper, work, target)
-
-
-def _unescape_mountinfo(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit() and len(field[i + 1:i + 4]) == 3:
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def mount_points(mountinfo: str | None = None) -> list[tuple[str, str]]:
-    """(mount point, fs type) of every mount in this mount namespace, in mount order."""
-    if mountinfo is None:
-        mountinfo = Path("/proc/self/mountinfo").read_text()
-    result = []
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if len(fields) < 10:
-            continue
-        sep = fields.index("-")
-        result.append((_unescape_mountinfo(fields[4]), fields[sep + 1]))
-    return result
-
-
-def is_mounted(target: Path) -> bool:
-    """Whether something is mounted exactly at `target`."""
-    want = os.path.realpath(target)
-    return any(mp == want for mp, _ in mount_points())
-
-
-def unmount(target: Path) -> None:
-    """Unmount `target`; idempotent; falls back to a lazy (MNT_DETACH) unmount when busy."""
-    raw = os.fsencode(os.path.realpath(target))
-    while is_mounted(target):
-        if _libc.umount2(raw, 0) == 0:
-            continue
-        err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.ENOENT) and not is_mounted(target):
-            return
-        if err == errno.EBUSY:
-            if _libc.umount2(raw, _MNT_DETACH) == 0:
-                continue
-            err = ctypes.get_errno()
-        raise RuntimeFailure(f"unmount of {target} failed: {os.strerror(err)}", errno=err)

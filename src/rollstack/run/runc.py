@@ -29,7 +29,11 @@ that is not running is `EnvironmentGone`.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import select
+import signal
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -88,29 +92,30 @@ class Runc:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def run_detached(self, container_id: str, bundle: Path, log: Path | None = None,
-                     timeout: float = 60.0) -> int:
+                     timeout: float = 60.0, listen_fd: int | None = None) -> int:
         """`runc run -d`: start the container's init; returns its host pid.
 
         The container's stdio is /dev/null (it must not hold a pipe of ours); runc's own
         messages go to `log` (default `<bundle>/runc.log`) and into the error on failure.
+        `listen_fd` (the exec agent's listening socket) becomes the init's fd 3.
         """
         log = Path(log or Path(bundle) / "runc.log")
         pid_file = Path(bundle) / "init.pid"
         pid_file.unlink(missing_ok=True)
         cmd = [self.binary, "--root", str(self.root), "--log", str(log), "run", "-d",
+               *(["--preserve-fds", "1"] if listen_fd is not None else []),
                "--pid-file", str(pid_file), "--bundle", str(bundle), container_id]
         try:
-            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, timeout=timeout)
+            returncode = _spawn_wait(cmd, listen_fd, timeout)
         except subprocess.TimeoutExpired as e:
             raise RuntimeFailure(f"runc run {container_id} timed out after {timeout}s") from e
-        if proc.returncode != 0:
+        if returncode != 0:
             try:
                 tail = log.read_text(errors="replace")[-4000:]
             except OSError:
                 tail = ""
             raise RuntimeFailure(f"runc run {container_id} failed: {_last_error(tail)}",
-                                 returncode=proc.returncode, log=tail)
+                                 returncode=returncode, log=tail)
         return int(pid_file.read_text().strip())
 
     def state(self, container_id: str) -> ContainerState:
@@ -124,6 +129,16 @@ class Runc:
         items = json.loads(raw) if raw and raw != b"null" else []
         return [ContainerState(d["id"], d["status"], int(d.get("pid") or 0), d.get("bundle", ""))
                 for d in items or []]
+
+    def has_state(self, container_id: str) -> bool:
+        """Whether this runtime keeps state for the container (it may have stopped)."""
+        return (self.root / container_id).exists()
+
+    def drop_state(self, container_id: str) -> None:
+        """Remove the container's state by hand (when `delete --force` itself failed)."""
+        import shutil
+
+        shutil.rmtree(self.root / container_id, ignore_errors=True)
 
     def kill(self, container_id: str, sig: str = "KILL", all_processes: bool = False) -> None:
         args = ["kill"] + (["--all"] if all_processes else []) + [container_id, sig]
@@ -180,6 +195,35 @@ class Runc:
                             drain_grace, container_id, control).run()
         finally:
             pid_file.unlink(missing_ok=True)
+
+
+def _spawn_wait(cmd: list[str], fd3: int | None, timeout: float) -> int:
+    """Run `cmd` with /dev/null stdio and `fd3` (if any) as its fd 3; its exit code."""
+    if fd3 is None:
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=timeout).returncode
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    # dup2(3, 3) would keep fd 3's close-on-exec flag: place it from another number
+    src = fcntl.fcntl(fd3, fcntl.F_DUPFD_CLOEXEC, 10)
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, devnull, i) for i in range(3)]
+        actions.append((os.POSIX_SPAWN_DUP2, src, 3))
+        try:
+            pid = os.posix_spawnp(cmd[0], cmd, os.environ, file_actions=actions)
+        except OSError as e:
+            raise RuntimeFailure(f"cannot start runc: {e}") from e
+    finally:
+        os.close(devnull)
+        os.close(src)
+    pidfd = os.pidfd_open(pid)
+    try:
+        if not select.select([pidfd], [], [], timeout)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise subprocess.TimeoutExpired(cmd, timeout)
+    finally:
+        os.close(pidfd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def _message(stderr: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 from typing import BinaryIO
 
 from rollstack.errors import IntegrityError, InvalidRequest
@@ -80,17 +79,6 @@ def sha256_digest(data: bytes) -> str:
 
 def digest_hex(digest: str) -> str:
     return check_digest(digest).split(":", 1)[1]
-
-
-def file_digest(path: Path) -> tuple[str, int]:
-    """(digest, size) of a file, read in blocks (never the whole file in memory)."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
-            size += len(block)
-    return "sha256:" + h.hexdigest(), size
 
 
 def stream_blocks(f: BinaryIO, block: int = _HASH_BLOCK):

@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -218,7 +219,12 @@ class OciLayoutStore:
         raise ManifestNotFound(f"manifest {repo}:{ref} not found", repo=repo, ref=ref)
 
     def _write_verified(self, digest: str, data: bytes | Path | BinaryIO) -> Path:
-        """Copies data to a temp file while hashing; IntegrityError (and no file) on mismatch."""
+        """Copies data to a temp file while hashing; IntegrityError (and no file) on mismatch.
+        A file on the same filesystem is hardlinked instead of copied (then hashed in place):
+        blobs are immutable, and `group import` hands over multi-GB converted layers."""
+        linked = self._link_verified(digest, data)
+        if linked is not None:
+            return linked
         fd, name = tempfile.mkstemp(dir=self._tmp, prefix="blob-")
         os.fchmod(fd, _FILE_MODE)
         tmp = Path(name)
@@ -230,6 +236,34 @@ class OciLayoutStore:
                     out.write(block)
                 out.flush()
                 os.fsync(out.fileno())
+            got = "sha256:" + h.hexdigest()
+            if got != digest:
+                raise IntegrityError(f"blob bytes hash to {got}, not {digest}", digest=digest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def _link_verified(self, digest: str, data: bytes | Path | BinaryIO) -> Path | None:
+        if not isinstance(data, (str, os.PathLike)):
+            return None
+        src = Path(data)
+        try:
+            if not src.is_file() or src.stat().st_dev != self._tmp.stat().st_dev:
+                return None
+            tmp = self._tmp / f"blob-link-{os.getpid()}-{threading.get_ident()}-{src.stat().st_ino}"
+            tmp.unlink(missing_ok=True)
+            os.link(src, tmp)
+        except OSError:  # e.g. a filesystem without hardlinks: copy instead
+            return None
+        try:
+            h = hashlib.sha256()
+            with open(tmp, "rb") as f:
+                for block in names.stream_blocks(f, _COPY_BLOCK):
+                    h.update(block)
+                os.fsync(f.fileno())
+            if stat.S_IMODE(os.stat(tmp).st_mode) != _FILE_MODE:
+                os.chmod(tmp, _FILE_MODE)
             got = "sha256:" + h.hexdigest()
             if got != digest:
                 raise IntegrityError(f"blob bytes hash to {got}, not {digest}", digest=digest)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from components import require_root
 from rollstack.demo.config import DemoConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -30,12 +31,11 @@ def _log(msg: str) -> None:
 @pytest.fixture(scope="module")
 def published() -> tuple[object, str]:
     """The small corpus, built (cached) and published to the test store (cached)."""
-    from rollstack.demo.corpus import ensure_corpus
-    from rollstack.demo.publish import publish_corpus_groups
+    from rollstack.corpus.cache import ensure_corpus
+    from rollstack.corpus.publish import publish_corpus_groups
     from rollstack.store import open_store
 
-    if os.geteuid() != 0:
-        pytest.skip("the demo needs root (debootstrap, FUSE, overlayfs, runc, cgroups)")
+    require_root()  # the demo needs debootstrap, FUSE, overlayfs, runc, cgroups
     corpus = ensure_corpus(None, True, _log)
     spec = f"oci:{CACHE / 'store'}"
     store = open_store(spec)
@@ -85,9 +85,9 @@ def test_demo_runs_rollouts_that_really_fail_then_pass(published: tuple[object, 
 
 def test_an_agent_that_fixes_nothing_scores_zero(published: tuple[object, str], tmp_path: Path) -> None:
     from rollstack.demo.agent import run_rollout
-    from rollstack.demo.plans import stack_groups
+    from rollstack.corpus.plans import stack_groups
     from rollstack.demo.runner import child_processes, find_leftovers
-    from rollstack.node.local import Node
+    from rollstack.client.local import Node
 
     corpus, spec = published
     task = corpus.tasks[-1]

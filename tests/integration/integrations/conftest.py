@@ -6,13 +6,13 @@ published to an OCI layout store, a `NodeService` and its HTTP API on a loopback
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from components import need, require_tool
 from adapters_fixtures import BUSYBOX, TOKEN, build_trees
 
 
@@ -26,11 +26,8 @@ class AdapterNode:
 
 @pytest.fixture(scope="session")
 def adapter_node(tmp_path_factory: pytest.TempPathFactory):
-    for tool in ("runc", "fusermount3"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed")
-    if not BUSYBOX.exists():
-        pytest.skip("busybox-static not installed")
+    require_tool("runc", "fusermount3")
+    need(BUSYBOX.exists(), f"busybox-static ({BUSYBOX})")
     from rollstack.node.api import create_app
     from rollstack.node.config import NodeConfig
     from rollstack.node.server import BackgroundServer

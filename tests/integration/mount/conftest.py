@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from components import need
 from lazystore_fixtures import CGROUP_ROOT
 
 from rollstack.mount.client import LazyStoreClient
@@ -31,8 +32,7 @@ def lazy_factory(tmp_path: Path):
 @pytest.fixture
 def env_cgroups():
     """Creates cgroups `rollstack/<id>` (pids controller, v1) and removes them afterwards."""
-    if not (CGROUP_ROOT / "cgroup.procs").exists():
-        pytest.skip("no cgroup v1 pids hierarchy on this host")
+    need((CGROUP_ROOT / "cgroup.procs").exists(), "a cgroup v1 pids hierarchy")
     made: list[Path] = []
 
     def make(env_id: str) -> Path:

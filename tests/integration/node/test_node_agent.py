@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from components import need, require_tool
 from node_fixtures import leftovers, plan, publish_corpus
 from rollstack.node.server import free_port
 
@@ -26,8 +26,8 @@ def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> su
 
 
 def test_start_status_cli_stop(tmp_path: Path) -> None:
-    if shutil.which("runc") is None or not Path("/bin/busybox").exists():
-        pytest.skip("runc or busybox-static missing")
+    require_tool("runc")
+    need(Path("/bin/busybox").exists(), "busybox-static (/bin/busybox)")
     store = publish_corpus(tmp_path / "store", tmp_path / "build")
     root = tmp_path / "node"
     port = free_port()

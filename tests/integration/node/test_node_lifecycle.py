@@ -3,13 +3,12 @@ cgroups, the HTTP API on a loopback port and the SDK. Everything is torn down ev
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
+from components import need, require_tool
 from node_fixtures import leftovers, plan, publish_corpus, remember
 from rollstack import Client, errors
 from rollstack.node.api import create_app
@@ -23,11 +22,8 @@ TOKEN = "integration-token"
 
 
 def _require_host() -> None:
-    for tool in ("runc", "fusermount3"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed")
-    if not Path("/bin/busybox").exists():
-        pytest.skip("busybox-static not installed")
+    require_tool("runc", "fusermount3")
+    need(Path("/bin/busybox").exists(), "busybox-static (/bin/busybox)")
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +183,25 @@ def test_admission_refuses_at_once_when_full(corpus: str, tmp_path: Path) -> Non
     assert not any(leftovers(tmp_path / "small").values())
 
 
+def _processes_in_cgroups_of(env_ids: list[str]) -> list[str]:
+    """`"<pid> <cmdline>"` of live processes in any of these environments' cgroups."""
+    from rollstack.host.cgroups import env_cgroup
+
+    wanted = [env_cgroup(i) for i in env_ids]
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cgroups = (d / "cgroup").read_text()
+            if any(w in cgroups for w in wanted):
+                argv = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append(f"{d.name} {argv}")
+        except OSError:
+            continue
+    return found
+
+
 def test_lifecycle_leaves_nothing_behind(corpus: str, tmp_path: Path) -> None:
     root = tmp_path / "leak"
     service = NodeService(NodeConfig(root=root, store=corpus, max_environments=4))
@@ -200,9 +215,10 @@ def test_lifecycle_leaves_nothing_behind(corpus: str, tmp_path: Path) -> None:
             assert service.exec(doc.id, ExecRequest(command="echo x > /tmp/f; sleep 100 & true")).exit_code == 0
             service.destroy(doc.id)
         assert service.list() == []
+        assert service.wait_destroyed(60)  # destroys finish in the background
         assert not any(leftovers(root).values()), leftovers(root)
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        assert "sleep 100" not in ps
+        # only this test's processes: the machine is shared (other `sleep 100`s are not ours)
+        assert _processes_in_cgroups_of(ids) == []
         assert not [p for p in (root / "envs").iterdir()]
     finally:
         service.stop()

@@ -5,7 +5,6 @@ over copies merges like overlayfs over FUSE, and a node stacks the copy once a l
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from components import require_tool
 from rollstack.format.convert import convert
 from rollstack.mount.client import LazyStoreClient
 from rollstack.node.materialize import LayerMaterializer
@@ -86,8 +86,7 @@ def describe(root: Path) -> dict[str, tuple]:
 
 @pytest.fixture
 def lazy(tmp_path: Path, oci_store):
-    if shutil.which("fusermount3") is None:
-        pytest.skip("fusermount3 not installed")
+    require_tool("fusermount3")
     client = LazyStoreClient.start(tmp_path / "mnt", tmp_path / "state", oci_store.url)
     try:
         yield client
@@ -154,9 +153,7 @@ def test_a_node_stacks_the_local_copy_once_the_layer_is_hot(tmp_path):
     from rollstack.node.config import NodeConfig
     from rollstack.node.service import NodeService
 
-    for tool in ("runc", "fusermount3"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed")
+    require_tool("runc", "fusermount3")
     store = publish_corpus(tmp_path / "store", tmp_path / "build")
     root = tmp_path / "node"
     service = NodeService(NodeConfig(root=root, store=store, materialize_after=1, materialize_min_free=0,

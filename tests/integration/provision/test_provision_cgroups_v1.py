@@ -13,19 +13,18 @@ import uuid
 
 import pytest
 
+from components import need, require_root
 from rollstack.provision import NodeCapacity, PolicyConfig, Provisioner, detect_backend
 from rollstack.provision.config import GiB, MiB
-from rollstack.provision.workload import WorkloadProcess
+from rollstack.bench.workload import WorkloadProcess
 
 pytestmark = pytest.mark.integration
 
 
 def _backend_or_skip():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create cgroups")
+    require_root()
     b = detect_backend()
-    if b.version == 2 and not (b.root / "cgroup.controllers").read_text().split():
-        pytest.skip("cgroup v2 without controllers")
+    need(b.version == 1 or (b.root / "cgroup.controllers").read_text().split(), "cgroup v2 controllers")
     return b
 
 
@@ -119,8 +118,9 @@ def test_lazy_v1_sampling_sees_what_eager_sampling_sees(cg):
 def test_hybrid_host_psi_through_the_unified_tree(cg):
     from rollstack.provision import CgroupV1
 
-    if cg.backend.version != 1 or not (cg.backend.root / "unified" / "cgroup.procs").exists():
-        pytest.skip("no hybrid v2 mount next to the v1 controllers")
+    if cg.backend.version != 1:
+        pytest.skip("a v1 backend feature (this host runs cgroup v2)")
+    need((cg.backend.root / "unified" / "cgroup.procs").exists(), "the hybrid v2 mount next to the v1 controllers")
     b = CgroupV1(cg.backend.root, use_unified_psi=True)
     p = cg.path("psi")  # created by the fixture's backend; the PSI backend adds the unified dir
     b.create(p)
@@ -153,8 +153,9 @@ def test_lowering_memory_below_usage_keeps_old_limit(cg):
 
 def test_raising_memory_above_a_pinned_memsw_limit_works(cg):
     b = cg.backend
-    if b.version != 1 or not (b.dir("memory", "x").parent / "memory.memsw.limit_in_bytes").exists():
-        pytest.skip("no v1 memsw accounting on this host")
+    if b.version != 1:
+        pytest.skip("a v1 backend feature (this host runs cgroup v2)")
+    need((b.dir("memory", "x").parent / "memory.memsw.limit_in_bytes").exists(), "v1 memsw accounting (swapaccount=1)")
     p = cg.path("memsw")
     b.set_memory(p, 64 * MiB)
     (b.dir("memory", p) / "memory.memsw.limit_in_bytes").write_text(str(64 * MiB))

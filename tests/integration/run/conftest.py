@@ -1,6 +1,7 @@
 """Fixtures for the runtime's integration tests (real overlayfs, runc, cgroups; root).
 
 - `busybox_lower` (session): a minimal rootfs dir (static busybox + applet symlinks, /etc/passwd).
+- `exec_mode`: "agent" (default) or "runc"; parametrize it indirectly to run a suite on both.
 - `runtime`: an `EnvironmentRuntime` under a fresh state dir; leftovers cleaned up at teardown.
 - `make_env`: creates environments (`make_env(lowers=None, **spec_kw)`), all destroyed at
   teardown even when the test failed.
@@ -16,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from components import require_tool
 BUSYBOX = "/bin/busybox"
 
 
 def _need(binary: str) -> None:
-    if shutil.which(binary) is None and not os.access(binary, os.X_OK):
-        pytest.skip(f"{binary} missing on this host")
+    require_tool(binary)
 
 
 @pytest.fixture(scope="session")
@@ -44,10 +45,21 @@ def busybox_lower(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def runtime(tmp_path: Path):
+def exec_mode(request: pytest.FixtureRequest) -> str:
+    """How `runtime`'s environments run commands: "agent" (rollstack-execd, the default) or
+    "runc" (`runc exec`). Modules parametrize it indirectly to run one suite on both paths."""
+    mode = getattr(request, "param", "agent")
+    assert mode in ("agent", "runc"), mode
+    return mode
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, exec_mode: str):
     from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 
-    rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt"))
+    rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt", exec_agent=exec_mode == "agent"))
+    if exec_mode == "agent":  # CI must build it (make setup): never silently test runc twice
+        assert rt.init.agent, "rollstack-execd is not built: run native/build.sh (make setup)"
     try:
         yield rt
     finally:

@@ -1,4 +1,5 @@
-"""Exec through runc: exit codes, stdin, env, cwd, streaming, timeouts, output caps."""
+"""One exec behaviour suite, run on both paths (the in-sandbox agent and `runc exec`): exit codes,
+stdin, env, cwd, streaming, timeouts, output caps."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 
 from rollstack.errors import EnvironmentGone, InvalidRequest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.parametrize("exec_mode", ["agent", "runc"], indirect=True)]
 
 
 def test_exec_basics(make_env):

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from components import need
 pytestmark = pytest.mark.integration
 
 
@@ -98,8 +99,7 @@ def test_update_quotas_live(make_env):
     env = make_env(cpu=0.5, memory=128 * 1024 * 1024)
     cpu_dir = f"/sys/fs/cgroup/cpu/rollstack/{env.id}"
     mem_dir = f"/sys/fs/cgroup/memory/rollstack/{env.id}"
-    if not os.path.isdir(cpu_dir):
-        pytest.skip("host has no cgroup v1 cpu hierarchy")
+    need(os.path.isdir(cpu_dir), "a cgroup v1 cpu hierarchy")
     assert int(open(f"{cpu_dir}/cpu.cfs_quota_us").read()) == 50_000
     env.update(cpu=1.5, memory=256 * 1024 * 1024)
     assert int(open(f"{cpu_dir}/cpu.cfs_quota_us").read()) == 150_000

@@ -204,6 +204,7 @@ def test_bad_overlay_input(tmp_path):
         overlay.mount_overlay([bad], tmp_path, tmp_path, tmp_path)
 
 
+@pytest.mark.parametrize("exec_mode", ["runc"], indirect=True)
 def test_destroy_after_a_runc_exec_was_killed(make_env, runtime):
     """The command's runc dies: its tree is re-parented to us; destroy must still finish."""
     import threading

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 
 import pytest
 
+from components import require_tool
 from rollstack.store import OciLayoutStore
 from rollstack.store.names import OCI_MANIFEST
 
@@ -20,8 +20,8 @@ def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-@pytest.mark.skipif(shutil.which("skopeo") is None, reason="skopeo not installed (Debian package skopeo)")
 def test_skopeo_reads_layout_and_copies_to_registry(tmp_path, registry_store, registry, unique_repo):
+    require_tool("skopeo")  # Debian package skopeo
     store = OciLayoutStore(tmp_path / "layout")
     config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode()
     store.put_blob(unique_repo, digest_of(config), config)

@@ -10,7 +10,7 @@ import pytest
 from rollstack.bench.init import _rounds, comparison, parse_systems, system_summary
 from rollstack.bench.iteration import (PhaseClock, Rollout, agent_steps, harness_command, heredoc,
                                        iteration_summary, jobs)
-from rollstack.bench.rig_rollstack import Creation, first_command, import_name
+from rollstack.bench.systems.rollstack import Creation, first_command, import_name
 from rollstack.errors import InvalidRequest
 
 
@@ -126,7 +126,7 @@ def test_phase_clock_and_iteration_summary() -> None:
 
 
 def test_work_lock_refuses_a_second_run(tmp_path) -> None:
-    from rollstack.bench.rig_rollstack import work_lock
+    from rollstack.bench.systems.rollstack import work_lock
 
     with work_lock(tmp_path / "w"):
         with pytest.raises(InvalidRequest):
@@ -137,7 +137,7 @@ def test_work_lock_refuses_a_second_run(tmp_path) -> None:
 
 
 def test_rollstack_system_plan_sets_fetch_mode(tmp_path) -> None:
-    from rollstack.bench.rig_rollstack import RollstackSystem
+    from rollstack.bench.systems.rollstack import RollstackSystem
 
     plan = {"name": "p", "groups": ["os/x:1"], "fetch": {"background": True}}
     eager = RollstackSystem("rollstack-eager", "http://127.0.0.1:1", tmp_path).plan(plan)

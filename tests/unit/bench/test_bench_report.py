@@ -11,17 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollstack.bench.report import (
-    init_summary, machine_facts, markdown_table, percentile, phase_shares, summarize, write_results,
+    init_summary, machine_facts, markdown_table, phase_shares, summarize, write_results,
 )
-
-
-def test_percentile_interpolates() -> None:
-    assert percentile([1, 2, 3, 4], 50) == 2.5
-    assert percentile([5], 95) == 5
-    assert percentile([3, 1, 2], 0) == 1 and percentile([3, 1, 2], 100) == 3
-    assert math.isnan(percentile([], 50))
-    with pytest.raises(ValueError):
-        percentile([1], 101)
 
 
 @given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=50))

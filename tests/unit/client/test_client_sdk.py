@@ -164,3 +164,63 @@ def test_async_client_lifecycle(service: FakeService) -> None:
                 await client.get("nope")
 
     anyio.run(main)
+
+
+def test_async_client_destroys_by_id_and_reads_metrics_like_the_sync_one(service: FakeService) -> None:
+    app = create_app(service, TOKEN)
+    with Client("http://node", token=TOKEN, transport=forwarding_transport(app)) as sync_client:
+        sync_metrics = sync_client.metrics()
+    assert sync_metrics == {k: float(v) for k, v in service.metrics().items()} and sync_metrics
+
+    async def main() -> None:
+        async with AsyncClient("http://node", token=TOKEN, transport=httpx.ASGITransport(app=app)) as client:
+            env = await client.create(PLAN)
+            assert [e.id for e in await client.list()] == [env.id]
+            await client.destroy(env.id)
+            assert await client.list() == []
+            assert await client.metrics() == sync_metrics
+            assert (await client.health()).status == "ok"
+
+    anyio.run(main)
+
+
+def test_metrics_text_parsing_keeps_the_nodes_gauges_only() -> None:
+    from rollstack.client.routes import parse_metrics
+
+    text = ("# HELP rollstack_created_total created total\n# TYPE rollstack_created_total gauge\n"
+            "rollstack_created_total 3.0\nrollstack_environments 1\n"
+            'rollstack_api_seconds_bucket{le="0.005",op="create"} 2.0\nprocess_cpu_seconds 1.5\n'
+            "rollstack_bad nan-ish\n")
+    assert parse_metrics(text) == {"created_total": 3.0, "environments": 1.0}
+
+
+def test_an_exec_the_node_never_answers_is_exec_timeout_and_other_calls_node_unavailable() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("no answer", request=request)
+
+    with Client("http://node", token=TOKEN, transport=httpx.MockTransport(handle)) as client:
+        service = client._service
+        from rollstack.client._base import exec_request
+
+        with pytest.raises(errors.ExecTimeout, match="5.0 s timeout") as caught:
+            service.exec("e1", exec_request("sleep 100", timeout=5.0))
+        assert isinstance(caught.value, TimeoutError)
+        with pytest.raises(errors.ExecTimeout):
+            list(service.exec_stream("e1", exec_request("sleep 100", timeout=5.0)))
+        with pytest.raises(errors.NodeUnavailable):
+            service.info("e1")
+
+    async def main() -> None:
+        async def ahandle(request: httpx.Request) -> httpx.Response:
+            raise httpx.ReadTimeout("no answer", request=request)
+
+        async with AsyncClient("http://node", token=TOKEN, transport=httpx.MockTransport(ahandle)) as client:
+            with pytest.raises(errors.ExecTimeout):
+                await (await _env(client)).exec("sleep 100", timeout=5.0)
+
+    async def _env(client: AsyncClient):
+        from rollstack.client.aio import AsyncEnvironment
+
+        return AsyncEnvironment(client._service, "e1")
+
+    anyio.run(main)

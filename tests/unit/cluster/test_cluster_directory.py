@@ -109,10 +109,11 @@ def test_async_pool_stream_on_a_dead_node_is_node_lost(nodes) -> None:
 
     async def go():
         async with AsyncPool(nodes=members, interval=0.2) as pool:
-            from rollstack.cluster.pool import _AsyncBound, _async_env_class
+            from rollstack.client.aio import AsyncEnvironment
+            from rollstack.cluster.pool import _AsyncBound
 
-            bound = _AsyncBound(pool._core, "n0", pool._client("n0"), "a1")
-            env = _async_env_class()(bound, "e1")
+            bound = _AsyncBound(pool._core, "n0", pool._service("n0"), "a1")
+            env = AsyncEnvironment(bound, "e1")
             nodes[0].stop()  # the node dies
             with pytest.raises(NodeLost):
                 async for _ in env.exec_stream("true"):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rollstack.demo import agent
-from rollstack.demo.plans import StackGroups
+from rollstack.corpus.plans import StackGroups
 from rollstack.errors import InsufficientCapacity, MutationFailed
 from rollstack.node.models import CreateResponse, Evaluation, ExecResult
 

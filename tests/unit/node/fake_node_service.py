@@ -41,6 +41,11 @@ class FakeService:
         self.envs[env_id] = {}
         return CreateResponse(id=env_id, timings=Timings(total=0.01))
 
+    def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
+        if len(self.envs) + count > self.max:
+            raise InsufficientCapacity("full")
+        return [self.create(plan) for _ in range(count)]
+
     def list(self) -> list[EnvironmentInfo]:
         return [self.info(i) for i in self.envs]
 

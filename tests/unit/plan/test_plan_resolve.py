@@ -97,3 +97,41 @@ def test_resolve_plan_with_evaluator():
     stack = Resolver(s).resolve({"groups": ["os/base:1"], "evaluator": {"groups": ["os/base:1", "ev/t:1"], "command": ["true"]}})
     assert [layer.digest for layer in stack.evaluator.layers] == [D("a"), D("e")]
     assert stack.to_dict()["evaluator"]["stack_digest"] == stack.evaluator.stack_digest
+
+
+def test_publishing_a_new_version_is_resolved_at_once_on_this_machine(tmp_path, capsys) -> None:
+    """`group publish` writes the tag it set into the resolution cache: `plan resolve` with the
+    default 60 s TTL sees the new version immediately (it returned the old one for up to 60 s)."""
+    import json as json_
+
+    from rollstack.cli.main import main
+
+    store, cache = f"oci:{tmp_path / 'store'}", str(tmp_path / "cache")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("groups: [harness/agent:1]\n")
+
+    def publish(content: str) -> str:
+        src = tmp_path / f"src-{content}"
+        src.mkdir()
+        (src / "agent.py").write_text(content)
+        assert main(["group", "publish", "harness/agent:1", str(src), "--store", store, "--cache-dir", cache,
+                     "--json"]) == 0
+        return json_.loads(capsys.readouterr().out)["digest"]
+
+    def resolved() -> str:
+        assert main(["plan", "resolve", str(plan), "--store", store, "--cache-dir", cache, "--json"]) == 0
+        return json_.loads(capsys.readouterr().out)["groups"][0]["digest"]
+
+    first = publish("v1\n")
+    assert resolved() == first
+    second = publish("v2\n")
+    assert second != first and resolved() == second
+
+
+def test_remember_refuses_a_pinned_reference(tmp_path) -> None:
+    from rollstack.errors import InvalidRequest
+    from rollstack.plan.resolve import Resolver
+    from rollstack.store.ocilayout import OciLayoutStore
+
+    with pytest.raises(InvalidRequest):
+        Resolver(OciLayoutStore(tmp_path / "s"), tmp_path / "c").remember("a/b@sha256:" + "0" * 64, "sha256:x", [])

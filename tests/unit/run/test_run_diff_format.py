@@ -96,8 +96,7 @@ def test_bad_base(tmp_path):
         upper_diff(tmp_path, LowerView([tmp_path]), base="/work/../etc")
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0,
-                                reason="whiteouts (mknod) and trusted.* xattrs need root")
+needs_root = pytest.mark.usefixtures("as_root")  # whiteouts (mknod) and trusted.* xattrs
 
 
 @needs_root

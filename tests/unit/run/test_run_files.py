@@ -172,7 +172,7 @@ def test_planted_symlinks_never_reach_outside(tmp_path_factory, links, requests)
     assert sorted(p.name for p in base.iterdir()) == ["outside", "root"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+@pytest.mark.usefixtures("as_root")  # mknod of a device
 def test_device_nodes_are_never_opened(root: Path):
     import stat as st_
     # /dev/full: opening works, writing fails with ENOSPC; a plain open(O_WRONLY) would reach

@@ -124,3 +124,24 @@ def test_any_valid_params_build_a_consistent_spec(env_id, env, memory, pids):
     assert res.get("memory", {}).get("limit") == memory
     assert res.get("pids", {}).get("limit") == pids
     assert json.loads(json.dumps(s)) == s
+
+
+def test_network_namespace_joined_by_path():
+    fresh = build_spec("/r", SpecParams("e1"))["linux"]["namespaces"]
+    assert {"type": "network"} in fresh
+    joined = build_spec("/r", SpecParams("e1", netns_path="/run/netns/rsn-3"))["linux"]["namespaces"]
+    assert {"type": "network", "path": "/run/netns/rsn-3"} in joined
+    assert [n["type"] for n in joined] == [n["type"] for n in fresh]
+    with pytest.raises(InvalidRequest, match="netns path"):
+        build_spec("/r", SpecParams("e1", netns_path="run/netns/x"))
+
+
+def test_user_namespace_mappings():
+    plain = build_spec("/r", SpecParams("e1"))["linux"]
+    assert "uidMappings" not in plain and {"type": "user"} not in plain["namespaces"]
+    linux = build_spec("/r", SpecParams("e1", userns_map=(100000, 65536)))["linux"]
+    assert {"type": "user"} in linux["namespaces"]
+    assert linux["uidMappings"] == linux["gidMappings"] == [
+        {"containerID": 0, "hostID": 100000, "size": 65536}]
+    with pytest.raises(InvalidRequest, match="user namespace mapping"):
+        build_spec("/r", SpecParams("e1", userns_map=(0, 65536)))  # host root is never the target

@@ -139,3 +139,24 @@ def test_foreign_index_entries_are_ignored(tmp_path):
     assert store.get_manifest("r", "t").digest == d
     kept = json.loads((tmp_path / "index.json").read_text())["manifests"]
     assert any(e.get("annotations", {}).get(REF_ANNOTATION) == "skopeo-tag" for e in kept)  # left alone
+
+
+def test_a_file_on_the_same_filesystem_is_linked_not_copied_and_still_verified(tmp_path):
+    import hashlib
+
+    import pytest
+
+    from rollstack.errors import IntegrityError
+    from rollstack.store.ocilayout import OciLayoutStore
+
+    src = tmp_path / "big.blob"
+    src.write_bytes(b"layer bytes" * 1000)
+    digest = "sha256:" + hashlib.sha256(src.read_bytes()).hexdigest()
+    with OciLayoutStore(tmp_path / "store") as store:
+        with pytest.raises(IntegrityError):
+            store.put_blob("r/x", "sha256:" + "0" * 64, src)
+        assert not store.has_blob("r/x", "sha256:" + "0" * 64)
+        assert store.put_blob("r/x", digest, src)
+        assert store.read_blob("r/x", digest, 0, 11) == b"layer bytes"
+        assert src.stat().st_nlink == 2  # shared inode: no copy
+        assert list((tmp_path / "store").rglob("blob-link-*")) == []

@@ -1,0 +1,405 @@
+"""`rollstack bench node`: node throughput side by side with containerd, in one run.
+
+A real agent (`rollstack node start` in a temporary root, loopback port) over the busybox corpus
+(`bench env`'s), measured through the SDK over HTTP:
+- `exec true`: p50/p99 latency and node CPU per exec (the agent process and the children it
+  reaps), with the in-sandbox agent and with `runc exec` (a second node, `exec_agent=False`);
+  containerd: `ctr task exec` into a running task (CPU of ctr + containerd + its shims);
+- exec throughput: `--callers` threads, one environment each, `exec true` for `--seconds`
+  (latency and throughput use the corpus plan's 0.5-core environments: at 0.1 core, back-to-back
+  execs are CFS-throttled until the provisioner grows the quota);
+- GRPO fan-out: create(count=8) + one exec each vs one create + exec;
+- bursts: `--burst` concurrent create -> `exec true` -> destroy through one shared `Client`,
+  `--bursts` times (environments/s as the callers see them, and counting the wait until the
+  node's background destroys are done; create->first-exec p50/p99, failures), vs `--burst`
+  concurrent `ctr run --rm IMAGE true` of the same tree imported into a private containerd;
+- admission: how many small environments (0.1 core, 64 MiB) the node admits.
+Goals (issue 16): exec p50 <= 5 ms, <= 3 ms node CPU per exec, >= 500 execs/s; fan-out of 8 <=
+1.5x one; bursts >= 3x containerd, p99 <= 3x p50, no failures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+import typer
+
+SMALL = {"cpu": 0.1, "memory": "64Mi", "max_cpu": 1, "max_memory": "256Mi"}
+IMAGE = "docker.io/rollstack/bench-busybox:1"
+
+
+def _log(msg: str) -> None:
+    print(f"[bench node] {msg}", file=sys.stderr, flush=True)
+
+
+def _pct(values: list[float], q: float) -> float:
+    from rollstack.bench.report import percentile
+
+    return round(percentile(values, q), 6) if values else float("nan")
+
+
+def _lat(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "p50": _pct(values, 50), "p99": _pct(values, 99)}
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds of `pids` including their reaped children (utime+stime+cutime+cstime)."""
+    tck, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in f[11:15])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / tck
+
+
+# -- rollstack ---------------------------------------------------------------------------------
+
+def _node(base: Path, name: str, spec: str, **extra: Any) -> tuple[Any, int]:
+    from rollstack.node import agent
+    from rollstack.node.config import NodeConfig
+    from rollstack.node.server import free_port
+
+    config = NodeConfig(root=base / name, listen=f"127.0.0.1:{free_port()}", store=spec,
+                        max_environments=256, **extra)
+    return config, agent.start(config)["pid"]
+
+
+def _exec_latency(client: Any, plan: dict[str, Any], n: int, pid: int) -> dict[str, Any]:
+    with client.create(plan) as env:
+        for _ in range(20):
+            env.exec(["true"])
+        cpu0, lat = _cpu([pid]), []
+        for _ in range(n):
+            t = time.perf_counter()
+            env.exec(["true"])
+            lat.append(time.perf_counter() - t)
+        cpu = _cpu([pid]) - cpu0
+    return {**_lat(lat), "node_cpu_per_exec_s": round(cpu / n, 6)}
+
+
+def _throughput(client: Any, plan: dict[str, Any], callers: int, seconds: float) -> dict[str, Any]:
+    envs = client.create(plan, count=callers)
+    try:
+        stop, counts = time.monotonic() + seconds, [0] * callers
+
+        def loop(i: int) -> None:
+            while time.monotonic() < stop:
+                envs[i].exec(["true"])
+                counts[i] += 1
+
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=callers) as pool:
+            list(pool.map(loop, range(callers)))
+        wall = time.perf_counter() - t
+    finally:
+        for e in envs:
+            e.destroy()
+    return {"callers": callers, "execs": sum(counts), "execs_per_s": round(sum(counts) / wall, 1)}
+
+
+def _fanout(client: Any, plan: dict[str, Any], count: int, rounds: int) -> dict[str, Any]:
+    def group(n: int) -> float:
+        t = time.perf_counter()
+        envs = client.create(plan, count=n) if n > 1 else [client.create(plan)]
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            list(pool.map(lambda e: e.exec(["true"]), envs))
+        wall = time.perf_counter() - t
+        for e in envs:
+            e.destroy()
+        return wall
+
+    one = [group(1) for _ in range(rounds)]
+    many = [group(count) for _ in range(rounds)]
+    return {"count": count, "one_s": _pct(one, 50), "group_s": _pct(many, 50),
+            "ratio": round(_pct(many, 50) / _pct(one, 50), 2)}
+
+
+def _burst(one: Callable[[int], float], size: int) -> dict[str, Any]:
+    lat: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        try:
+            v = one(i)
+            with lock:
+                lat.append(v)
+        except Exception as e:  # noqa: BLE001 - counted and reported
+            with lock:
+                failures.append(f"{type(e).__name__}: {e}"[:300])
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=size) as pool:
+        list(pool.map(run, range(size)))
+    wall = time.perf_counter() - t
+    return {"size": size, "seconds": round(wall, 3), "envs_per_s": round(len(lat) / wall, 2),
+            "first_exec": _lat(lat), "failures": len(failures), "errors": failures[:3]}
+
+
+def _pending_destroys(client: Any) -> int:
+    for line in client._service.metrics_text().splitlines():
+        if line.startswith("rollstack_destroys_pending "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def wait_destroys_drained(client: Any, timeout: float = 600.0) -> None:
+    """Until the node has no background destroy pending (at most `timeout` seconds)."""
+    end = time.monotonic() + timeout
+    while _pending_destroys(client) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def _drained_burst(client: Any, plan: dict[str, Any], size: int) -> dict[str, Any]:
+    """A burst, then the wait until the node's background destroys of it are done: the burst's
+    environments/s as the caller sees them, and counting the cleanup (what `ctr run --rm` pays)."""
+    t = time.perf_counter()
+    doc = _burst(_rollstack_burst(client, plan), size)
+    doc["destroys_pending_at_end"] = _pending_destroys(client)
+    wait_destroys_drained(client)
+    wall = time.perf_counter() - t
+    doc["drained_seconds"] = round(wall, 3)
+    doc["drained_envs_per_s"] = round(doc["first_exec"]["n"] / wall, 2)
+    return doc
+
+
+def _rollstack_burst(client: Any, plan: dict[str, Any]) -> Callable[[int], float]:
+    def one(_: int) -> float:
+        t = time.perf_counter()
+        env = client.create(plan)
+        try:
+            if env.exec(["true"]).exit_code != 0:
+                raise RuntimeError("exec true failed")
+            return time.perf_counter() - t
+        finally:
+            env.destroy()
+    return one
+
+
+def _admitted(client: Any, plan: dict[str, Any], limit: int) -> int:
+    """Small environments admitted at once (stops at `limit`)."""
+    from rollstack.errors import InsufficientCapacity
+
+    envs = []
+    try:
+        while len(envs) < limit:
+            try:
+                envs += client.create(plan, count=min(16, limit - len(envs)))
+            except InsufficientCapacity:
+                break
+        return len(envs)
+    finally:
+        for e in envs:
+            e.destroy()
+
+
+# -- containerd --------------------------------------------------------------------------------
+
+def _oci_tar(tree: Path, out: Path) -> None:
+    """A one-layer OCI image archive of `tree` (for `ctr images import`)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as t:
+        for p in sorted(tree.rglob("*")):
+            t.add(p, arcname=str(p.relative_to(tree)), recursive=False)
+    layer_b = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_b).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+    blobs = {hashlib.sha256(b).hexdigest(): b for b in (layer_b, config)}
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                      "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
+                                      "size": len(config)},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                                       "digest": diff_id, "size": len(layer_b)}]}).encode()
+    blobs[hashlib.sha256(manifest).hexdigest()] = manifest
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(), "size": len(manifest),
+        "annotations": {"org.opencontainers.image.ref.name": IMAGE,
+                        "io.containerd.image.name": IMAGE}}]}).encode()
+    with tarfile.open(out, "w") as t:
+        for name, data in [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index),
+                           *[(f"blobs/sha256/{d}", b) for d, b in blobs.items()]]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+
+
+def _containerd_pids(state: Path) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(state).encode() in cmd or b"containerd-shim" in cmd and b"rs-bench" in cmd:
+                out.append(int(d.name))
+    return out
+
+
+def _containerd(base: Path, tree: Path, execs: int, burst: int, bursts: int) -> dict[str, Any]:
+    from rollstack.bench.baseline_containerd import PrivateContainerd, available
+
+    why = available()
+    if why:
+        return {"skipped": why}
+    state = Path(tempfile.mkdtemp(prefix="rs-ctrd-", dir="/tmp"))
+    try:
+        with PrivateContainerd(state) as ctr:
+            archive = base / "busybox-oci.tar"
+            _oci_tar(tree, archive)
+            ctr.run("images", "import", "--snapshotter", "overlayfs", str(archive))
+            ctr.run("run", "-d", "--snapshotter", "overlayfs", IMAGE, "rs-exec", "sleep", "100000")
+            lat = []
+            pids = _containerd_pids(state)
+            cpu0 = _cpu(pids) + _cpu([os.getpid()])
+            for i in range(execs):
+                t = time.perf_counter()
+                ctr.run("tasks", "exec", "--exec-id", f"x{i}", "rs-exec", "true")
+                lat.append(time.perf_counter() - t)
+            cpu = _cpu(pids) + _cpu([os.getpid()]) - cpu0  # ctr clients are our reaped children
+            ctr.run("tasks", "kill", "-s", "SIGKILL", "rs-exec", check=False)
+            ctr.delete("rs-exec")
+
+            def one(i: int) -> float:
+                t = time.perf_counter()
+                cid = f"b{i}-{time.monotonic_ns()}"
+                ctr.run("run", "--rm", "--snapshotter", "overlayfs", IMAGE, cid, "true")
+                return time.perf_counter() - t
+
+            runs = [_burst(one, burst) for _ in range(bursts)]
+            return {"exec_true": {**_lat(lat), "cpu_per_exec_s": round(cpu / execs, 6)},
+                    "bursts": runs}
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+# -- the benchmark -----------------------------------------------------------------------------
+
+def run_bench(execs: int, callers: int, seconds: float, fanout: int, burst: int, bursts: int,
+              containerd: bool) -> dict[str, Any]:
+    from rollstack.bench.env import build_busybox_trees, busybox_plan, publish_busybox_corpus
+    from rollstack.bench.report import current_command, machine_facts
+    from rollstack.client import Client
+    from rollstack.node import agent
+
+    base = Path(tempfile.mkdtemp(prefix="rs-bench-node-", dir="/var/tmp"))
+    configs = []
+    doc: dict[str, Any] = {}
+    try:
+        _log("publishing the busybox corpus")
+        spec = publish_busybox_corpus(base / "store", base / "build")
+        plan = busybox_plan(resources=SMALL)  # bursts, fan-out, admission: agent-sized
+        busy = busybox_plan()  # exec latency/throughput: 0.5 core (a 0.1-core env is throttled)
+        for mode, extra in (("agent", {}), ("runc", {"exec_agent": False})):
+            config, pid = _node(base, f"node-{mode}", spec, **extra)
+            configs.append(config)
+            with Client(config.url(), token=config.token_path.read_text().strip()) as client:
+                client.create(plan).destroy()  # warm caches
+                _log(f"{mode}: exec true x{execs}")
+                part: dict[str, Any] = {"exec_true": _exec_latency(client, busy, execs, pid)}
+                if mode == "agent":
+                    _log(f"throughput: {callers} callers for {seconds}s")
+                    part["throughput"] = _throughput(client, busy, callers, seconds)
+                    _log(f"fan-out of {fanout}")
+                    part["fanout"] = _fanout(client, plan, fanout, rounds=5)
+                    _log(f"{bursts} bursts of {burst}")
+                    part["bursts"] = [_drained_burst(client, plan, burst) for _ in range(bursts)]
+                    part["admitted_small_envs"] = _admitted(client, plan, limit=96)
+            doc[mode] = part
+            agent.stop(config)
+            configs.remove(config)
+        if containerd:
+            _log("containerd: ctr task exec, ctr run --rm bursts")
+            tree = build_busybox_trees(base / "ctr-tree")["os"]
+            doc["containerd"] = _containerd(base, tree, min(execs, 100), burst, bursts)
+        doc["summary"] = _summary(doc)
+        doc["machine"], doc["command"] = machine_facts(), current_command()
+        return doc
+    finally:
+        for config in configs:
+            agent.stop(config)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _summary(doc: dict[str, Any]) -> dict[str, Any]:
+    a = doc["agent"]
+    ours = [b["envs_per_s"] for b in a["bursts"]]
+    drained = [b["drained_envs_per_s"] for b in a["bursts"]]
+    out: dict[str, Any] = {
+        "burst_drained_envs_per_s_p50": _pct(drained, 50),
+        "exec_p50_ms": round(a["exec_true"]["p50"] * 1e3, 2),
+        "exec_node_cpu_ms": round(a["exec_true"]["node_cpu_per_exec_s"] * 1e3, 2),
+        "runc_exec_p50_ms": round(doc["runc"]["exec_true"]["p50"] * 1e3, 2),
+        "runc_exec_node_cpu_ms": round(doc["runc"]["exec_true"]["node_cpu_per_exec_s"] * 1e3, 2),
+        "execs_per_s": a["throughput"]["execs_per_s"],
+        "fanout_ratio": a["fanout"]["ratio"],
+        "burst_envs_per_s_p50": _pct(ours, 50),
+        "burst_p99_over_p50": round(max(b["first_exec"]["p99"] / b["first_exec"]["p50"]
+                                        for b in a["bursts"]), 2),
+        "burst_failures": sum(b["failures"] for b in a["bursts"]),
+        "admitted_small_envs": a["admitted_small_envs"],
+    }
+    c = doc.get("containerd") or {}
+    if c.get("bursts"):
+        theirs = [b["envs_per_s"] for b in c["bursts"]]
+        out["containerd_burst_envs_per_s_p50"] = _pct(theirs, 50)
+        out["burst_vs_containerd"] = round(_pct(ours, 50) / _pct(theirs, 50), 2)
+        out["burst_drained_vs_containerd"] = round(_pct(drained, 50) / _pct(theirs, 50), 2)
+        out["containerd_exec_p50_ms"] = round(c["exec_true"]["p50"] * 1e3, 2)
+        out["containerd_exec_cpu_ms"] = round(c["exec_true"]["cpu_per_exec_s"] * 1e3, 2)
+    return out
+
+
+def _human(doc: dict[str, Any]) -> None:
+    m, s = doc["machine"], doc["summary"]
+    print(f"machine: {m.get('cpu')}, {m.get('cores')} cores, kernel {m.get('kernel')}, cgroup "
+          f"{m.get('cgroup')}; command: {doc['command']}")
+    print(f"exec true over HTTP: agent p50 {s['exec_p50_ms']} ms, node CPU {s['exec_node_cpu_ms']} ms"
+          f" | runc exec p50 {s['runc_exec_p50_ms']} ms, node CPU {s['runc_exec_node_cpu_ms']} ms"
+          + (f" | ctr task exec p50 {s['containerd_exec_p50_ms']} ms, CPU {s['containerd_exec_cpu_ms']} ms"
+             if "containerd_exec_p50_ms" in s else ""))
+    print(f"throughput: {s['execs_per_s']} execs/s; fan-out of {doc['agent']['fanout']['count']}: "
+          f"{s['fanout_ratio']}x one")
+    print(f"bursts: {s['burst_envs_per_s_p50']} envs/s (p50 of bursts; "
+          f"{s['burst_drained_envs_per_s_p50']} counting the background destroys), p99/p50 <= "
+          f"{s['burst_p99_over_p50']}, failures {s['burst_failures']}"
+          + (f"; containerd {s['containerd_burst_envs_per_s_p50']} envs/s -> "
+             f"{s['burst_vs_containerd']}x" if "burst_vs_containerd" in s else ""))
+    print(f"admitted small environments (0.1 core, 64 MiB): {s['admitted_small_envs']}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("node")
+    def bench_node(
+        as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+        execs: Annotated[int, typer.Option("--execs", help="`exec true` samples per path")] = 300,
+        callers: Annotated[int, typer.Option("--callers", help="concurrent exec callers")] = 16,
+        seconds: Annotated[float, typer.Option("--seconds", help="throughput run length")] = 5.0,
+        fanout: Annotated[int, typer.Option("--fanout", help="GRPO group size")] = 8,
+        burst: Annotated[int, typer.Option("--burst", help="concurrent create->exec->destroy")] = 128,
+        bursts: Annotated[int, typer.Option("--bursts", help="bursts per system")] = 3,
+        containerd: Annotated[bool, typer.Option("--containerd/--no-containerd",
+                                                 help="measure containerd (ctr) too")] = True,
+    ) -> None:
+        """Node throughput: exec latency/CPU, execs/s, fan-out, bursts, admission; vs containerd."""
+        from rollstack.cli.output import emit
+
+        emit(run_bench(execs, callers, seconds, fanout, burst, bursts, containerd), as_json, _human)

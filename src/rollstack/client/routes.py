@@ -1,0 +1,150 @@
+"""The node API's routes, once: what each call sends and how its answer is decoded.
+
+`HttpService` (sync) and `AsyncHttpService` (async) are the same list of calls over two httpx
+clients: each method builds a `Call` here and hands it to its transport, so a route, a timeout
+or a wire model is never spelled twice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, TypeVar
+
+import httpx
+
+from rollstack.client._base import EXEC_ANSWER_SLACK, request_timeout, transport_error
+from rollstack.errors import ExecTimeout, RollstackError, from_dict
+from rollstack.node import models as m
+
+T = TypeVar("T")
+ENVS = "/v1/environments"
+_JSON = {"content-type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request and the decoder of its successful answer."""
+
+    method: str
+    path: str
+    decode: Callable[[httpx.Response], T]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """httpx request arguments: json/content/params/headers/timeout."""
+    work_timeout: float | None = None
+    """An exec's own timeout: the answer is due by then (plus slack), else `ExecTimeout`."""
+
+    def failure(self, exc: httpx.TransportError, url: str) -> RollstackError:
+        """The error a transport failure of this call is: a read that outlived an exec's
+        timeout and slack is `ExecTimeout` (the node never answered the exec); anything else is
+        the node being unavailable."""
+        if self.work_timeout is not None and isinstance(exc, httpx.ReadTimeout):
+            return ExecTimeout(f"no answer from {url} within the exec's {self.work_timeout} s timeout "
+                               f"and {EXEC_ANSWER_SLACK:.0f} s of slack", timeout=self.work_timeout)
+        return transport_error(exc, url)
+
+
+def _env(env_id: str, tail: str = "") -> str:
+    return f"{ENVS}/{env_id}{tail}"
+
+
+def _none(_: httpx.Response) -> None:
+    return None
+
+
+def create(plan: dict[str, Any]) -> Call[m.CreateResponse]:
+    return Call("POST", ENVS, lambda r: m.CreateResponse.model_validate_json(r.content),
+                {"json": {"plan": plan}, "timeout": request_timeout(None)})
+
+
+def create_many(plan: dict[str, Any] | str, count: int) -> Call[list[m.CreateResponse]]:
+    """`count` identical environments in one call (a GRPO group), all or none."""
+    return Call("POST", ENVS, lambda r: m.CreateGroupResponse.model_validate_json(r.content).environments,
+                {"json": {"plan": plan, "count": count}, "timeout": request_timeout(None)})
+
+
+def list_environments() -> Call[list[m.EnvironmentInfo]]:
+    return Call("GET", ENVS, lambda r: m.EnvironmentList.model_validate_json(r.content).environments)
+
+
+def info(env_id: str) -> Call[m.EnvironmentInfo]:
+    return Call("GET", _env(env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
+
+
+def exec_(env_id: str, request: m.ExecRequest) -> Call[m.ExecResult]:
+    return Call("POST", _env(env_id, "/exec"), lambda r: m.ExecResult.model_validate_json(r.content),
+                {"content": request.model_dump_json(exclude_none=True), "headers": _JSON,
+                 "timeout": request_timeout(request.timeout)}, request.timeout)
+
+
+def exec_stream(env_id: str, request: m.ExecRequest) -> Call[None]:
+    """The streaming exec: the transport reads its answer line by line (`chunk()`)."""
+    return Call("POST", _env(env_id, "/exec/stream"), _none,
+                {"content": request.model_dump_json(exclude_none=True), "headers": _JSON,
+                 "timeout": request_timeout(request.timeout)}, request.timeout)
+
+
+def read_file(env_id: str, path: str) -> Call[bytes]:
+    return Call("GET", _env(env_id, "/files"), lambda r: r.content, {"params": {"path": path}})
+
+
+def write_file(env_id: str, path: str, data: bytes) -> Call[None]:
+    return Call("PUT", _env(env_id, "/files"), _none, {"params": {"path": path}, "content": data})
+
+
+def diff(env_id: str, binary: str = "name") -> Call[str]:
+    return Call("GET", _env(env_id, "/diff"), lambda r: r.text, {"params": {"binary": binary}})
+
+
+def evaluate(env_id: str) -> Call[m.Evaluation]:
+    return Call("POST", _env(env_id, "/evaluate"), lambda r: m.Evaluation.model_validate_json(r.content),
+                {"timeout": request_timeout(None)})
+
+
+def stats(env_id: str) -> Call[m.Stats]:
+    return Call("GET", _env(env_id, "/stats"), lambda r: m.Stats.model_validate_json(r.content))
+
+
+def destroy(env_id: str) -> Call[None]:
+    return Call("DELETE", _env(env_id), _none, {"timeout": request_timeout(None)})
+
+
+def health() -> Call[m.Health]:
+    return Call("GET", "/healthz", lambda r: m.Health.model_validate_json(r.content))
+
+
+def metrics_text() -> Call[str]:
+    return Call("GET", "/metrics", lambda r: r.text)
+
+
+def metrics() -> Call[dict[str, float]]:
+    """The node's own gauges (`rollstack_<name>` on /metrics) as `{name: value}`, the same
+    mapping `NodeService.metrics()` returns in-process."""
+    return Call("GET", "/metrics", lambda r: parse_metrics(r.text))
+
+
+_SAMPLE = re.compile(r"^rollstack_([A-Za-z0-9_:]+)\s+(\S+)(?:\s+\d+)?$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """`rollstack_<name> <value>` samples of a Prometheus text exposition -> {name: value}
+    (samples with labels and other exporters' series, e.g. the API's latency histograms, are
+    not the node's gauges and are left out)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m:
+            try:
+                out[m.group(1)] = float(m.group(2))
+            except ValueError:
+                continue
+    return out
+
+
+def chunk(line: str) -> m.ExecChunk:
+    """One line of a streaming exec; an `error` line raises its typed error."""
+    c = m.ExecChunk.model_validate(json.loads(line))
+    if c.type == "error":
+        raise from_dict(c.error or {"code": "internal_error", "message": "stream failed"})
+    return c

@@ -1,0 +1,68 @@
+"""The cgroup tree rollstack owns: where an environment's cgroup is, and its OOM-kill counter.
+
+Every environment's cgroup is `<hierarchy>/rollstack/<env-id>` (`CGROUP_PARENT`): under each
+v1 controller (and named v1 hierarchies), under the v2 unified root. runc creates them, the
+provisioner writes their quotas, the node reads the OOM counter after every exec.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollstack.host import mountinfo
+
+CGROUP_PARENT = "rollstack"
+OOM_COUNTER_FILES = ("memory.oom_control", "memory.events")
+"""v1 `memory.oom_control` and v2 `memory.events` both carry an `oom_kill N` line."""
+
+
+def env_cgroup(env_id: str, parent: str = CGROUP_PARENT) -> str:
+    """The environment's cgroup path relative to a hierarchy root (`rollstack/<env-id>`)."""
+    return f"{parent.strip('/')}/{env_id}"
+
+
+def cgroup_mounts(text: str | None = None) -> list[tuple[str, str]]:
+    """(mount point, "cgroup" | "cgroup2") of every cgroup hierarchy mounted here."""
+    return [(m.mount_point, m.fstype) for m in mountinfo.read(text) if m.fstype in ("cgroup", "cgroup2")]
+
+
+def env_cgroup_dirs(env_id: str, parent: str = CGROUP_PARENT,
+                    mounts: list[tuple[str, str]] | None = None) -> list[Path]:
+    """Every existing cgroup dir of `env_id` (one per hierarchy that has it)."""
+    mounts = cgroup_mounts() if mounts is None else mounts
+    rel = env_cgroup(env_id, parent)
+    return [Path(mp) / rel for mp, _ in mounts if (Path(mp) / rel).is_dir()]
+
+
+def oom_kill_count(text: str | bytes) -> int:
+    """The `oom_kill N` value of a memory.oom_control / memory.events text (0 when absent)."""
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
+def oom_counter_file(env_id: str, parent: str = CGROUP_PARENT) -> Path | None:
+    """The file that counts the environment's OOM kills (for callers that re-read it), or None."""
+    for cg in env_cgroup_dirs(env_id, parent):
+        for name in OOM_COUNTER_FILES:
+            if (cg / name).exists():
+                return cg / name
+    return None
+
+
+def oom_kills(env_id: str, parent: str = CGROUP_PARENT) -> int:
+    """How many processes the kernel's OOM killer ended in this environment's memory cgroup."""
+    path = oom_counter_file(env_id, parent)
+    if path is None:
+        return 0
+    try:
+        return oom_kill_count(path.read_text())
+    except OSError:
+        return 0

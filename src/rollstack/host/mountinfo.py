@@ -1,0 +1,83 @@
+"""/proc/self/mountinfo, parsed once and right.
+
+The kernel writes a mount point or source with space, tab, newline and backslash as `\\ooo`
+octal escapes and every other byte raw (a non-ASCII path is its UTF-8 bytes). So a field is
+decoded as bytes: escapes become bytes, then the whole is decoded as UTF-8 (undecodable bytes
+survive as surrogates, like `os.fsdecode`). `str.decode("unicode_escape")` would mangle every
+non-ASCII path (it reads UTF-8 bytes as Latin-1).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of mountinfo: where, what filesystem, from what source, with which options."""
+
+    mount_point: str
+    fstype: str
+    source: str
+    options: str
+    """The mount options (field 6) followed by the superblock options, comma separated."""
+
+
+def unescape(field: str) -> str:
+    """A mountinfo field with its `\\ooo` escapes decoded (bytes, then UTF-8)."""
+    raw = _ESCAPE.sub(lambda m: bytes([int(m.group(1), 8) & 0xFF]), field.encode("utf-8", "surrogateescape"))
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def parse(text: str) -> list[Mount]:
+    """Every well-formed line of a mountinfo text, in mount order (later mounts stack on top)."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if "-" not in fields[6:]:
+            continue
+        sep = fields.index("-", 6)
+        if len(fields) < sep + 3:
+            continue
+        out.append(Mount(unescape(fields[4]), fields[sep + 1], unescape(fields[sep + 2]),
+                         ",".join(x for x in (fields[5], fields[sep + 3] if len(fields) > sep + 3 else "") if x)))
+    return out
+
+
+def read(text: str | None = None) -> list[Mount]:
+    """The mounts of this process's mount namespace (or of `text`, for tests)."""
+    if text is None:
+        text = MOUNTINFO.read_bytes().decode("utf-8", "surrogateescape")
+    return parse(text)
+
+
+def mount_points(text: str | None = None) -> list[tuple[str, str]]:
+    """(mount point, fs type) of every mount, in mount order."""
+    return [(m.mount_point, m.fstype) for m in read(text)]
+
+
+def mounted_at(path: Path | str, text: str | None = None) -> str | None:
+    """The filesystem type mounted exactly at `path` (the top mount when several stack), or None."""
+    want = os.path.realpath(path)
+    found = None
+    for m in read(text):
+        if m.mount_point == want:
+            found = m.fstype
+    return found
+
+
+def is_mounted(path: Path | str) -> bool:
+    """Whether something is mounted exactly at `path`."""
+    return mounted_at(path) is not None
+
+
+def mounts_under(prefix: Path | str, text: str | None = None) -> list[str]:
+    """Mount points strictly below the directory `prefix`, in mount order."""
+    base = str(prefix).rstrip("/") + "/"
+    return [m.mount_point for m in read(text) if m.mount_point.startswith(base)]

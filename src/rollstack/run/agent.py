@@ -1,0 +1,270 @@
+"""Exec through the environment's own PID 1, rollstack-execd (native/execd), over a unix socket.
+
+Create binds a listening unix socket at `<env dir>/agent/execd.sock` (dir 0700, socket 0600,
+host side only: the container never sees it in its filesystem) and hands it to the container's
+init as fd 3 (`runc run --preserve-fds 1`). An exec is one connection: we send the request
+(argv, env overrides, cwd) with our stdin/stdout/stderr pipes attached as SCM_RIGHTS, and
+execd's per-exec shim forks the command inside the sandbox, so the command inherits PID 1's
+namespaces, cgroup, capabilities, seccomp filter, no_new_privileges and rlimits without a
+`runc exec`. Output flows through the pipes straight to us (capped and streamed exactly as on the
+runc path); the socket carries only the final wait status. The timeout is ours: at the deadline
+we send 'K' and the shim, a child subreaper, SIGKILLs the command's whole tree (double-forked
+and setsid'd processes included). Closing the connection early (we were interrupted, the node
+died) ends the tree the same way.
+
+`AgentUnavailable` (no socket, nobody listening) means "use runc exec": environments created
+before the agent existed, or whose init is catatonit, keep working. A shim that dies mid-exec
+is a `RuntimeFailure`; the environment's next exec gets a fresh shim.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import selectors
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.run.execpump import TIMEOUT_EXIT_CODE, ExecResult, OnOutput, capture
+
+AGENT_DIR = "agent"
+SOCKET_NAME = "execd.sock"
+KILL_GRACE = 10.0
+"""Seconds the shim gets to end a timed-out tree and report before we give up on it."""
+_MAX_REPLY = 65536
+_BACKLOG = 512
+
+
+class AgentUnavailable(Exception):
+    """Nobody serves the environment's exec socket: run the command through runc instead."""
+
+
+def socket_path(env_dir: Path) -> Path:
+    return Path(env_dir) / AGENT_DIR / SOCKET_NAME
+
+
+def _short(path: Path, fn: Callable[[str], None]) -> None:
+    """Call `fn` with `path`, or with /proc/self/fd/N/NAME when it exceeds sun_path (108)."""
+    if len(os.fsencode(path)) < 100:
+        fn(str(path))
+        return
+    dfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fn(f"/proc/self/fd/{dfd}/{path.name}")
+    finally:
+        os.close(dfd)
+
+
+def bind_listener(env_dir: Path) -> socket.socket:
+    """The listening socket the environment's init will serve (the caller closes its copy)."""
+    path = socket_path(env_dir)
+    path.parent.mkdir(mode=0o700)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        _short(path, sock.bind)
+        os.chmod(path, 0o600)
+        sock.listen(_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def encode_request(argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | None) -> bytes:
+    """Header + body of one exec request (see native/execd/execd.c)."""
+    parts = [b"a" + os.fsencode(a) + b"\0" for a in argv]
+    parts += [b"e" + os.fsencode(f"{k}={v}") + b"\0" for k, v in (env or {}).items()]
+    if cwd:
+        parts.append(b"c" + os.fsencode(cwd) + b"\0")
+    body = b"".join(parts)
+    return b"RSX1" + struct.pack("<I", len(body)) + body
+
+
+def parse_replies(buf: bytearray) -> list[tuple[str, bytes]]:
+    """Complete replies at the front of `buf` (consumed); RuntimeFailure on garbage."""
+    out = []
+    while len(buf) >= 5:
+        tag = chr(buf[0])
+        (size,) = struct.unpack_from("<I", buf, 1)
+        if tag not in "XE" or size > _MAX_REPLY or (tag == "X" and size != 4):
+            raise RuntimeFailure(f"exec agent sent a malformed reply (tag {tag!r}, {size} bytes)")
+        if len(buf) < 5 + size:
+            break
+        out.append((tag, bytes(buf[5:5 + size])))
+        del buf[:5 + size]
+    return out
+
+
+def exit_code(wstatus: int) -> int:
+    """A wait status -> our exit code convention (128+N for signal N)."""
+    code = os.waitstatus_to_exitcode(wstatus)
+    return 128 - code if code < 0 else code
+
+
+class AgentPump:
+    """One exec over the agent socket: connect, send, pump pipes, wait for the status."""
+
+    def __init__(self, sock_path: Path, argv: Sequence[str], cwd: str | None,
+                 env: Mapping[str, str] | None, stdin: bytes | None, timeout: float | None,
+                 limit: int, on_output: OnOutput | None, drain_grace: float,
+                 container_id: str) -> None:
+        self.sock_path, self.request = sock_path, encode_request(argv, cwd, env)
+        self.stdin, self.timeout, self.limit = stdin, timeout, limit
+        self.on_output, self.drain_grace, self.container_id = on_output, drain_grace, container_id
+        self.buf = {"stdout": bytearray(), "stderr": bytearray()}
+        self.truncated = False
+
+    def _connect(self) -> socket.socket:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            _short(self.sock_path, conn.connect)
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as e:
+            conn.close()
+            raise AgentUnavailable(str(e)) from e
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def run(self) -> ExecResult:
+        start = time.monotonic()
+        conn = self._connect()
+        fds: list[int] = []
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            fds += [out_r, out_w]
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            fds += [err_r, err_w]
+            if self.stdin is not None:
+                in_r, in_w = os.pipe2(os.O_CLOEXEC)
+                fds += [in_r, in_w]
+            else:
+                in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
+                fds.append(in_r)
+            self._send(conn, [in_r, out_w, err_w])
+            for fd in (in_r, out_w, err_w):  # the command holds its own copies now
+                os.close(fd)
+                fds.remove(fd)
+            wstatus, timed_out = self._pump(conn, {out_r: "stdout", err_r: "stderr"}, in_w, start)
+        finally:
+            conn.close()  # before the command ended: the shim kills its tree
+            for fd in fds:
+                _close(fd)
+        code = TIMEOUT_EXIT_CODE if timed_out else exit_code(wstatus)
+        return ExecResult(code, bytes(self.buf["stdout"]), bytes(self.buf["stderr"]),
+                          time.monotonic() - start, timed_out, self.truncated)
+
+    def _send(self, conn: socket.socket, fds: list[int]) -> None:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        try:
+            sent = conn.sendmsg([self.request], rights)
+            if sent < len(self.request):
+                conn.sendall(self.request[sent:])
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise RuntimeFailure(f"exec agent of {self.container_id} hung up: {e}") from e
+
+    def _pump(self, conn: socket.socket, readers: dict[int, str], stdin_w: int,
+              start: float) -> tuple[int, bool]:
+        """Move bytes until the status arrived and output drained; (wait status, timed out)."""
+        sel = selectors.DefaultSelector()
+        try:
+            for fd in readers:
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ)
+            conn.setblocking(False)
+            sel.register(conn, selectors.EVENT_READ)
+            pending = memoryview(self.stdin or b"")
+            if stdin_w >= 0:
+                os.set_blocking(stdin_w, False)
+                sel.register(stdin_w, selectors.EVENT_WRITE)
+            deadline = start + self.timeout if self.timeout is not None else None
+            replies, status, ended_at, timed_out = bytearray(), None, None, False
+            while status is None or any(fd in readers for fd in sel.get_map()):
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and status is None:
+                    if not timed_out:
+                        timed_out, deadline = True, now + KILL_GRACE
+                        _send_kill(conn)
+                    else:
+                        raise RuntimeFailure(f"exec agent of {self.container_id} did not end a "
+                                             f"timed-out command within {KILL_GRACE}s")
+                if ended_at is not None and now - ended_at >= self.drain_grace:
+                    break  # a background process holds our pipe: stop waiting for EOF
+                wait = None if ended_at is None else max(0.0, ended_at + self.drain_grace - now)
+                if deadline is not None and status is None:
+                    left = max(0.0, deadline - now)
+                    wait = left if wait is None else min(wait, left)
+                for key, _ in sel.select(wait):
+                    if key.fileobj is conn:
+                        status = self._on_reply(conn, sel, replies, status)
+                        if status is not None and ended_at is None:
+                            ended_at = time.monotonic()
+                    elif key.fd == stdin_w:
+                        try:
+                            n = os.write(stdin_w, pending[:65536])
+                            pending = pending[n:]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(stdin_w)
+                            os.close(stdin_w)
+                            stdin_w = -1
+                    else:
+                        chunk = os.read(key.fd, 65536)
+                        if not chunk:
+                            sel.unregister(key.fd)
+                            continue
+                        name = readers[key.fd]
+                        self.truncated |= capture(self.buf[name], self.limit, name, chunk,
+                                                  self.on_output)
+            return int(status), timed_out
+        finally:
+            if stdin_w >= 0:
+                _close(stdin_w)
+            sel.close()
+
+    def _on_reply(self, conn: socket.socket, sel: selectors.BaseSelector, replies: bytearray,
+                  status: int | None) -> int | None:
+        try:
+            data = conn.recv(65536)
+        except BlockingIOError:
+            return status
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            sel.unregister(conn)
+            if status is None:
+                raise RuntimeFailure(f"exec agent of {self.container_id} closed the connection "
+                                     "without a result (its shim died)")
+            return status
+        replies.extend(data)
+        for tag, payload in parse_replies(replies):
+            if tag == "E":
+                msg = payload.decode(errors="replace")
+                if msg.startswith("chdir to cwd"):
+                    raise InvalidRequest(f"working directory unusable: {msg}")
+                if msg.startswith("E2BIG"):
+                    raise InvalidRequest("command line or environment too long")
+                raise RuntimeFailure(f"exec agent of {self.container_id}: {msg}", stderr=msg)
+            (status,) = struct.unpack("<i", payload)
+        return status
+
+
+def _send_kill(conn: socket.socket) -> None:
+    try:
+        conn.send(b"K")
+    except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+        pass  # the shim is gone or ending: its reply (or EOF) says which
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

@@ -1,0 +1,196 @@
+"""Isolation tiers through the node: a harness inside the environment talks to a scripted model
+server in a netns of ours and fixes the task; exposed ports through the API; bad policies; the
+gVisor tier (runtime: runsc)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from node_fixtures import leftovers, plan, publish_corpus, remember
+from rollstack import Client, errors
+from rollstack.bench.netlab import Upstream, serve_model
+from rollstack.node.api import create_app
+from rollstack.node.config import NodeConfig
+from rollstack.node.server import BackgroundServer
+from rollstack.node.service import NodeService
+
+pytestmark = pytest.mark.integration
+TOKEN = "net-integration-token"
+MODEL_PORT = 30000
+
+# The "harness": asks the model what to do (OpenAI chat completions over busybox wget), runs the
+# command it answers with. Fails loudly when the endpoint cannot be reached.
+HARNESS = r"""#!/bin/sh
+set -u
+: "${OPENAI_BASE_URL:?no model endpoint configured}"
+req='{"model":"policy","messages":[{"role":"user","content":"fix hello.txt"}]}'
+out=$(timeout 5 wget -q -O - --header "Authorization: Bearer $OPENAI_API_KEY" \
+      --header "Content-Type: application/json" --post-data "$req" "$OPENAI_BASE_URL/chat/completions") \
+  || { echo "harness: model endpoint $OPENAI_BASE_URL unreachable" >&2; exit 7; }
+cmd=$(echo "$out" | sed -n 's/.*"content": *"\([^"]*\)".*/\1/p')
+[ -n "$cmd" ] || { echo "harness: no command in $out" >&2; exit 8; }
+echo "harness: running $cmd"
+sh -c "$cmd"
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    work = tmp_path_factory.mktemp("net-corpus")
+    return publish_corpus(work / "store", work / "build")
+
+
+@pytest.fixture(scope="module")
+def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("net-node-root")
+    service = NodeService(NodeConfig(root=root, store=corpus, max_environments=6, reap_interval=0.5))
+    service.start()
+    rt = service.stages.runtime
+    try:
+        with BackgroundServer(create_app(service, TOKEN)) as server:
+            yield service, server
+    finally:
+        service.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+    assert rt.network.owned(f"{rt.root}:") == []  # no network slot (netns, veth, table) left
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("model-upstream")
+    (work / "www").mkdir()
+    up = Upstream(work / "www")
+    log = work / "requests.jsonl"
+    try:
+        serve_model(up, MODEL_PORT, "echo fixed > /work/app/hello.txt", log)
+        yield up, log
+    finally:
+        up.close()
+
+
+@pytest.fixture
+def client(node):
+    with Client(node[1].url, token=TOKEN) as c:
+        yield c
+
+
+def _create(client: Client, node, **overrides):
+    env = client.create(plan(**overrides))
+    remember(node[0].config.root, env.id)
+    return env
+
+
+def _run_harness(env) -> object:
+    env.write_file("/tmp/harness.sh", HARNESS)
+    return env.exec(["sh", "/tmp/harness.sh"], timeout=60)
+
+
+def test_harness_reaches_model_fixes_task_and_scores_1(client, node, model):
+    up, log = model
+    with _create(client, node, network={"allow": [f"{up.addr}:{MODEL_PORT}"]},
+                 env={"TASK": "app", "OPENAI_BASE_URL": "http://${ROLLSTACK_ENDPOINT_0}/v1",
+                      "OPENAI_API_KEY": "${ROLLSTACK_ENV_TOKEN}"}) as env:
+        net = env.created.network
+        assert net is not None and net.mode == "allow"
+        assert net.endpoints == [f"{up.addr}:{MODEL_PORT}"]
+        r = _run_harness(env)
+        assert r.exit_code == 0, r.stderr
+        assert env.exec("cat hello.txt").stdout == "fixed\n"
+        seen = [json.loads(line) for line in log.read_text().splitlines()]
+        assert seen[-1]["auth"] == f"Bearer {net.token}"  # the per-environment token arrived
+        assert seen[-1]["path"] == "/v1/chat/completions"
+        score = env.evaluate()
+        assert (score.reward, score.exit_code) == (1.0, 0), score.output
+        # the clean evaluator had no network at all
+        assert "PASS" in score.output
+
+
+def test_same_run_without_network_fails_clearly(client, node, model):
+    up, log = model
+    before = len(log.read_text().splitlines())
+    with _create(client, node, env={"TASK": "app",
+                                    "OPENAI_BASE_URL": f"http://{up.addr}:{MODEL_PORT}/v1",
+                                    "OPENAI_API_KEY": "none"}) as env:
+        assert env.created.network is None
+        r = _run_harness(env)
+        assert r.exit_code == 7 and "unreachable" in r.stderr
+        assert env.evaluate().reward == 0.0
+    assert len(log.read_text().splitlines()) == before  # nothing left the environment
+
+
+def test_expose_through_the_authenticated_api(client, node):
+    url = node[1].url
+    with _create(client, node, expose=[8080, 8081]) as env:
+        env.exec("httpd -p 8080 -h /work/app")
+        base = f"{url}/v1/environments/{env.id}/ports"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        for _ in range(50):
+            r = httpx.get(f"{base}/8080/hello.txt", headers=auth)
+            if r.status_code != 502:
+                break
+        assert (r.status_code, r.text) == (200, "bug\n")
+        assert httpx.get(f"{base}/8080/hello.txt").status_code == 401
+        r = httpx.get(f"{base}/9090/x", headers=auth)
+        assert r.status_code == 404 and "not exposed" in r.json()["error"]["message"]
+        r = httpx.get(f"{base}/8081/x", headers=auth)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "port_unavailable"
+        assert "8081" in r.json()["error"]["message"]
+        # exposing gives no egress: the environment still cannot reach the node
+        gw = env.created.network.gateway
+        assert env.exec(f"timeout 3 wget -q -O - http://{gw}:{node[1].url.rsplit(':', 1)[1]}/healthz").exit_code != 0
+
+
+def test_environment_cannot_reach_the_node_api(client, node):
+    api_port = node[1].url.rsplit(":", 1)[1]
+    with _create(client, node, network="outbound") as env:
+        gw = env.created.network.gateway
+        for host in (gw, "127.0.0.1"):
+            r = env.exec(f"timeout 3 wget -q -O - http://{host}:{api_port}/healthz")
+            assert r.exit_code != 0, host
+
+
+@pytest.mark.parametrize("network, field, words", [
+    ({"allow": ["no-such-host.invalid:443"]}, "network.allow[0]", "cannot resolve"),
+    ({"allow": ["10.0.0.1:0"]}, "network", "out of range"),
+    ({"allow": ["10.0.0.1"]}, "network", "port is required"),
+    ({"allow": ["169.254.169.254:80"]}, "network", "never reachable"),
+    ({"allow": ["host:7878"]}, "network.allow[0]", "node agent"),
+    ("everything", "network", "not a network mode"),
+])
+def test_bad_policies_are_plan_invalid_and_leave_nothing(client, node, network, field, words):
+    root = node[0].config.root
+    before = sorted(p.name for p in (root / "envs").iterdir())
+    with pytest.raises(errors.PlanInvalid) as exc:
+        client.create(plan(network=network))
+    assert exc.value.message.startswith(field) and words in exc.value.message, exc.value.message
+    assert sorted(p.name for p in (root / "envs").iterdir()) == before
+
+
+def test_gvisor_tier_through_the_node(client, node):
+    with _create(client, node, runtime="runsc") as env:
+        assert "4.4.0" in env.exec("uname -r").stdout  # gVisor's kernel
+        r = env.exec("cat hello.txt; echo $TASK")
+        assert (r.exit_code, r.stdout) == (0, "bug\napp\n")
+        env.exec("echo fixed > hello.txt")
+        assert "+fixed" in env.diff()
+        score = env.evaluate()  # the evaluator runs under gVisor too
+        assert (score.reward, score.exit_code) == (1.0, 0), score.output
+        # the elastic provisioner samples the sandbox's cgroup
+        for _ in range(50):
+            hist = env.stats().history
+            if hist and any((s.memory_usage or 0) > 0 for s in hist):
+                break
+            import time
+            time.sleep(0.1)
+        assert any((s.memory_usage or 0) > 0 for s in hist), hist
+
+
+def test_gvisor_with_a_network_policy_is_refused_before_anything_is_made(client, node):
+    root = node[0].config.root
+    before = sorted(p.name for p in (root / "envs").iterdir())
+    with pytest.raises(errors.RuntimeFailure, match="runsc supports only network: none"):
+        client.create(plan(runtime="runsc", network="outbound"))
+    assert sorted(p.name for p in (root / "envs").iterdir()) == before

@@ -1,0 +1,89 @@
+"""The gVisor tier: the same environment API under runsc (ptrace platform)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rollstack.errors import RuntimeFailure
+from rollstack.plan.network import parse_allow
+from rollstack.run import cgroupfs
+from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
+from rollstack.run.network import resolve_spec
+from rollstack.run.ocispec import SpecParams
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def gvisor_env(runtime, busybox_lower):
+    created = []
+
+    def make(network=None, **kw):
+        env_id = f"g-{uuid.uuid4().hex[:12]}"
+        env = runtime.create(env_id, [busybox_lower], SpecParams(env_id, **kw), network=network,
+                             runtime="runsc")
+        created.append(env)
+        return env
+
+    try:
+        yield make
+    finally:
+        for env in created:
+            env.destroy()
+
+
+def test_runs_under_gvisor_with_the_same_api(gvisor_env):
+    env = gvisor_env(memory=256 << 20, cpu=1)
+    assert env.runtime_name == "runsc"
+    # gVisor's own kernel answers, not the host's
+    assert b"4.4.0" in env.exec("uname -r").stdout
+    r = env.exec("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
+    assert env.exec("cat", stdin=b"piped").stdout == b"piped"
+    r = env.exec("sleep 30", timeout=1)
+    assert r.timed_out and r.exit_code == 124
+    assert env.exec(["sh", "-c", "pwd; echo $X"], cwd="/tmp", env={"X": "1"}).stdout == b"/tmp\n1\n"
+    env.exec("mkdir -p /work && echo y > /work/z && rm /etc/passwd")
+    d = env.diff()
+    assert "+++ b/work/z" in d and "deleted file" in d  # writes landed in the overlay upper
+    env.files.write_file("/work/from-host", b"hi")
+    assert env.exec("cat /work/from-host").stdout == b"hi"
+
+
+def test_quotas_are_the_sandbox_cgroup(gvisor_env):
+    env = gvisor_env(memory=256 << 20, cpu=1)
+    dirs = cgroupfs.env_cgroup_dirs(env.id, env.runtime.config.cgroup_parent)
+    assert dirs and env.pid in {p for cg in dirs for p in cgroupfs.cgroup_procs(cg)}
+    env.update(memory=300 << 20, cpu=0.5)
+    values = {f.name: f.read_text().strip() for cg in dirs
+              for f in (cg / "memory.limit_in_bytes", cg / "memory.max", cg / "cpu.cfs_quota_us",
+                        cg / "cpu.max") if f.exists()}
+    assert str(300 << 20) in values.values()
+    assert "50000" in values.get("cpu.cfs_quota_us", values.get("cpu.max", ""))
+
+
+def test_network_policies_are_refused_under_this_gvisor(runtime, busybox_lower):
+    spec = resolve_spec("allow", [parse_allow("10.214.0.2:8000")], [])
+    with pytest.raises(RuntimeFailure, match=r"^runtime: runsc supports only network: none"):
+        runtime.create("g-net", [busybox_lower], SpecParams("g-net"), network=spec, runtime="runsc")
+    assert not runtime.env_dir("g-net").exists() and runtime.find_leftovers().empty()
+    assert runtime.network.owned(f"{runtime.root}:") == []
+
+
+def test_no_network_under_gvisor(gvisor_env):
+    env = gvisor_env()
+    assert env.net is None
+    assert env.exec("cat /proc/net/dev").stdout.count(b":") <= 2  # lo only (header has none)
+    assert env.exec("timeout 3 wget -q -O - http://10.214.0.2:8000/", timeout=20).exit_code != 0
+
+
+def test_runsc_missing_is_a_runtime_failure_that_creates_nothing(tmp_path, busybox_lower):
+    rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt", runsc_binary="/nonexistent/runsc",
+                                          subreaper=False))
+    with pytest.raises(RuntimeFailure, match=r"^runtime: runsc is not installed"):
+        rt.create("g-missing", [busybox_lower], SpecParams("g-missing"), runtime="runsc")
+    assert not rt.env_dir("g-missing").exists() and rt.find_leftovers().empty()
+    assert not Path(tmp_path / "rt" / "runsc").exists()

@@ -1,0 +1,72 @@
+"""Parsing /proc/self/mountinfo: escapes decoded as bytes then UTF-8, optional fields, cgroups."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollstack.host import mountinfo
+from rollstack.host.cgroups import cgroup_mounts, oom_kill_count
+
+MOUNTINFO = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+45 27 0:39 / /tmp/with\\040space/m rw,relatime - overlay rollstack rw,lowerdir+=/a
+46 27 0:40 / /tmp/back\\134slash rw - tmpfs tmpfs rw
+47 27 0:41 / /tmp/café\\011tab rw shared:3 master:1 - fuse.rollstack rollstack\\040lazy rw,user_id=0
+30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory
+31 25 0:27 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw
+32 25 0:28 / /sys/fs/cgroup/systemd rw,relatime shared:11 - cgroup cgroup rw,name=systemd
+"""
+
+
+def test_mount_points_unescape():
+    mps = mountinfo.mount_points(MOUNTINFO)
+    assert ("/tmp/with space/m", "overlay") in mps
+    assert ("/tmp/back\\slash", "tmpfs") in mps
+    assert mps[0] == ("/", "ext4")
+
+
+def test_cgroup_mounts_include_v1_named_and_v2():
+    assert cgroup_mounts(MOUNTINFO) == [("/sys/fs/cgroup/memory", "cgroup"),
+                                        ("/sys/fs/cgroup/unified", "cgroup2"),
+                                        ("/sys/fs/cgroup/systemd", "cgroup")]
+
+
+def test_non_ascii_paths_survive_and_optional_fields_are_skipped():
+    m = mountinfo.parse(MOUNTINFO)[3]
+    assert m.mount_point == "/tmp/caf\u00e9\ttab" and m.fstype == "fuse.rollstack"
+    assert m.source == "rollstack lazy" and m.options == "rw,rw,user_id=0"
+
+
+def test_mounted_at_and_mounts_under():
+    assert mountinfo.mounted_at("/tmp/with space/m", MOUNTINFO) == "overlay"
+    assert mountinfo.mounted_at("/tmp/nothing", MOUNTINFO) is None
+    assert mountinfo.mounts_under("/tmp", MOUNTINFO) == ["/tmp/with space/m", "/tmp/back\\slash", "/tmp/caf\u00e9\ttab"]
+    assert mountinfo.mounts_under("/tmp/with", MOUNTINFO) == []
+
+
+def test_the_top_of_stacked_mounts_wins():
+    text = "1 0 0:1 / /m rw - tmpfs a rw\n2 1 0:2 / /m rw - overlay b rw\n"
+    assert mountinfo.mounted_at("/m", text) == "overlay"
+
+
+def test_garbage_lines_are_skipped():
+    assert mountinfo.parse("nonsense\n\n1 2 3 - x\n") == []
+
+
+def _escape(path: str) -> str:
+    out = []
+    for byte in path.encode():
+        out.append(f"\\{byte:03o}" if bytes([byte]) in b" \t\n\\" else bytes([byte]).decode("latin-1"))
+    return "".join(out).encode("latin-1").decode("utf-8")
+
+
+@given(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20))
+def test_unescape_inverts_the_kernels_escaping(name: str):
+    assert mountinfo.unescape(_escape("/" + name)) == "/" + name
+
+
+def test_oom_kill_count_reads_v1_and_v2_files():
+    v1 = "oom_kill_disable 1\nunder_oom 0\noom_kill 3\n"
+    v2 = b"low 0\nhigh 4\nmax 2\noom 1\noom_kill 2\n"
+    assert oom_kill_count(v1) == 3 and oom_kill_count(v2) == 2 and oom_kill_count("") == 0

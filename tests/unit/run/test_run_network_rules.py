@@ -1,0 +1,80 @@
+"""The per-environment nftables table (pure text) and policy resolution."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollstack.errors import PlanInvalid
+from rollstack.plan.network import parse_allow
+from rollstack.run.network import (
+    DEFAULT_POOL, GATEWAY_REF, NetHandle, NetworkManager, NetworkSpec, Rule, resolve_spec, ruleset,
+)
+
+H = NetHandle(slot=7, netns="rsn-7", host_if="rsnh7", gateway="10.213.0.29", address="10.213.0.30",
+              state_dir="/nonexistent")
+
+
+def _chain(text: str, name: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index(f"  chain {name} {{")
+    end = lines.index("  }", start)
+    return [line.strip() for line in lines[start + 1:end]]
+
+
+def test_allow_rules_order_and_scope():
+    spec = NetworkSpec("allow", (Rule(8000), Rule(443, "10.9.0.0/16")))
+    text = ruleset(H, spec, DEFAULT_POOL)
+    assert text.startswith("table inet rsn_7 {")
+    src = _chain(text, "from_env")
+    assert src[0] == "ip saddr != 10.213.0.30 drop"  # anti-spoofing first
+    node = _chain(text, "to_node")
+    # the node entry (gateway:8000) is accepted before the deny list (which holds the pool)
+    assert node[0] == "ip daddr 10.213.0.29 meta l4proto { tcp, udp } th dport 8000 accept"
+    assert node[1].startswith("ip daddr { 169.254.0.0/16") and DEFAULT_POOL in node[1]
+    assert node[-1] == "drop"
+    beyond = _chain(text, "beyond")
+    assert beyond[0].endswith("drop") and "169.254.0.0/16" in beyond[0]
+    assert beyond[1] == "ip daddr 10.9.0.0/16 meta l4proto { tcp, udp } th dport 443 accept"
+    assert beyond[-1] == "drop" and "accept" not in " ".join(beyond[:1])
+    assert not any("10.213.0.29" in r for r in beyond)  # the gateway is never forwarded to
+    assert 'ip saddr 10.213.0.30 oifname != "rsnh7" masquerade' in text
+    fwd = _chain(text, "forward")
+    assert fwd[-2:] == ['oifname "rsnh7" ct state established,related accept', 'oifname "rsnh7" drop']
+
+
+def test_outbound_accepts_past_the_deny_list_but_not_to_the_node():
+    text = ruleset(H, NetworkSpec("outbound"), DEFAULT_POOL)
+    assert _chain(text, "beyond")[1:] == ["accept", "drop"]
+    assert _chain(text, "to_node")[1:] == ["drop"]
+    assert "masquerade" in text
+
+
+def test_none_with_expose_has_no_egress_and_no_nat():
+    text = ruleset(H, NetworkSpec("none", expose=(8080,)), DEFAULT_POOL)
+    assert _chain(text, "beyond")[1:] == ["drop"] and _chain(text, "to_node")[1:] == ["drop"]
+    assert "masquerade" not in text
+    assert NetworkSpec("none", expose=(8080,)).needs_netns and not NetworkSpec("none").needs_netns
+
+
+def test_resolve_spec_endpoints_and_errors():
+    entries = [parse_allow(e) for e in ("host:8000", "10.1.2.3:443", "10.8.0.0/16:80", "localhost.:1")[:3]]
+    spec = resolve_spec("allow", entries, [8080])
+    assert spec.endpoints == (f"{GATEWAY_REF}:8000", "10.1.2.3:443", "10.8.0.0/16:80")
+    assert spec.rules == (Rule(8000), Rule(443, "10.1.2.3/32"), Rule(80, "10.8.0.0/16"))
+    with pytest.raises(PlanInvalid, match=r"^network.allow\[0\]: .*node agent"):
+        resolve_spec("allow", [parse_allow("host:7878")], [], reserved_node_ports=(7878,))
+    with pytest.raises(PlanInvalid, match=r"^network.allow\[1\]: cannot resolve 'no-such.invalid'"):
+        resolve_spec("allow", [parse_allow("host:1"), parse_allow("no-such.invalid:1")], [])
+
+
+def test_pool_slots_and_addresses(tmp_path):
+    mgr = NetworkManager(pool="10.77.0.0/28", state_dir=tmp_path)
+    assert mgr.slots == 4
+    got = [mgr.claim(f"o{i}") for i in range(4)]
+    assert sorted(h.slot for h in got) == [0, 1, 2, 3]
+    for h in got:
+        assert h.gateway == f"10.77.0.{4 * h.slot + 1}" and h.address == f"10.77.0.{4 * h.slot + 2}"
+        assert len(h.host_if) <= 15
+    with pytest.raises(Exception, match="exhausted"):
+        mgr.claim("one-too-many")
+    assert mgr.owned("o") == [0, 1, 2, 3]

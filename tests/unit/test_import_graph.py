@@ -1,0 +1,132 @@
+"""The package import graph runs one way (docs/architecture.md): a module imports only from its
+own package and from the layers below it. Every `import` counts, also those inside functions.
+
+The layering is data (LAYERS); the few edges that must stay against it are EXCEPTIONS, each
+with its reason. A new edge against the flow fails here with the module and line that made it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "rollstack"
+
+LAYERS: list[set[str]] = [
+    {"errors"},  # the core: the error tree, units and statistics, host facts, the layer format
+    {"core", "interrupts"},
+    {"host", "format"},
+    {"store"},
+    {"plan"},
+    {"fetch"},
+    {"mount"},
+    {"run"},
+    {"provision"},
+    {"node"},  # strings the stages together
+    {"client"},  # the SDK over the node's HTTP API (shares node.models)
+    {"corpus"},  # tasks and their plans, for everything above
+    {"integrations", "cluster", "e2b"},  # consumers of nodes: never each other
+    {"bench", "demo"},  # measure / show everything below (also the consumers), never each other
+    {"cli"},  # may import anything
+]
+"""Bottom first. A package may import its own modules and any package of a lower layer."""
+
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("bench", "cli"): "bench/<name>.py are the `rollstack bench <name>` typer sub-apps: their commands "
+                      "print through the CLI's one output path (cli.output.emit: --json or human, "
+                      "one `error:` line), like every other command",
+    ("bench", "demo"): "bench/init.py and bench/iteration.py (owned by another branch during this merge) "
+                       "still import rollstack.demo.plans, now a re-export of rollstack.corpus.plans; "
+                       "drop this once they import rollstack.corpus.plans",
+    ("node", "e2b"): "node/api.py's create_app is the node agent's composition root: it mounts the "
+                     "E2B-compatible API (a protocol adapter over the same NodeService) on the node's "
+                     "listen address, imported lazily and only when the e2b extra is installed; e2b "
+                     "itself imports only node models/protocol",
+}
+"""(importing package, imported package) -> why this edge against the flow stays."""
+
+
+def _level(package: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if package in layer:
+            return i
+    raise AssertionError(f"package rollstack.{package} is not in LAYERS: place it in the flow")
+
+
+def _package_of(module: Path) -> str:
+    rel = module.relative_to(SRC)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(module: Path) -> list[tuple[str, int]]:
+    """(imported rollstack package, line) for every import in `module`."""
+    tree = ast.parse(module.read_bytes(), str(module))
+    out = []
+    parts = module.relative_to(SRC).with_suffix("").parts
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = list(parts[: len(parts) - node.level])
+                names = [".".join(["rollstack", *base, *([node.module] if node.module else [])])]
+            else:
+                names = [node.module or ""]
+                if names[0] == "rollstack":  # `from rollstack import x`: x is the package
+                    names = [f"rollstack.{a.name}" for a in node.names]
+        for name in names:
+            bits = name.split(".")
+            is_part = len(bits) > 1 and ((SRC / bits[1]).is_dir() or (SRC / f"{bits[1]}.py").is_file())
+            if bits[0] == "rollstack" and is_part:  # (not `from rollstack import __version__`)
+                out.append((bits[1], node.lineno))
+    return out
+
+
+def violations() -> list[str]:
+    found = []
+    for module in sorted(SRC.rglob("*.py")):
+        if module.parent == SRC and module.name == "__init__.py":
+            continue
+        pkg = _package_of(module)
+        mine = _level(pkg)
+        for target, line in _imports(module):
+            if target == pkg or _level(target) < mine or pkg == "cli":
+                continue
+            if (pkg, target) in EXCEPTIONS:
+                continue
+            found.append(f"{module.relative_to(SRC.parent)}:{line}: rollstack.{pkg} imports rollstack.{target}")
+    return found
+
+
+def test_no_import_runs_against_the_flow() -> None:
+    assert violations() == []
+
+
+def test_every_package_is_placed_and_every_exception_is_still_needed() -> None:
+    packages = {p.name.removesuffix(".py") for p in SRC.iterdir()
+                if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    for pkg in packages:
+        _level(pkg)
+    used = set()
+    for module in SRC.rglob("*.py"):
+        if module.parent == SRC and module.name == "__init__.py":
+            continue
+        pkg = _package_of(module)
+        used |= {(pkg, t) for t, _ in _imports(module)}
+    assert set(EXCEPTIONS) <= used, f"exceptions no longer needed: {set(EXCEPTIONS) - used}"
+
+
+def test_an_edge_against_the_flow_is_found(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    me = sys.modules[__name__]
+    for pkg in ("store", "plan", "node"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "store" / "a.py").write_text("def f():\n    from rollstack.plan import refs\n")
+    (tmp_path / "store" / "b.py").write_text("from ..node import service\nimport rollstack.store.a\n")
+    (tmp_path / "plan" / "c.py").write_text("from rollstack import store\nfrom . import d\n")
+    monkeypatch.setattr(me, "SRC", tmp_path)
+    assert violations() == [f"{tmp_path.name}/store/a.py:2: rollstack.store imports rollstack.plan",
+                            f"{tmp_path.name}/store/b.py:1: rollstack.store imports rollstack.node"]
