@@ -1,6 +1,7 @@
 """`rollstack bench cluster`: a GRPO iteration on N Ray nodes on this host vs the same on 1.
 
-Setup: a real docker-registry on loopback holding a busybox corpus (os/busybox:1 and a repo
+Setup: each node in its own network namespace behind a tc-shaped link (`--link`, default dc;
+rollstack.bench.cluster_net), a real docker-registry on the host side of those links holding a busybox corpus (os/busybox:1 and a repo
 group with one file per task plus an incompressible `data.bin` every test run reads, so each
 node must get its bytes from somewhere), a `ray.cluster_utils` cluster (real GCS + raylets, each
 node with the `rollstack` resource) and `rollstack.cluster.up` on it. Each iteration is the GRPO
@@ -210,23 +211,27 @@ def iteration(address: str, tasks: list[dict[str, Any]], k: int, concurrency: in
 
 # -- the run ------------------------------------------------------------------------------------
 
-def _cluster(nodes: int) -> Any:
+def _cluster(nodes: int, nets: list[Any] | None = None) -> Any:
     from ray.cluster_utils import Cluster
 
+    def env(i: int) -> dict[str, Any]:  # the raylet's environment: its node agent's netns
+        return {"env_vars": nets[i].env} if nets else {}
+
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"rollstack": 1},
-                                                      "include_dashboard": False})
-    for _ in range(nodes - 1):
-        c.add_node(num_cpus=1, resources={"rollstack": 1})
+                                                      "include_dashboard": False, **env(0)})
+    for i in range(nodes - 1):
+        c.add_node(num_cpus=1, resources={"rollstack": 1}, **env(i + 1))
     c.wait_for_nodes()
     return c
 
 
-def _with_cluster(nodes: int, spec: str, root: Path, options: dict[str, Any], fn: Any) -> Any:
+def _with_cluster(nodes: int, spec: str, root: Path, options: dict[str, Any], fn: Any,
+                  nets: list[Any] | None = None) -> Any:
     import ray
 
     import rollstack.cluster as rc
 
-    cluster = _cluster(nodes)
+    cluster = _cluster(nodes, nets)
     try:
         t0 = time.monotonic()
         rc.up(cluster.address, spec, root=root, options=options)
@@ -241,7 +246,27 @@ def _with_cluster(nodes: int, spec: str, root: Path, options: dict[str, Any], fn
 
 
 def run(nodes: int, n_tasks: int, k: int, concurrency: int, blob_mb: float, work: Path,
-        node_cpu: float = 2.0, node_slots: int = 8) -> dict[str, Any]:
+        node_cpu: float = 2.0, node_slots: int = 8, link: str | None = "dc") -> dict[str, Any]:
+    """`link`: each node in its own network namespace behind a shaped link of that profile
+    (rollstack.bench.cluster_net); None: all nodes on this host's loopback."""
+    from contextlib import nullcontext
+
+    from rollstack.bench.cluster_net import Fabric
+
+    with (Fabric(nodes, link) if link else nullcontext()) as fabric:
+        return _run(nodes, n_tasks, k, concurrency, blob_mb, work, node_cpu, node_slots, fabric)
+
+
+def _link_delta(fabric: Any, before: dict[str, Any] | None) -> dict[str, Any]:
+    now = fabric.counters()
+    if before is None:
+        return now
+    rx = [a - b for a, b in zip(now["node_rx_bytes"], before["node_rx_bytes"])]
+    return {"link_host_tx_bytes": now["host_tx_bytes"] - before["host_tx_bytes"], "link_node_rx_bytes": rx}
+
+
+def _run(nodes: int, n_tasks: int, k: int, concurrency: int, blob_mb: float, work: Path,
+         node_cpu: float, node_slots: int, fabric: Any) -> dict[str, Any]:
     from rollstack.store.server import RegistryServer
 
     if nodes < 2:
@@ -250,35 +275,44 @@ def run(nodes: int, n_tasks: int, k: int, concurrency: int, blob_mb: float, work
     doc: dict[str, Any] = {"config": {"nodes": nodes, "tasks": n_tasks, "rollouts_per_task": k,
                                       "concurrency": concurrency, "blob_mb": blob_mb, "cores": os.cpu_count(),
                                       "node_cpu": node_cpu, "node_slots": node_slots,
-                                      "env_cpu": TEMPLATE["resources"]["cpu"]}}
+                                      "env_cpu": TEMPLATE["resources"]["cpu"],
+                                      "network": fabric.facts() if fabric else "loopback (no netns)"}}
+    nets = fabric.nodes if fabric else None
     # Each node admits node_cpu cores of start quotas (several nodes share this host); layers are
     # not materialized (a materializing node reads whole layers: see docs/cluster.md).
     options = {"max_environments": node_slots, "materialize_after": 0, "capacity_cpu": node_cpu}
-    with RegistryServer(work / "registry", die_with_parent=True) as reg:
+    addr = f"{fabric.host_ip}:0" if fabric else "127.0.0.1:0"
+    with RegistryServer(work / "registry", addr, die_with_parent=True) as reg:
         spec = reg.url
         publish(spec, trees, work / "publish")
         _log(f"registry {spec}: corpus published ({n_tasks} tasks)")
 
         def single(address: str) -> dict[str, Any]:
+            before = fabric.counters() if fabric else None
             res = iteration(address, tasks, k, concurrency)
             res.update(egress(daemon_stats(work / "single")))
+            if fabric:
+                res.update(_link_delta(fabric, before))
             return res
 
         # the reference node gets the whole pool's admission slots (same capacity, one cache)
         doc["single"] = _with_cluster(1, spec, work / "single", options | {"max_environments": node_slots * nodes},
-                                      single)
+                                      single, nets[:1] if nets else None)
         _log(f"1 node: {json.dumps(doc['single'])}")
 
         def many(address: str) -> dict[str, Any]:
+            before = fabric.counters() if fabric else None
             res = iteration(address, tasks, k, concurrency)
             res.update(egress(daemon_stats(work / "many")))
+            if fabric:
+                res.update(_link_delta(fabric, before))
             doc["cluster"] = res
             _log(f"{nodes} nodes: {json.dumps(res)}")
             killed = iteration(address, tasks, k, concurrency, kill=(0.4 * res["wall_s"], work / "many"))
             _log(f"{nodes} nodes with a kill: {json.dumps(killed)}")
             return killed
 
-        doc["kill"] = _with_cluster(nodes, spec, work / "many", options, many)
+        doc["kill"] = _with_cluster(nodes, spec, work / "many", options, many, nets)
     s, c = doc["single"], doc["cluster"]
     doc["summary"] = {
         "registry_egress_ratio": round(c["registry_bytes"] / s["registry_bytes"], 3) if s["registry_bytes"] else None,
@@ -286,6 +320,8 @@ def run(nodes: int, n_tasks: int, k: int, concurrency: int, blob_mb: float, work
         "rollouts_lost_after_resampling": doc["kill"]["lost"], "node_lost_detect_s": doc["kill"]["kill"]["detect_s"],
         "stop_placing_s": doc["kill"]["kill"]["stop_placing_s"],
     }
+    if "link_host_tx_bytes" in c and s.get("link_host_tx_bytes"):
+        doc["summary"]["link_registry_egress_ratio"] = round(c["link_host_tx_bytes"] / s["link_host_tx_bytes"], 3)
     return doc
 
 
@@ -299,6 +335,8 @@ def register(app: typer.Typer) -> None:
         blob_mb: Annotated[float, typer.Option("--blob-mb", help="MiB of data every test run reads")] = 8.0,
         node_cpu: Annotated[float, typer.Option("--node-cpu", help="cores each node admits")] = 2.0,
         node_slots: Annotated[int, typer.Option("--node-slots", help="environments each node admits")] = 8,
+        link: Annotated[str, typer.Option("--link", help="each node's own shaped link (netns): lan, dc, wan; "
+                                                        "'none': all nodes on loopback")] = "dc",
         out: Annotated[Path, typer.Option("--out", help="report directory")] = DEFAULT_OUT,
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
     ) -> None:
@@ -306,7 +344,8 @@ def register(app: typer.Typer) -> None:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="rs-bench-cluster-") as tmp:
-            doc = run(nodes, tasks, rollouts, concurrency, blob_mb, Path(tmp), node_cpu, node_slots)
+            doc = run(nodes, tasks, rollouts, concurrency, blob_mb, Path(tmp), node_cpu, node_slots,
+                      None if link == "none" else link)
         out.mkdir(parents=True, exist_ok=True)
         (out / "cluster.json").write_text(json.dumps(doc, indent=2))
         if as_json:

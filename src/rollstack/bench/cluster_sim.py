@@ -170,6 +170,8 @@ def register(app: typer.Typer) -> None:
         spread_limit: int = typer.Option(8, "--spread-limit"),
         hot_weight: float = typer.Option(PlacementPolicy.hot_weight, "--hot-weight"),
         load_weight: float = typer.Option(PlacementPolicy.load_weight, "--load-weight"),
+        load_band: float = typer.Option(PlacementPolicy.load_band, "--load-band",
+                                        help="free-fraction band of comparable load (negative: no band)"),
         no_reserve: bool = typer.Option(False, "--no-reserve", help="cache-aware without group reservations"),
         create_s: float = typer.Option(Costs.create_s, "--create-s"),
         cold_create_s: float = typer.Option(Costs.cold_create_s, "--cold-create-s"),
@@ -203,7 +205,8 @@ def register(app: typer.Typer) -> None:
         costs = Costs(create_s=create_s, cold_create_s=cold_create_s, link_bytes_per_s=link_gbit * 1e9 / 8,
                       rollout_s=rollout_s, concurrency=concurrency)
         policy = PlacementPolicy(spread_limit=spread_limit, group_reserve=not no_reserve,
-                                 hot_weight=hot_weight, load_weight=load_weight)
+                                 hot_weight=hot_weight, load_weight=load_weight,
+                                 load_band=load_band if load_band >= 0 else None)
         doc = run(w, costs, policy, names, k, rate_nodes, rate_decisions)
         if as_json:
             print(json.dumps(doc, indent=2))

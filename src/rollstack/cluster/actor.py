@@ -14,6 +14,7 @@ Ray is imported only here (and in `rollstack.cluster.ray_env`): the rest of roll
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -38,10 +39,14 @@ class NodeActor:
         ctx = ray.get_runtime_context()
         self.ray_node_id = ctx.get_node_id()
         self.name = actor_name(self.ray_node_id)
-        host = spec.get("host") or ray.util.get_node_ip_address()
+        # A raylet started with ROLLSTACK_NETNS/ROLLSTACK_NODE_IP (bench cluster's per-node
+        # network namespaces, rollstack.bench.cluster_net) runs its agent in that namespace.
+        netns = os.environ.get("ROLLSTACK_NETNS") or None
+        host = (os.environ.get("ROLLSTACK_NODE_IP") if netns else None) or spec.get("host") \
+            or ray.util.get_node_ip_address()
         self._lock = threading.Lock()
         self.agent = HostAgent(self.name.removeprefix(PREFIX), spec["root"], spec["store"], host, spec["token"],
-                               options=spec.get("options") or {}, peers=self._peer_urls,
+                               options=spec.get("options") or {}, peers=self._peer_urls, netns=netns,
                                start_timeout=float(spec.get("start_timeout", 120.0)))
         self.spec = spec
         self.agent.start()

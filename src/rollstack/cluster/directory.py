@@ -6,6 +6,9 @@
   skips it from then on (within `interval` + `probe_timeout` of its death) until a poll answers;
 - `views()` gives placement's `NodeView`s: the reports minus the creates in flight on each node
   (reserved here until they return), so a burst of creates does not all land on one node;
+- `place()` decides on one `PlacementIndex` kept per view refresh (rebuilt only when a report,
+  a member or a node's liveness changed, or a create failed); each decision is committed into
+  it, so a create costs one decision, not an index build over every node;
 - `lost(node_id, created_instance)` answers whether an environment created under that agent
   instance is gone with its node (unreachable, or restarted since): the pool's `node_lost`.
 """
@@ -20,7 +23,7 @@ from typing import Any, Callable
 
 import httpx
 
-from rollstack.cluster.placement import NodeView, PlacementRequest
+from rollstack.cluster.placement import NodeView, PlacementIndex, PlacementPolicy, PlacementRequest, place
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,10 @@ class Directory:
         self._stop = threading.Event()
         self._http = httpx.Client(timeout=httpx.Timeout(probe_timeout))
         self._members_at = 0.0
+        self._version = 0  # bumped whenever what views() would return changes beyond our own commits
+        self._index: PlacementIndex | None = None
+        self._index_key: tuple[int, PlacementPolicy] | None = None
+        self.index_builds = 0
         self.refresh_members()
         self.poll()
         self._thread = threading.Thread(target=self._loop, name="rollstack-directory", daemon=True)
@@ -73,10 +80,12 @@ class Directory:
                 m = self.members.get(d["node_id"])
                 if m is None or m.url != d["url"]:
                     self.members[d["node_id"]] = Member(d["node_id"], d["url"], d.get("token"), d.get("lazy_url"))
+                    self._version += 1
             for gone in set(self.members) - seen:  # its actor is gone: so is the node
                 m = self.members[gone]
                 if m.alive or m.dead_since is None:
                     m.alive, m.dead_since = False, time.monotonic()
+                    self._version += 1
 
     def probe(self, node_id: str) -> dict[str, Any] | None:
         """Poll one node now; its report, or None (then it is marked dead)."""
@@ -92,12 +101,16 @@ class Directory:
             info = None
         with self._lock:
             if info is None or info.get("status") != "ok":
+                if m.alive or m.info is not None and m.dead_since is None:
+                    self._version += 1
                 if m.alive or m.dead_since is None:
                     m.dead_since = self.died_at[node_id] = time.monotonic()
                 m.alive = False
             else:
                 if m.info is not None and m.info.get("instance") != info.get("instance") and m.alive:
                     self.died_at[node_id] = time.monotonic()  # restarted between two polls
+                if info != m.info or not m.alive:
+                    self._version += 1
                 m.info, m.alive, m.dead_since = info, True, None
         return info
 
@@ -129,6 +142,7 @@ class Directory:
             if m is not None and m.alive:
                 m.alive, m.dead_since = False, time.monotonic()
                 self.died_at[node_id] = m.dead_since
+                self._version += 1
 
     def instance(self, node_id: str) -> str | None:
         m = self.member(node_id)
@@ -138,15 +152,34 @@ class Directory:
         with self._lock:
             return [_view(m) for m in self.members.values() if m.info is not None]
 
+    def place(self, req: PlacementRequest, policy: PlacementPolicy, exclude: frozenset[str],
+              pool: str) -> tuple[str, float]:
+        """(node_id, share of the stack's bytes hot there before the decision) for one env of `req`,
+        decided on the index of the current view and committed into it. The caller `reserve`s the
+        node for the create and `release`s it with the outcome."""
+        with self._lock:
+            if self._index is None or self._index_key != (self._version, policy):
+                self._index = PlacementIndex([_view(m) for m in self.members.values() if m.info is not None], policy)
+                self._index_key = (self._version, policy)
+                self.index_builds += 1
+            hot = self._index.hot_fraction(req.layers)  # an immutable array: the state before the commit
+            node_id = place(req, self._index, policy, exclude=exclude, pool=pool)[0]
+            return node_id, float(hot[self._index.pos[node_id]])
+
     def reserve(self, node_id: str, req: PlacementRequest) -> None:
+        """The create is in flight: a rebuilt view still counts it (the kept index already does)."""
         with self._lock:
             self.members[node_id].reserved.append(req)
 
-    def release(self, node_id: str, req: PlacementRequest) -> None:
+    def release(self, node_id: str, req: PlacementRequest, created: bool = True) -> None:
+        """The create returned. A created env stays charged in the kept index until the next report
+        counts it; a failed one drops the index (rebuilt from the reports on the next decision)."""
         with self._lock:
             m = self.members.get(node_id)
             if m is not None and req in m.reserved:
                 m.reserved.remove(req)
+            if not created:
+                self._version += 1
 
     def lost(self, node_id: str, created_instance: str | None) -> bool:
         """Is an environment created under `created_instance` gone with its node?"""
@@ -190,10 +223,24 @@ class Placer:
             return self._resolver
 
     def request(self, wire: dict[str, Any]) -> PlacementRequest:
-        from rollstack.node.stages import trace_keys
         from rollstack.plan.model import load_plan
 
-        plan = load_plan(wire)
+        return self.request_plan(load_plan(wire))
+
+    def request_template(self, name_tag: str) -> PlacementRequest:
+        """The request of a published plan (an E2B template id), read from the cluster's store
+        (TemplateNotFound when there is none; without a store: the node will answer)."""
+        from rollstack.errors import TemplateNotFound
+        from rollstack.plan.published import load_published
+
+        resolver = self._get_resolver()
+        if resolver is None:
+            raise TemplateNotFound(f"no store to look up template {name_tag!r} in")
+        return self.request_plan(load_published(resolver.store, name_tag))
+
+    def request_plan(self, plan: Any) -> PlacementRequest:
+        from rollstack.node.stages import trace_keys
+
         resolver = self._get_resolver()
         layers: tuple[tuple[str, int], ...] = ()
         key = None

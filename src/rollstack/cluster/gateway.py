@@ -4,7 +4,7 @@ For the CLI (`--node http://gateway`), non-Python clients and the adapters, whic
 node. `POST /v1/environments` places (as `Pool.create` does) and creates on the chosen node; every
 other call is forwarded by environment id to its node (bodies and exec streams passed through);
 `GET /v1/environments` and `/healthz` aggregate the nodes. A call whose node died or restarted
-answers `node_lost`.
+answers `node_lost`. The E2B-compatible API for the pool is served beside it (gateway_e2b).
 
 The only state is env id -> node, and it is rebuilt from the nodes' own lists (`GET /v1/node`
 env_ids) whenever an id is unknown: restart the gateway and no environment is lost. Python users
@@ -22,6 +22,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from rollstack.cluster.gateway_e2b import E2BGateway
 from rollstack.cluster.pool import Pool
 from rollstack.errors import EnvironmentNotFound, NodeLost, RollstackError, Unauthorized
 
@@ -130,6 +131,7 @@ def create_gateway(pool: Pool, token: str | None) -> FastAPI:
         await resp.aclose()
         return Response(content, status_code=resp.status_code, media_type=media)
 
+    app.add_middleware(E2BGateway, pool=pool, token=token)  # the E2B API for the pool (gateway_e2b)
     return app
 
 

@@ -50,8 +50,9 @@ class HostAgent:
     def __init__(self, name: str, base_root: Path, store: str, host: str, token: str, *,
                  options: dict[str, Any] | None = None, peers: Callable[[], list[str]] | None = None,
                  check_interval: float = 0.5, peer_interval: float = 3.0, start_timeout: float = 120.0,
-                 max_backoff: float = 30.0) -> None:
+                 max_backoff: float = 30.0, netns: str | None = None) -> None:
         self.name = name
+        self.netns = netns  # a network namespace (/run/netns/NAME) the agent and its daemon run in
         self.root = Path(base_root) / name
         self.store, self.host, self.token = store, host, token
         self.options = dict(options or {})
@@ -78,6 +79,8 @@ class HostAgent:
                 return int(doc["agent_port"]), int(doc["lazy_port"])
         except (OSError, ValueError, KeyError):
             pass
+        if self.netns:  # its own namespace: nothing else listens there (and host cannot bind its IP)
+            return 7878, 7879
         return free_port(self.host), free_port(self.host)
 
     @property
@@ -124,7 +127,8 @@ class HostAgent:
         logf = open(cfg.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rollstack.cluster.guard", "--",
+                [*(["nsenter", f"--net=/run/netns/{self.netns}", "--"] if self.netns else []),
+                 sys.executable, "-m", "rollstack.cluster.guard", "--",
                  sys.executable, "-m", "rollstack.node.agent", "serve", cfg.model_dump_json()],
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
                 preexec_fn=die_with_parent,

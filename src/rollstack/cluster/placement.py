@@ -17,7 +17,11 @@ cores and the memory after the node's admission reserve):
           + load_weight * (free fraction of its scarcest resource: slots, cores, memory, minus
                            the room reserved for the groups already there; may go below 0)
 
-in three tiers: the nodes holding 1..spread_limit-1 live envs of the request's trace key come
+in three tiers (below); outside tier 1 only the nodes whose free fraction is within `load_band`
+(default 0.0625, i.e. 4 slots of a 64-slot node) of the emptiest candidate's compete, so hot
+layers decide among nodes of comparable load but never pile new tasks onto one node while others
+idle (without the band a hot stack is worth `hot_weight/load_weight` = half a node of load). The
+tiers: the nodes holding 1..spread_limit-1 live envs of the request's trace key come
 first; then the nodes without it (those with room for this env, or for a new group's
 spread_limit envs, beyond what they reserved for their groups first); the nodes holding
 >= spread_limit of it only when nothing else fits. So a GRPO group stays on one node until that node is full or holds `spread_limit` of it,
@@ -70,6 +74,7 @@ class PlacementPolicy:
     group_reserve: bool = True  # a group's first env reserves room for the rest (load term only)
     hot_weight: float = 1.0  # weight of the hot-bytes fraction
     load_weight: float = 2.0  # weight of the free fraction of the scarcest resource (see docs/cluster-placement.md)
+    load_band: float | None = 0.0625  # outside a group, only nodes within this free fraction of the emptiest compete
 
 
 def check_request(request: PlacementRequest, policy: PlacementPolicy) -> None:
@@ -87,6 +92,8 @@ def check_policy(policy: PlacementPolicy) -> None:
         raise InvalidRequest("placement weights must be >= 0")
     if policy.spread_limit < 1:
         raise InvalidRequest(f"spread_limit must be >= 1, got {policy.spread_limit}")
+    if policy.load_band is not None and not policy.load_band >= 0:
+        raise InvalidRequest(f"load_band must be >= 0 or None, got {policy.load_band}")
 
 
 class PlacementIndex:
@@ -219,6 +226,9 @@ class PlacementIndex:
             roomy = ok & (room[0] >= need) & (room[1] >= need * request.cpu) & (room[2] >= need * request.memory)
             if roomy.any():
                 ok = roomy
+        free = self._frac_res if policy.group_reserve else self._frac
+        if policy.load_band is not None:  # comparable load only: hot layers never outweigh a real load gap
+            ok = ok & (free >= float(free[ok].max()) - policy.load_band - 1e-12)
         score[~ok] = -np.inf
         return int(np.argmax(score))
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 from rollstack.client._base import Settings, plan_to_wire
 from rollstack.client.environment import Environment
 from rollstack.cluster.directory import Directory, Placer
-from rollstack.cluster.placement import PlacementPolicy, PlacementRequest, place
+from rollstack.cluster.placement import PlacementPolicy, PlacementRequest
 from rollstack.errors import (
     EnvironmentNotFound,
     InsufficientCapacity,
@@ -64,12 +64,8 @@ class _Core:
 
     def choose(self, req: PlacementRequest, exclude: set[str]) -> tuple[str, dict[str, Any]]:
         """(node, decision record); the caller sets record["created"] once the node took it."""
-        views = self.directory.views()
-        node_id = place(req, views, self.policy, exclude=frozenset(exclude), pool=self.name)[0]
-        view = next(v for v in views if v.node_id == node_id)
-        total = sum(size for _, size in req.layers)
-        hot = sum(size for digest, size in req.layers if digest in view.hot_layers)
-        record = {"node": node_id, "hot": hot / total if total else 0.0, "t": time.monotonic(), "created": False}
+        node_id, hot = self.directory.place(req, self.policy, frozenset(exclude), self.name)
+        record = {"node": node_id, "hot": hot, "t": time.monotonic(), "created": False}
         self.decisions.append(record)
         return node_id, record
 
@@ -168,9 +164,11 @@ class Pool:
         while True:
             node_id, record = core.choose(req, excluded)  # raises InsufficientCapacity naming the pool
             core.directory.reserve(node_id, req)
+            ok = False
             try:
                 bound = self._bound(node_id)
                 created = bound._http.create(wire)  # noqa: SLF001 - the raw call: errors handled here
+                ok = True
             except InsufficientCapacity:
                 excluded.add(node_id)
                 continue
@@ -179,7 +177,7 @@ class Pool:
                 excluded.add(node_id)
                 continue
             finally:
-                core.directory.release(node_id, req)
+                core.directory.release(node_id, req, created=ok)
             record["created"] = True
             env = Environment(bound, created.id, created)
             env.node_id = node_id  # type: ignore[attr-defined]
@@ -313,9 +311,11 @@ class AsyncPool:
         while True:
             node_id, record = core.choose(req, excluded)
             core.directory.reserve(node_id, req)
+            ok = False
             try:
                 service = self._service(node_id)
                 created = await service.create(wire)
+                ok = True
             except InsufficientCapacity:
                 excluded.add(node_id)
                 continue
@@ -324,7 +324,7 @@ class AsyncPool:
                 excluded.add(node_id)
                 continue
             finally:
-                core.directory.release(node_id, req)
+                core.directory.release(node_id, req, created=ok)
             record["created"] = True
             env = cls(_AsyncBound(core, node_id, service, core.directory.instance(node_id)), created.id, created)
             env.node_id = node_id

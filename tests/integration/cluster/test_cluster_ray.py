@@ -1,5 +1,6 @@
 """The cluster layer on a real 3-node Ray cluster (ray.cluster_utils: a real GCS and three
-raylets on this host, each node with the `rollstack` resource), one per module: node agents as
+raylets on this host, each node with the `rollstack` resource, each node agent in its own
+network namespace behind its own shaped link), one per module: node agents as
 Ray actors (up/status/down, CLI too), the Pool (placement, direct calls), the gateway (and its
 restart), peer chunks, node loss (SIGKILL: node_lost, rejoin), an agent that cannot start, and
 nothing left behind after `down`."""
@@ -55,6 +56,7 @@ class Rig:
         self.address, self.spec, self.root, self.cluster = address, spec, root, cluster
         self.env_ids: set[str] = set()
         self.nodes = 3
+        self.fabric = None  # rollstack.bench.cluster_net.Fabric: the nodes' network namespaces
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +66,19 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
 
     import rollstack.cluster as rc
 
+    from rollstack.bench.cluster_net import Fabric
+
     work = tmp_path_factory.mktemp("cluster")
     spec = publish_busybox_corpus(work / "store", work / "build")
+    # each node agent (and its lazy store: the peer server) in its own network namespace behind
+    # its own shaped link, as `bench cluster` runs them (the raylet's env tells its actor where)
+    fabric = Fabric(3, "dc").__enter__()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"rollstack": 1},
-                                                            "include_dashboard": False})
+                                                            "include_dashboard": False,
+                                                            "env_vars": fabric.nodes[0].env})
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, resources={"rollstack": 1})
+        for i in range(2):
+            cluster.add_node(num_cpus=1, resources={"rollstack": 1}, env_vars=fabric.nodes[i + 1].env)
         cluster.wait_for_nodes()
         root = work / "nodes"
         # an agent that cannot start: every node reports it, none is left running
@@ -81,6 +89,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
         doc = rc.up(cluster.address, spec, root=root, options={"max_environments": 16})
         assert len(doc["nodes"]) == 3 and doc["failed"] == []
         rig = Rig(cluster.address, spec, root, cluster)
+        rig.fabric = fabric
         yield rig
         down = rc.down(cluster.address)
         assert len([s for s in down["stopped"] if s["stopped"]]) == rig.nodes, down
@@ -92,6 +101,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
     finally:
         ray.shutdown()
         cluster.shutdown()
+        fabric.close()
 
 
 def _pool(rig: Rig):
@@ -108,7 +118,8 @@ def test_status_cli_and_direct_calls(rig: Rig) -> None:
     assert len(nodes) == 3 and len({n["url"] for n in nodes}) == 3
     assert {"node_id", "url", "environments", "capacity", "hot_stacks"} <= set(nodes[0])
     assert all(n["capacity"]["slots"] == 16 for n in nodes)
-    assert len({Path(n["url"]).name for n in nodes}) == 3  # one port each, one host
+    assert len({Path(n["url"]).name for n in nodes}) == 3  # one address each, one host
+    assert {n["url"].split("//")[1].split(":")[0] for n in nodes} == {n.ip for n in rig.fabric.nodes}  # own netns
     with _pool(rig) as pool:
         envs = pool.create(busybox_plan(), count=4)
         rig.env_ids.update(e.id for e in envs)
@@ -159,6 +170,66 @@ def test_gateway_serves_the_pool_and_survives_a_restart(rig: Rig) -> None:
                 with pytest.raises(Exception) as gone:
                     c.get(env.id)
                 assert getattr(gone.value, "code", "") == "environment_not_found"
+
+
+def test_gateway_serves_the_e2b_api_for_the_pool(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unmodified e2b SDK with E2B_API_URL/E2B_SANDBOX_URL at the gateway: a sandbox from a
+    published template is placed on a node, its command output streams through, files go both
+    ways, list/info/kill reach its node, and unknown ids get the SDK's own exceptions."""
+    import yaml
+    from e2b import Sandbox
+    from e2b.exceptions import AuthenticationException, SandboxException
+
+    from rollstack.bench.env import HELLO_MUTATION
+    from rollstack.cluster.gateway import create_gateway
+    from rollstack.node.server import BackgroundServer
+    from rollstack.plan.published import publish_plan
+    from rollstack.store import open_store
+
+    work = rig.root.parent
+    doc = busybox_plan(name="e2b-gw", timeout=300)
+    doc.pop("mutation_text")
+    doc["mutation"] = "task.diff"
+    (work / "task.diff").write_text(HELLO_MUTATION)
+    (work / "gw-plan.yaml").write_text(yaml.safe_dump(doc))
+    store = open_store(rig.spec)
+    try:
+        publish_plan(store, "tasks/gw:1", work / "gw-plan.yaml")
+    finally:
+        store.close()
+    with _pool(rig) as pool:
+        token = next(iter(pool.directory.members.values())).token
+        with BackgroundServer(create_gateway(pool, token)) as gw:
+            monkeypatch.setenv("E2B_API_URL", gw.url)
+            monkeypatch.setenv("E2B_SANDBOX_URL", gw.url)
+            monkeypatch.setenv("E2B_API_KEY", token)
+            monkeypatch.delenv("E2B_DEBUG", raising=False)
+            box = Sandbox.create("tasks/gw:1", timeout=120)
+            rig.env_ids.add(box.sandbox_id)
+            try:
+                pool.directory.poll()
+                holders = [m.node_id for m in pool.directory.members.values()
+                           if box.sandbox_id in (m.info or {}).get("env_ids", [])]
+                assert len(holders) == 1  # created on one node of the pool
+                seen: list[tuple[float, str]] = []
+                t0 = time.monotonic()
+                r = box.commands.run("cat /work/app/hello.txt; for i in 1 2; do echo line$i; sleep 0.6; done",
+                                     on_stdout=lambda s: seen.append((time.monotonic() - t0, s)))
+                end = time.monotonic() - t0
+                assert (r.exit_code, r.stdout) == (0, "bug\nline1\nline2\n")  # the template's mutation applied
+                assert seen and seen[0][0] < end - 0.5  # streamed through the gateway, not buffered
+                box.files.write("/tmp/gw.txt", "through the gateway")
+                assert box.files.read("/tmp/gw.txt") == "through the gateway"
+                assert box.sandbox_id in {s.sandbox_id for s in Sandbox.list().next_items()}
+                assert box.get_info().template_id == "tasks/gw:1"
+            finally:
+                assert box.kill() is True
+            assert not box.is_running()
+            assert Sandbox.kill(box.sandbox_id) is False  # the node answered 404
+            with pytest.raises(SandboxException):
+                Sandbox.create("tasks/none:1", timeout=30)
+            with pytest.raises(AuthenticationException):
+                Sandbox.create("tasks/gw:1", timeout=30, api_key="wrong")
 
 
 def test_peers_serve_chunks_before_the_registry(rig: Rig) -> None:

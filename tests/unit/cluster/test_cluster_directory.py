@@ -122,3 +122,30 @@ def test_async_pool_stream_on_a_dead_node_is_node_lost(nodes) -> None:
                 await env.exec("true")
 
     asyncio.run(go())
+
+
+def test_place_keeps_one_index_per_view_refresh(nodes) -> None:
+    """Creates between two reports reuse the index (each decision committed into it, so a burst
+    spreads); a changed report or a failed create rebuilds it from the reports."""
+    from rollstack.cluster.placement import PlacementPolicy
+
+    d = Directory(lambda: [{"node_id": f"n{i}", "url": n.url, "token": "t", "state": "running"}
+                           for i, n in enumerate(nodes)], interval=3600, probe_timeout=0.5)  # no background poll
+    try:
+        policy = PlacementPolicy()
+        req = PlacementRequest(layers=(("sha256:a", 10),), trace_key=None, cpu=1.0, memory=1 << 30)
+        builds = d.index_builds
+        got = [d.place(req, policy, frozenset(), "p") for _ in range(4)]
+        assert d.index_builds == builds + 1
+        assert sorted(n for n, _ in got) == ["n0", "n0", "n1", "n1"]  # committed: the burst spread
+        assert all(hot == 1.0 for _, hot in got)  # sha256:a is reported hot on both
+        d.poll()  # same reports: still the same index
+        assert d.place(req, policy, frozenset(), "p")[0] in ("n0", "n1") and d.index_builds == builds + 1
+        d.release("n0", req, created=False)  # a failed create: rebuild from the reports
+        nodes[1].doc = {**nodes[1].doc, "free": {"cpu": 4.0, "memory": 4 << 30, "slots": 1}}
+        d.poll()
+        assert d.place(req, policy, frozenset(), "p")[0] == "n0" and d.index_builds == builds + 2
+        with pytest.raises(Exception, match="insufficient|no node"):
+            d.place(req, policy, frozenset({"n0", "n1"}), "p")
+    finally:
+        d.close()

@@ -61,7 +61,8 @@ def capacity(n: NodeView, r: PlacementRequest) -> int:
 
 
 policies = st.builds(PlacementPolicy, spread_limit=st.integers(1, 5),
-                     hot_weight=st.sampled_from([0.0, 1.0, 2.0, 5.0]), load_weight=st.sampled_from([0.0, 1.0]))
+                     hot_weight=st.sampled_from([0.0, 1.0, 2.0, 5.0]), load_weight=st.sampled_from([0.0, 1.0]),
+                     load_band=st.sampled_from([None, 0.0, 0.125, 0.5]))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -151,10 +152,14 @@ def test_identical_nodes_tie_break_on_node_id_and_load_spreads_groupless_envs():
 
 def test_hot_node_wins_over_an_emptier_cold_one_and_then_carries_the_stack():
     stack = (("sha256:base", 900), ("sha256:task", 100))
-    nodes = [node("cold", slots=8), node("warm", slots=6, hot={"sha256:base"})]
+    nodes = [node("cold", slots=16), node("warm", slots=15, hot={"sha256:base"})]  # load within the band
     assert place(PlacementRequest(stack, None, 1.0, GiB), nodes) == ["warm"]
     # without the hot term it is least-loaded
     assert place(PlacementRequest(stack, None, 1.0, GiB), nodes, PlacementPolicy(hot_weight=0)) == ["cold"]
+    # a load gap beyond the band (4 of 16 slots) beats hot layers; without the band the hot node still wins
+    nodes = [node("cold", slots=16), node("warm", slots=12, hot={"sha256:base"})]
+    assert place(PlacementRequest(stack, None, 1.0, GiB), nodes) == ["cold"]
+    assert place(PlacementRequest(stack, None, 1.0, GiB), nodes, PlacementPolicy(load_band=None)) == ["warm"]
 
 
 def test_dead_excluded_and_full_nodes_are_skipped():
@@ -231,12 +236,12 @@ def test_group_reservation_keeps_interleaved_groups_whole(reserve, colocated):
     on one node although the stack is hot on one node only; without, the hot node fills with
     first rollouts and the groups split."""
     stack = (("sha256:os", 1000),)
-    index = PlacementIndex([node("a", slots=16, cpu=16, hot={"sha256:os"}), node("b", slots=16, cpu=16)],
-                           PlacementPolicy(group_reserve=reserve))
+    policy = PlacementPolicy(group_reserve=reserve, load_band=None)  # the reservation alone (no load band)
+    index = PlacementIndex([node("a", slots=16, cpu=16, hot={"sha256:os"}), node("b", slots=16, cpu=16)], policy)
     where: dict[str, set[str]] = {}
     for r in range(8):
         for t in range(4):
-            [nid] = place(PlacementRequest(stack, f"t{t}", 1.0, GiB), index, PlacementPolicy(group_reserve=reserve))
+            [nid] = place(PlacementRequest(stack, f"t{t}", 1.0, GiB), index, policy)
             where.setdefault(f"t{t}", set()).add(nid)
     assert all(len(v) == 1 for v in where.values()) is colocated
     assert index.slots.sum() == 0  # full
@@ -249,3 +254,51 @@ def test_an_index_built_for_another_spread_limit_is_refused():
     with pytest.raises(InvalidRequest, match="spread_limit 4"):
         place(PlacementRequest((), "g", 1.0, GiB), index, PlacementPolicy(spread_limit=8))
     assert place(PlacementRequest((), "g", 1.0, GiB), index, PlacementPolicy(spread_limit=4)) == ["a"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 8), st.integers(8, 64), st.data(), st.booleans())
+def test_different_tasks_on_equal_nodes_holding_the_stack_spread_evenly(n, slots, data, keyed):
+    """N one-env requests of different tasks (or none), every node holding the stack and equal
+    capacity: the pool spreads them, no node more than one env ahead of another."""
+    count = data.draw(st.integers(1, n * slots))
+    stack = tuple((d, SIZES[d]) for d in DIGESTS[:3])
+    index = PlacementIndex([node(f"n{i}", slots=slots, cpu=slots, mem=slots * GiB, hot={d for d, _ in stack})
+                            for i in range(n)])
+    for t in range(count):
+        place(PlacementRequest(stack, f"task-{t}" if keyed else None, 1.0, GiB), index)
+    used = slots - index.slots
+    assert used.sum() == count and used.max() - used.min() <= 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.frozensets(st.sampled_from(DIGESTS), max_size=8), min_size=2, max_size=8), st.integers(8, 64),
+       st.sampled_from([0.0, 0.125, 0.25]), st.data())
+def test_hot_layers_win_only_among_nodes_of_comparable_load(hots, slots, band, data):
+    """Different tasks, arbitrary hot sets: every decision goes to a node whose free fraction is
+    within `load_band` of the emptiest node's, so the load gap stays bounded (band x slots + the
+    reservation of one group) however hot one node is."""
+    policy = PlacementPolicy(load_band=band)
+    index = PlacementIndex([node(f"n{i}", slots=slots, cpu=slots, mem=slots * GiB, hot=h) for i, h in enumerate(hots)],
+                           policy)
+    layers = tuple((d, SIZES[d]) for d in DIGESTS[:4])
+    for t in range(data.draw(st.integers(1, len(hots) * slots))):
+        free = index.free_fraction(reserved=True)
+        ok = index.feasible(PlacementRequest(layers, None, 1.0, GiB))
+        [nid] = place(PlacementRequest(layers, f"task-{t}", 1.0, GiB), index, policy)
+        assert free[index.pos[nid]] >= free[ok].max() - band - 1e-9
+    used = slots - index.slots
+    assert used.max() - used.min() <= band * slots + policy.spread_limit + 1
+
+
+def test_sixty_four_slot_nodes_spread_a_small_iteration():
+    """The case seen live: 16 rollouts of 2 tasks and 16 single envs of different tasks on four
+    empty 64-slot nodes; the stack hot on none. Groups stay whole; tasks spread over the nodes."""
+    stack = (("sha256:os", 100_000_000), ("sha256:repo", 50_000_000))
+    index = PlacementIndex([node(f"n{i}", slots=64, cpu=64, mem=64 * GiB) for i in range(4)])
+    groups = {t: {place(PlacementRequest(stack, f"g{t}", 1.0, GiB), index)[0] for _ in range(8)} for t in range(2)}
+    assert all(len(v) == 1 for v in groups.values()) and groups[0] != groups[1]
+    for t in range(16):
+        place(PlacementRequest(stack, f"solo-{t}", 1.0, GiB), index)
+    used = 64 - index.slots
+    assert used.min() >= 4 and used.max() - used.min() <= 8 + 1
