@@ -25,7 +25,8 @@ LAYERS: list[set[str]] = [
     {"node"},  # strings the stages together
     {"client"},  # the SDK over the node's HTTP API (shares node.models)
     {"corpus"},  # tasks and their plans, for everything above
-    {"integrations", "cluster", "e2b"},  # consumers of nodes: never each other
+    {"e2b"},  # the E2B-compatible API: a protocol adapter over one node
+    {"integrations", "cluster"},  # consumers of nodes: never each other (the pool's gateway fronts its nodes' E2B API)
     {"bench", "demo"},  # measure / show everything below (also the consumers), never each other
     {"cli"},  # may import anything
 ]
