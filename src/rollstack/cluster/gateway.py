@@ -93,10 +93,27 @@ def create_gateway(pool: Pool, token: str | None) -> FastAPI:
             from rollstack.errors import InvalidRequest
 
             raise InvalidRequest("the body is {\"plan\": {...}}")
-        env = await anyio.to_thread.run_sync(pool.create, plan)
-        owner[env.id] = env.node_id
-        born[env.id] = pool.directory.instance(env.node_id)
-        return Response(env.created.model_dump_json(), status_code=201, media_type="application/json")
+        count = doc.get("count")
+        if count is not None:  # a GRPO group: placed together by the pool, all or none
+            from pydantic import ValidationError
+
+            from rollstack.errors import InvalidRequest
+            from rollstack.node.models import CreateGroupResponse, CreateRequest
+
+            try:
+                CreateRequest.model_validate({"plan": plan, "count": count})  # the node API's bounds
+            except ValidationError as exc:
+                raise InvalidRequest(f"count: {exc.errors()[0].get('msg', 'invalid')}") from None
+            envs = await anyio.to_thread.run_sync(lambda: pool.create(plan, count=count))
+        else:
+            envs = [await anyio.to_thread.run_sync(pool.create, plan)]
+        for env in envs:
+            owner[env.id] = env.node_id
+            born[env.id] = pool.directory.instance(env.node_id)
+        if count is None:
+            return Response(envs[0].created.model_dump_json(), status_code=201, media_type="application/json")
+        group = CreateGroupResponse(environments=[e.created for e in envs])
+        return Response(group.model_dump_json(), status_code=201, media_type="application/json")
 
     @app.get("/v1/environments")
     async def list_envs(request: Request) -> dict[str, Any]:

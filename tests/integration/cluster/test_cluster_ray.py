@@ -156,6 +156,12 @@ def test_gateway_serves_the_pool_and_survives_a_restart(rig: Rig) -> None:
                 assert env.exec("cat hello.txt").stdout == "bug\n"
                 chunks = list(env.exec_stream("echo streamed"))
                 assert chunks[-1].type == "result" and any(ch.data == "streamed\n" for ch in chunks[:-1])
+                group = c.create(busybox_plan(), count=3)  # a GRPO group through the gateway
+                rig.env_ids.update(e.id for e in group)
+                assert len({e.id for e in group}) == 3
+                assert [e.exec("cat hello.txt").stdout for e in group] == ["bug\n"] * 3
+                for e in group:
+                    e.destroy()
                 with pytest.raises(Exception) as wrong:
                     Client(gw.url, token="wrong").list()
                 assert getattr(wrong.value, "code", "") == "unauthorized"
