@@ -108,8 +108,8 @@ def registry(work: Path, profile: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """(registry URL, link facts): in a shaped netns when possible, else on loopback."""
     if profile != "none" and os.geteuid() == 0:
         try:
-            from rollstack.bench.baseline_registry import NetnsRegistry
-            from rollstack.bench.netem import ShapedLink
+            from rollstack.bench.systems.registry import NetnsRegistry
+            from rollstack.bench.link.netem import ShapedLink
 
             with ShapedLink(profile) as link, NetnsRegistry(link, work / "registry") as reg:
                 yield reg.url, {"shaped": True, **link.facts()}

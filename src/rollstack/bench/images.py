@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rollstack.bench.corpus_spec import DEBIAN_MIRROR, SUITE
-from rollstack.bench.corpus_tree import ChrootStep, check_step, remove_tree
+from rollstack.corpus.spec import DEBIAN_MIRROR, SUITE
+from rollstack.corpus.tree import ChrootStep, check_step, remove_tree
 from rollstack.errors import InvalidRequest, RuntimeFailure
 
 

@@ -2,7 +2,7 @@
 
 Same stack (os + repository + harness of the corpus), same registry (docker-registry in the
 shaped link's namespace), same node, same first command, for every system:
-`docker-equivalent` and `dynamic-assembly` (rollstack.bench.baseline), `rollstack-eager` (whole
+`docker-equivalent` and `dynamic-assembly` (rollstack.bench.systems.baselines), `rollstack-eager` (whole
 stack fetched before launch) and `rollstack` (on demand). Per system: `--cold` cold creations
 (every cache of that system cleared, page cache dropped, then `--concurrency` creations at once)
 and `--n` warm ones (caches kept, `--concurrency` at a time). Measured per creation: request ->
@@ -24,7 +24,7 @@ from typing import Annotated, Any, Callable, Sequence
 
 import typer
 
-from rollstack.bench.rig_rollstack import ROLLSTACK_SYSTEMS, SYSTEM_NAMES, Creation, forget_shared_traces
+from rollstack.bench.systems.rollstack import ROLLSTACK_SYSTEMS, SYSTEM_NAMES, Creation, forget_shared_traces
 from rollstack.errors import InvalidRequest
 
 DEFAULT_OUT = Path("results/init")
@@ -130,7 +130,7 @@ class InitConfig:
 
 
 def pick_stack(corpus: Path, repo: str | None, harness: str) -> Any:
-    from rollstack.bench.baseline import stacks_from_corpus
+    from rollstack.bench.systems.baselines import stacks_from_corpus
     from rollstack.bench.corpus import load_corpus
 
     _, tasks = load_corpus(corpus)
@@ -157,11 +157,11 @@ def _parallel(fn: Callable[[int], Any], k: int) -> list[Any]:
 
 
 def run_init(cfg: InitConfig) -> dict[str, Any]:
-    from rollstack.bench.baseline import make_system, prepare_images
-    from rollstack.bench.baseline_bench import BenchRig
+    from rollstack.bench.systems.baselines import make_system, prepare_images
+    from rollstack.bench.systems.rig import BenchRig
     from rollstack.bench.corpus import load_corpus
     from rollstack.bench.iteration import rollstack_plan
-    from rollstack.bench.rig_rollstack import first_command, publish_components, seed_layer_cache, work_lock
+    from rollstack.bench.systems.rollstack import first_command, publish_components, seed_layer_cache, work_lock
     from rollstack.corpus.plans import stack_groups
 
     log = cfg.log
@@ -241,7 +241,7 @@ def _run_baseline(system: Any, stack: Any, cmd: list[str], cfg: InitConfig) -> l
 
 
 def _run_rollstack(name: str, rig: Any, cfg: InitConfig, plans: list[dict[str, Any]], cmd: list[str]) -> list[Creation]:
-    from rollstack.bench.rig_rollstack import RollstackSystem
+    from rollstack.bench.systems.rollstack import RollstackSystem
 
     system = RollstackSystem(name, rig.registry.url, cfg.work / f"node-{name}", rig.link,
                              max_environments=max(16, cfg.concurrency * 2 + 4))

@@ -83,10 +83,10 @@ def targets(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
-    from rollstack.bench.baseline_bench import BenchRig
-    from rollstack.bench.baseline_containerd import drop_page_cache
-    from rollstack.bench.baseline_oci import push
-    from rollstack.bench.rig_rollstack import RollstackSystem, forget_shared_traces, work_lock
+    from rollstack.bench.systems.rig import BenchRig
+    from rollstack.bench.systems.containerd import drop_page_cache
+    from rollstack.bench.systems.oci import push
+    from rollstack.bench.systems.rollstack import RollstackSystem, forget_shared_traces, work_lock
     from rollstack.plan.imports import _open_source, import_image
     from rollstack.store import open_store
 

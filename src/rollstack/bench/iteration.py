@@ -6,7 +6,7 @@ failing tests, apply the reference fix, rerun them (exec) -> score in a clean ev
 environment with the corpus's scorer (eval) -> destroy. Phase timestamps per rollout give the
 timeline (iteration_timeline_<system>.png) and the share of init in the iteration.
 
-- `rollstack`: a node on the bench registry (rollstack.bench.rig_rollstack), the plan's
+- `rollstack`: a node on the bench registry (rollstack.bench.systems.rollstack), the plan's
   `mutation_text` and `evaluator` (os + repo + evaluator groups, `score tasks/<id>.json`).
 - `docker-equivalent`: containerd + runc on the bundled image (os + repo + harness): the image is
   pulled once per repository (concurrent rollouts wait for the pull, as with `docker run`), a
@@ -309,12 +309,12 @@ class IterConfig:
 
 
 def run_iteration(cfg: IterConfig) -> dict[str, Any]:
-    from rollstack.bench.baseline import prepare_images, stacks_from_corpus
-    from rollstack.bench.baseline_bench import BenchRig
-    from rollstack.bench.baseline_containerd import drop_page_cache
+    from rollstack.bench.systems.baselines import prepare_images, stacks_from_corpus
+    from rollstack.bench.systems.rig import BenchRig
+    from rollstack.bench.systems.containerd import drop_page_cache
     from rollstack.bench.corpus import load_corpus
     from rollstack.bench.init import SHARED_LAYER_CACHE
-    from rollstack.bench.rig_rollstack import RollstackSystem, work_lock, publish_components, seed_layer_cache
+    from rollstack.bench.systems.rollstack import RollstackSystem, work_lock, publish_components, seed_layer_cache
     from rollstack.corpus.plans import stack_groups
 
     for s in cfg.systems:

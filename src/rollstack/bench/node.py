@@ -255,7 +255,7 @@ def _containerd_pids(state: Path) -> list[int]:
 
 
 def _containerd(base: Path, tree: Path, execs: int, burst: int, bursts: int) -> dict[str, Any]:
-    from rollstack.bench.baseline_containerd import PrivateContainerd, available
+    from rollstack.bench.systems.containerd import PrivateContainerd, available
 
     why = available()
     if why:

@@ -24,21 +24,24 @@ def probe_group(store: str, groups: Sequence[str], command: str, *, work: Path |
     """Run `command` (sh -c) in an environment of `groups` (top last, like a plan's `groups`);
     returns {"exit_code", "seconds", "trace_key", "published"}. A failing command still
     publishes its trace (what it read is what the stack's environments read first)."""
-    from rollstack.node.local import Node
+    from rollstack.node.config import NodeConfig
+    from rollstack.node.models import ExecRequest
+    from rollstack.node.service import NodeService
 
     root = Path(tempfile.mkdtemp(prefix="rsprobe-", dir=work))  # short: the daemon's unix socket lives under it
     try:
-        node = Node(store=store, root=root, materialize_after=0)
+        node = NodeService(NodeConfig(store=str(store), root=root.absolute(), materialize_after=0))
+        node.start()
         try:
             t0 = time.perf_counter()
-            env = node.create({"name": "probe", "groups": list(groups), "workdir": workdir,
-                               "fetch": {"background": False}})
+            created = node.create({"name": "probe", "groups": list(groups), "workdir": workdir,
+                                   "fetch": {"background": False}})
             try:
-                res = env.exec(["/bin/sh", "-c", command], timeout=timeout)
+                res = node.exec(created.id, ExecRequest(argv=["/bin/sh", "-c", command], timeout=timeout))
             finally:
-                env.destroy()
+                node.destroy(created.id, wait=True)  # the trace is published when the env ends
             seconds = time.perf_counter() - t0
-            lazy = node.service.stages.lazy
+            lazy = node.stages.lazy
             deadline = time.monotonic() + publish_wait
             published = 0
             while time.monotonic() < deadline:
@@ -49,11 +52,11 @@ def probe_group(store: str, groups: Sequence[str], command: str, *, work: Path |
                 time.sleep(0.1)
             if not published:
                 raise RuntimeFailure(f"the probe's access trace was not published within {publish_wait:.0f}s")
-            stack = getattr(env.created, "stack_digest", None) or ""
+            stack = getattr(created, "stack_digest", None) or ""
             return {"exit_code": res.exit_code, "seconds": round(seconds, 3), "published": published,
                     "trace_key": f"{stack}/stack" if stack else None,
                     "output": ((res.stdout or "") + (res.stderr or ""))[-500:]}
         finally:
-            node.close()
+            node.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)

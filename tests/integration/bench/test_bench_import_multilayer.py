@@ -106,7 +106,7 @@ def _image(path: Path, base: Path) -> Path:
 @pytest.mark.skipif(os.geteuid() != 0 or available() is not None, reason=str(available()))
 def test_a_multilayer_image_runs_identically_to_containerd(tmp_path: Path) -> None:
     from rollstack.bench.systems.rig import BenchRig
-    from rollstack.bench.baseline_oci import push
+    from rollstack.bench.systems.oci import push
     from rollstack.bench.env import build_busybox_trees
     from rollstack.bench.systems.rollstack import RollstackSystem
     from rollstack.plan.imports import import_image

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_probe_publishes_the_stack_trace_a_fresh_node_uses(tmp_path):
-    from rollstack.node.local import Node
+    from rollstack.client.local import Node
 
     store = publish_corpus(tmp_path / "store", tmp_path / "build")
     groups = ["os/busybox:1", "repo/app:1"]
