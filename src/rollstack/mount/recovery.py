@@ -2,8 +2,8 @@
 
 When the daemon dies, its FUSE connection is aborted: every request that the kernel cannot
 answer from its caches fails with ENOTCONN ("Transport endpoint is not connected"); `stat` of
-the mountpoint itself fails that way. Such a stale mount is detached lazily (`umount -l`, or
-`fusermount3 -u -z`): it vanishes from the namespace at once, and overlay mounts stacked on it
+the mountpoint itself fails that way. Such a stale mount is detached lazily (umount2 with
+MNT_DETACH): it vanishes from the namespace at once, and overlay mounts stacked on it
 keep the dead superblock until they are unmounted themselves. Nothing here ever blocks on the
 dead connection: no `stat` of anything below the mountpoint, and unmount is always lazy.
 """
@@ -11,9 +11,17 @@ dead connection: no `stat` of anything below the mountpoint, and unmount is alwa
 from __future__ import annotations
 
 import errno
+import logging
 import os
-import subprocess
 from pathlib import Path
+
+from rollstack.errors import RuntimeFailure
+from rollstack.host.mountinfo import mounted_at
+from rollstack.host.umount import detach
+
+__all__ = ["abort_connection", "clear_stale", "is_stale", "lazy_unmount", "mounted_at", "pids_running"]
+
+log = logging.getLogger(__name__)
 
 
 def pids_running(*words: bytes) -> list[int]:
@@ -30,20 +38,6 @@ def pids_running(*words: bytes) -> list[int]:
     return pids
 
 
-def mounted_at(mountpoint: Path) -> str | None:
-    """The filesystem type mounted exactly at `mountpoint` (from /proc/self/mountinfo), or None."""
-    target = os.path.realpath(mountpoint)
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            sep = parts.index("-")
-            mp = parts[4].encode().decode("unicode_escape")
-            if mp == target:
-                found = parts[sep + 1]  # the last (top) mount wins
-    return found
-
-
 def is_stale(mountpoint: Path) -> bool:
     """True if a FUSE mount sits at `mountpoint` and its daemon is gone (ENOTCONN)."""
     fstype = mounted_at(mountpoint)
@@ -57,16 +51,16 @@ def is_stale(mountpoint: Path) -> bool:
 
 
 def lazy_unmount(mountpoint: Path) -> bool:
-    """Detach whatever is mounted at `mountpoint` (lazily: never waits on a dead daemon)."""
-    if mounted_at(mountpoint) is None:
+    """Detach whatever is mounted at `mountpoint` (lazily: never waits on a dead daemon).
+
+    True if something was detached; False when nothing was mounted there or the kernel refused
+    (the refusal is logged; callers treat False as "still there" and decide).
+    """
+    try:
+        return detach(mountpoint)
+    except RuntimeFailure as exc:
+        log.warning("could not detach %s: %s", mountpoint, exc)
         return False
-    for cmd in (["fusermount3", "-u", "-z", str(mountpoint)], ["umount", "-l", str(mountpoint)]):
-        try:
-            if subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0:
-                return True
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-    return mounted_at(mountpoint) is None
 
 
 def abort_connection(mountpoint: Path) -> bool:
