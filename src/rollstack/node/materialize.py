@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from rollstack.host import mountinfo
+
 log = logging.getLogger(__name__)
 
 Copier = Callable[[Path, Path], None]
@@ -76,11 +78,13 @@ def _recorded_bytes(copy: Path) -> int:
 
 
 def mounted_paths() -> str:
-    """The text of this mount namespace's mount table (overlay lowerdir options included)."""
+    """This mount namespace's mount table as text, one mount a line: mount point, source and
+    options (overlay `lowerdir=` included), escapes decoded (host.mountinfo)."""
     try:
-        return Path("/proc/self/mountinfo").read_text()
+        mounts = mountinfo.read()
     except OSError:
         return ""
+    return "\n".join(f"{m.mount_point} {m.source} {m.options}" for m in mounts)
 
 
 class LayerMaterializer:
