@@ -5,7 +5,4 @@
 - `link/`: the shaped network link (netns + tc netem, its probe and relay);
 - `micro/`: stage micro-benchmarks run as modules (`python -m rollstack.bench.micro.store`);
 - `workload.py`: synthetic bursty workloads in real cgroups; `report.py`: results writers.
-
-`rig_rollstack.py`, `baseline*.py` and `netem.py` only re-export `systems/` and `link/` names
-for bench/init.py, fetch.py and iteration.py until those import from the new places.
 """

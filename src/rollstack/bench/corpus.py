@@ -1,7 +1,6 @@
 """`rollstack bench corpus build|show|publish|baselines`: the CLI of `rollstack.corpus`.
 
-The corpus itself (building, loading, publishing) lives in `rollstack.corpus.build`; the names
-below are re-exported because bench/init.py and bench/iteration.py import them from here.
+The corpus itself (building, loading, publishing) lives in `rollstack.corpus.build`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from rollstack.corpus.build import (  # noqa: F401 (build_corpus, load_corpus: re-exported)
+from rollstack.corpus.build import (
     build_corpus, corpus_dir, load_corpus, log_stderr, publish_corpus, stack_summary,
 )
 from rollstack.corpus.model import CorpusManifest

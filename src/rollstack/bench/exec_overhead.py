@@ -85,7 +85,7 @@ class ExecConfig:
 def run_exec(cfg: ExecConfig) -> dict[str, Any]:
     from rollstack.bench.systems.baselines import prepare_images, stacks_from_corpus
     from rollstack.bench.systems.rig import BenchRig
-    from rollstack.bench.corpus import load_corpus
+    from rollstack.corpus.build import load_corpus
     from rollstack.bench.init import SHARED_LAYER_CACHE
     from rollstack.bench.iteration import ContainerdRollouts, EVAL_DIR, rollstack_plan
     from rollstack.bench.systems.rollstack import RollstackSystem, publish_components, seed_layer_cache, work_lock

@@ -3,7 +3,7 @@
 Stack: the benchmark corpus (`rollstack bench corpus build`): Debian bookworm + python3, a real
 PyPI project with its test dependencies (more-itertools + pytest), and the mini-swe-agent
 harness (~1 GB, ~40k files), converted to rollstack layers and published to a docker-registry
-in its own network namespace behind a shaped link (`bench.netem`, profile `dc` = 1 Gbit/s,
+in its own network namespace behind a shaped link (`bench.link.netem`, profile `dc` = 1 Gbit/s,
 2 ms RTT). Without root/netns support it falls back to a loopback registry and says so.
 
 Measured (each against the same registry, in one run):
@@ -123,17 +123,29 @@ def registry(work: Path, profile: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 @contextmanager
-def overlay(lowers: list[Path], scratch: Path, extra: str = "") -> Iterator[Path]:
+def overlay(lowers: list[Path], scratch: Path, options: str | None = None) -> Iterator[Path]:
+    """An overlay of `lowers` (top first) in a fresh dir under `scratch`, unmounted on exit.
+
+    Without `options` it is production's mount (run.overlay.mount_overlay, pinned options).
+    With `options` (the overlay-options section's probe of option sets production does not set;
+    "" = kernel defaults) it is a `mount -t overlay` with exactly those options.
+    """
+    from rollstack.host.umount import unmount
+    from rollstack.run.overlay import mount_overlay
+
     d = Path(tempfile.mkdtemp(prefix="ov-", dir=scratch))
     upper, wd, merged = d / "upper", d / "work", d / "merged"
     for p in (upper, wd, merged):
         p.mkdir()
-    opts = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={wd}" + (f",{extra}" if extra else "")
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], check=True)
+    if options is None:
+        mount_overlay(lowers, upper, wd, merged)
+    else:
+        opts = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={wd}" + (f",{options}" if options else "")
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], check=True)
     try:
         yield merged
     finally:
-        subprocess.run(["umount", "-l", str(merged)], check=False)
+        unmount(merged)
         shutil.rmtree(d, ignore_errors=True)
 
 

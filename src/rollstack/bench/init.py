@@ -131,7 +131,7 @@ class InitConfig:
 
 def pick_stack(corpus: Path, repo: str | None, harness: str) -> Any:
     from rollstack.bench.systems.baselines import stacks_from_corpus
-    from rollstack.bench.corpus import load_corpus
+    from rollstack.corpus.build import load_corpus
 
     _, tasks = load_corpus(corpus)
     if repo is None:
@@ -159,7 +159,7 @@ def _parallel(fn: Callable[[int], Any], k: int) -> list[Any]:
 def run_init(cfg: InitConfig) -> dict[str, Any]:
     from rollstack.bench.systems.baselines import make_system, prepare_images
     from rollstack.bench.systems.rig import BenchRig
-    from rollstack.bench.corpus import load_corpus
+    from rollstack.corpus.build import load_corpus
     from rollstack.bench.iteration import rollstack_plan
     from rollstack.bench.systems.rollstack import first_command, publish_components, seed_layer_cache, work_lock
     from rollstack.corpus.plans import stack_groups
@@ -293,7 +293,7 @@ def write_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
 
 
 def default_corpus(quick: bool) -> Path:
-    from rollstack.bench.corpus import build_corpus, corpus_dir
+    from rollstack.corpus.build import build_corpus, corpus_dir
 
     if not quick and (corpus_dir("full") / "manifest.json").exists():
         return corpus_dir("full")

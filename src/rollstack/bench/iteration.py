@@ -312,7 +312,7 @@ def run_iteration(cfg: IterConfig) -> dict[str, Any]:
     from rollstack.bench.systems.baselines import prepare_images, stacks_from_corpus
     from rollstack.bench.systems.rig import BenchRig
     from rollstack.bench.systems.containerd import drop_page_cache
-    from rollstack.bench.corpus import load_corpus
+    from rollstack.corpus.build import load_corpus
     from rollstack.bench.init import SHARED_LAYER_CACHE
     from rollstack.bench.systems.rollstack import RollstackSystem, work_lock, publish_components, seed_layer_cache
     from rollstack.corpus.plans import stack_groups

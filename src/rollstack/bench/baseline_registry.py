@@ -1,5 +1,0 @@
-"""Moved to `rollstack.bench.systems.registry`. This name stays only for bench/init.py, bench/fetch.py and
-bench/iteration.py (edited on another branch during this merge); delete it once they import
-from the new place."""
-
-from rollstack.bench.systems.registry import NetnsRegistry  # noqa: F401
