@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, AsyncIterator, TypeVar, overload
 
 import httpx
 
@@ -63,6 +63,9 @@ class AsyncHttpService:
 
     async def create(self, plan: dict[str, Any]) -> CreateResponse:
         return await self._do(routes.create(plan))
+
+    async def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
+        return await self._do(routes.create_many(plan, count))
 
     async def list(self) -> list[EnvironmentInfo]:
         return await self._do(routes.list_environments())
@@ -188,8 +191,18 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._service.aclose()
 
-    async def create(self, plan: Any) -> AsyncEnvironment:
-        """`plan`: a dict, a path to a plan YAML file, or a `Plan`."""
+    @overload
+    async def create(self, plan: Any) -> AsyncEnvironment: ...
+
+    @overload
+    async def create(self, plan: Any, count: int) -> list[AsyncEnvironment]: ...
+
+    async def create(self, plan: Any, count: int | None = None) -> AsyncEnvironment | list[AsyncEnvironment]:
+        """`plan`: a dict, a path to a plan YAML file, or a `Plan`. With `count`, that many
+        environments of the plan in one call (a GRPO group, all or none), as a list."""
+        if count is not None:
+            group = await self._service.create_many(plan_to_wire(plan), count)
+            return [AsyncEnvironment(self._service, c.id, c) for c in group]
         created = await self._service.create(plan_to_wire(plan))
         return AsyncEnvironment(self._service, created.id, created)
 

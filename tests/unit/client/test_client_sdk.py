@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -222,5 +223,32 @@ def test_an_exec_the_node_never_answers_is_exec_timeout_and_other_calls_node_una
         from rollstack.client.aio import AsyncEnvironment
 
         return AsyncEnvironment(client._service, "e1")
+
+    anyio.run(main)
+
+
+def test_async_create_with_count_is_one_call_all_or_none(service: FakeService) -> None:
+    app = create_app(service, TOKEN)
+    posts: list[dict] = []
+
+    class Recording(httpx.ASGITransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.method == "POST" and request.url.path == "/v1/environments":
+                posts.append(json.loads(request.content))
+            return await super().handle_async_request(request)
+
+    async def main() -> None:
+        async with AsyncClient("http://node", token=TOKEN, transport=Recording(app=app)) as client:
+            group = await client.create(PLAN, count=2)
+            assert isinstance(group, list) and len(group) == 2
+            assert len({e.id for e in group}) == 2 and all(e.created is not None for e in group)
+            assert posts == [{"plan": plan_to_wire(PLAN), "count": 2}]
+            assert sorted(e.id for e in await client.list()) == sorted(e.id for e in group)
+            with pytest.raises(errors.InsufficientCapacity):  # the node holds 2: none of 2 more
+                await client.create(PLAN, count=2)
+            assert len(await client.list()) == 2
+            for e in group:
+                await e.destroy()
+            assert await client.list() == []
 
     anyio.run(main)
