@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from rollstack.plan.model import Plan
     from rollstack.plan.resolve import LayerRef, Resolver
     from rollstack.provision.controller import Provisioner
+    from rollstack.run.execpump import ExecControl, ExecResult, OnOutput
     from rollstack.run.environment import Environment, EnvironmentRuntime, Leftovers
     from rollstack.store.base import ArtifactStore
 
@@ -331,7 +332,8 @@ class Stages:
 
     # -- use ----------------------------------------------------------------------------------
 
-    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: Any, control: Any = None) -> Any:
+    def exec(self, rec: EnvRecord, req: ExecRequest, on_output: OnOutput | None,
+             control: ExecControl | None = None) -> ExecResult:
         extra = {} if control is None else {"control": control}
         return rec.runtime.exec(
             req.resolved_argv(),
