@@ -162,6 +162,7 @@ def test_environment_cannot_reach_the_node_api(client, node):
 ])
 def test_bad_policies_are_plan_invalid_and_leave_nothing(client, node, network, field, words):
     root = node[0].config.root
+    node[0].wait_destroyed()  # earlier tests' destroys finish in the background
     before = sorted(p.name for p in (root / "envs").iterdir())
     with pytest.raises(errors.PlanInvalid) as exc:
         client.create(plan(network=network))
