@@ -3,7 +3,8 @@
 - Kubernetes kinds (Namespace, ConfigMap, Job, Deployment, Service): `kubernetes-validate`'s
   bundled schemas, strict (unknown fields rejected), for the oldest and newest version it ships
   that we claim (1.30, 1.37).
-- RayCluster: the KubeRay v1.7.0 CRD schema (deploy/schemas), plus a strict walk for unknown
+- RayCluster: our own structural schema of the KubeRay v1 RayCluster fields deploy/ uses (RAY_SCHEMA,
+  written from KubeRay's documented API, not copied from its CRD), plus a strict walk for unknown
   fields (the API server would prune them silently), plus each pod template as a strict Pod.
 - What rollstack needs of them: privileged environment nodes with /dev/fuse, the node root on a
   hostPath, the `rollstack` Ray resource, the gateway command the CLI accepts, a Service that
@@ -13,7 +14,6 @@
 from __future__ import annotations
 
 import copy
-import gzip
 import json
 import os
 import re
@@ -30,7 +30,41 @@ ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
 VERSIONS = ("1.30.0", "1.37.0")
-RAY_SCHEMA = json.loads(gzip.decompress((DEPLOY / "schemas" / "raycluster.ray.io-v1.kuberay-v1.7.0.schema.json.gz").read_bytes()))
+_STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_POD_TEMPLATE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}  # validated as a strict Pod
+RAY_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "ray.io/v1"},
+        "kind": {"const": "RayCluster"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "required": ["headGroupSpec"],
+            "properties": {
+                "rayVersion": {"type": "string"},
+                "enableInTreeAutoscaling": {"type": "boolean"},
+                "headGroupSpec": {
+                    "type": "object",
+                    "required": ["template"],
+                    "properties": {"serviceType": {"type": "string"}, "rayStartParams": _STR_MAP,
+                                   "template": _POD_TEMPLATE},
+                },
+                "workerGroupSpecs": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["groupName", "template"],
+                    "properties": {"groupName": {"type": "string"}, "replicas": {"type": "integer", "minimum": 0},
+                                   "minReplicas": {"type": "integer", "minimum": 0},
+                                   "maxReplicas": {"type": "integer", "minimum": 0},
+                                   "rayStartParams": _STR_MAP, "template": _POD_TEMPLATE},
+                }},
+            },
+        },
+    },
+}
+"""The RayCluster v1 fields deploy/ uses, with their types (strings for rayStartParams values, as
+KubeRay requires)."""
 
 
 def _docs() -> list[dict]:
