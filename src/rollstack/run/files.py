@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollstack.errors import InvalidRequest, NotFound, UnsafePath
+from rollstack.run.lowerview import kind_of
 
 MAX_SYMLINKS = 40
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -44,16 +45,6 @@ class FileInfo:
     mode: int  # permission bits
     mtime: float
     target: str | None = None  # symlink target
-
-
-def _kind(mode: int) -> str:
-    if statmod.S_ISREG(mode):
-        return "file"
-    if statmod.S_ISDIR(mode):
-        return "dir"
-    if statmod.S_ISLNK(mode):
-        return "symlink"
-    return "other"
 
 
 def split_request(path: str) -> list[str]:
@@ -231,7 +222,7 @@ class SafeRoot:
                 st = os.stat(last, dir_fd=stack[-1], follow_symlinks=False)
             except FileNotFoundError:
                 raise NotFound(f"no such file: {path}") from None
-            return FileInfo(last, _kind(st.st_mode), st.st_size, statmod.S_IMODE(st.st_mode),
+            return FileInfo(last, kind_of(st.st_mode), st.st_size, statmod.S_IMODE(st.st_mode),
                             st.st_mtime)
         finally:
             for d in stack:
@@ -268,7 +259,7 @@ class SafeRoot:
                         continue
                     target = os.readlink(name, dir_fd=fd) if statmod.S_ISLNK(st.st_mode) \
                         else None
-                    out.append(FileInfo(name, _kind(st.st_mode), st.st_size,
+                    out.append(FileInfo(name, kind_of(st.st_mode), st.st_size,
                                         statmod.S_IMODE(st.st_mode), st.st_mtime, target))
                 return out
             finally:

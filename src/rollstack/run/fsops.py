@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from rollstack.errors import AlreadyExists, InvalidRequest, NotFound, UnsafePath
 from rollstack.run.files import SafeRoot, split_request
+from rollstack.run.lowerview import kind_of
 
 MAX_WALK_ENTRIES = 100_000
 """A listing stops with InvalidRequest past this many entries."""
@@ -39,16 +40,6 @@ class Entry:
 
 def _norm(parts: list[str]) -> str:
     return "/" + "/".join(parts)
-
-
-def _kind(mode: int) -> str:
-    if statmod.S_ISREG(mode):
-        return "file"
-    if statmod.S_ISDIR(mode):
-        return "dir"
-    if statmod.S_ISLNK(mode):
-        return "symlink"
-    return "other"
 
 
 class TreeRoot(SafeRoot):
@@ -83,7 +74,7 @@ class TreeRoot(SafeRoot):
     @staticmethod
     def _entry(dir_fd: int, name: str, path: str, st: os.stat_result) -> Entry:
         target = os.readlink(name, dir_fd=dir_fd) if statmod.S_ISLNK(st.st_mode) else None
-        return Entry(name, path, _kind(st.st_mode), st.st_size, st.st_mode, st.st_uid, st.st_gid,
+        return Entry(name, path, kind_of(st.st_mode), st.st_size, st.st_mode, st.st_uid, st.st_gid,
                      st.st_mtime, target)
 
     def entry(self, path: str) -> Entry:
