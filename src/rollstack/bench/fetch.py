@@ -206,10 +206,11 @@ class Bench:
 
     def start(self, name: str, **kw: Any):
         from rollstack.mount.client import LazyStoreClient
+        from rollstack.mount.config import DaemonConfig
 
         state = self.work / "runs" / name
         shutil.rmtree(state, ignore_errors=True)
-        return LazyStoreClient.start(state / "mnt", state / "state", self.store_url, **kw)
+        return LazyStoreClient.start(DaemonConfig.of(state / "mnt", state / "state", self.store_url, **kw))
 
     def lowers(self, lazy: Any) -> list[Path]:
         return [lazy.layer_dir(r["digest"]) for r in reversed(self.refs)]
@@ -430,8 +431,9 @@ class Bench:
                     began, cmd, total, s = self.traced_command(lazy, f"shared-{mode}-{i}-{uuid.uuid4().hex[:6]}", key)
                     fetch = lazy.stats()["fetch"]
                     rows[mode].append({"seconds": round(total, 4), "command_seconds": round(cmd, 4),
-                                       "trace_source": began.get("trace_source"),
-                                       "trace_chunks": began["trace_prefetch_chunks"],
+                                       # final once the trace lookup ended (end_env's stats)
+                                       "trace_source": s.get("trace_source"),
+                                       "trace_chunks": s["trace_prefetch_chunks"],
                                        "critical_path_bytes": s["critical_path_bytes"],
                                        "prefetch_bytes": s["prefetch_bytes"], "stall_seconds": s["stall_seconds"],
                                        "registry_bytes": fetch["transferred_bytes"].get("registry", 0),
@@ -461,7 +463,7 @@ class Bench:
                 began, cmd, total, s = self.traced_command(lazy, f"grpo-{i}-{uuid.uuid4().hex[:6]}", key)
                 rows.append({"rollout": i + 1, "seconds": round(total, 4), "command_seconds": round(cmd, 4),
                              "critical_path_bytes": s["critical_path_bytes"], "prefetch_bytes": s["prefetch_bytes"],
-                             "stall_seconds": s["stall_seconds"], "trace_chunks": began["trace_prefetch_chunks"]})
+                             "stall_seconds": s["stall_seconds"], "trace_chunks": s["trace_prefetch_chunks"]})
         finally:
             lazy.stop()
         first = rows[0]["critical_path_bytes"]
@@ -475,6 +477,7 @@ class Bench:
         the environment's overlay runs the command (page cache dropped, so it needs the daemon)
         while no daemon runs; with the holder it waits for the successor, without one it fails."""
         from rollstack.mount.client import LazyStoreClient
+        from rollstack.mount.config import DaemonConfig
 
         out: dict[str, Any] = {}
         for mode, grace in (("holder", 60.0), ("no-holder", 0.0)):
@@ -482,7 +485,8 @@ class Bench:
             for i in range(runs):
                 state = self.work / "runs" / f"handover-{mode}"
                 shutil.rmtree(state, ignore_errors=True)
-                lazy = LazyStoreClient.start(state / "mnt", state / "state", self.store_url, holder_grace=grace)
+                config = DaemonConfig.of(state / "mnt", state / "state", self.store_url, holder_grace=grace)
+                lazy = LazyStoreClient.start(config)
                 successor = None
                 try:
                     lazy.add_layers(self.refs)
@@ -503,8 +507,7 @@ class Bench:
 
                         th = threading.Thread(target=command)
                         th.start()
-                        successor = LazyStoreClient.start(state / "mnt", state / "state", self.store_url,
-                                                          holder_grace=grace)
+                        successor = LazyStoreClient.start(config)
                         ready = time.perf_counter() - t0
                         th.join(120)
                         mode_now = successor.stats()["fuse_mode"]

@@ -94,8 +94,8 @@ class HostAgent:
     def config(self) -> Any:
         from rollstack.node.config import NodeConfig
 
-        return NodeConfig(root=self.root, store=self.store, listen=f"{self.host}:{self.agent_port}",
-                          lazy_listen=f"{self.host}:{self.lazy_port}", **self.options)
+        cfg = NodeConfig(root=self.root, store=self.store, listen=f"{self.host}:{self.agent_port}", **self.options)
+        return cfg.model_copy(update={"lazy": cfg.lazy.model_copy(update={"listen": f"{self.host}:{self.lazy_port}"})})
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "url": self.url, "lazy_url": self.lazy_url, "root": str(self.root),

@@ -13,11 +13,12 @@ from rollstack.fetch.layer import RemoteLayer
 from rollstack.fetch.memory import MemoryChunkCache
 from rollstack.fetch.peers import PeerClient
 from rollstack.fetch.stats import Account, FetchMetrics, Priority, Tier
-from rollstack.fetch.traces import TraceRecorder, TraceStore
+from rollstack.fetch.traces import Trace, TraceChunk, TraceRecorder, TraceStore
 
 ChunkCache = MemoryChunkCache
 
 __all__ = [
     "Account", "ChunkCache", "ChunkFetcher", "DiskChunkCache", "FetchConfig", "FetchMetrics", "MemoryChunkCache",
-    "PeerClient", "Priority", "RangeRequest", "RemoteLayer", "Tier", "TraceRecorder", "TraceStore", "coalesce",
+    "PeerClient", "Priority", "RangeRequest", "RemoteLayer", "Tier", "Trace", "TraceChunk", "TraceRecorder", "TraceStore",
+    "coalesce",
 ]

@@ -1,12 +1,14 @@
-"""`FetchConfig`: every knob of the chunk data path, as one explicit value object."""
+"""`FetchConfig`: every knob of the chunk data path, as one explicit value object (pydantic:
+it travels inside the lazy store daemon's one JSON config, mount/config.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict
 
 
-@dataclass(frozen=True)
-class FetchConfig:
+class FetchConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
     memory_budget: int = 256 << 20
     """Bytes of decompressed chunks kept in the daemon's memory (LRU)."""
     disk_budget: int = 8 << 30

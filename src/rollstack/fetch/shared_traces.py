@@ -3,7 +3,8 @@
 A trace (see `fetch.traces`) is published as a tiny OCI artifact in repository `rollstack/traces`:
 an image manifest tagged with the SHA-256 hex of the trace key, a small JSON config and one layer
 of media type `application/vnd.rollstack.trace.v1+json` holding
-`{"v": 1, "key": K, "chunks": [[layer digest, chunk doc], ...]}`.
+`{"v": 1, "key": K, "chunks": [[layer digest, chunk doc], ...]}` (entries in `TraceChunk`'s
+document form, fetch/traces.py).
 
 Whatever comes back from the store is untrusted: `decode_trace` checks the schema, the size,
 that every chunk belongs to a layer of the asking environment's stack and lies inside that
@@ -15,11 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any, Mapping
 
 from rollstack.errors import InvalidRequest, NotFound
-from rollstack.format.toc import Compression
+from rollstack.fetch.traces import DIGEST, Trace, TraceChunk
 
 REPO = "rollstack/traces"
 TRACE_MEDIA_TYPE = "application/vnd.rollstack.trace.v1+json"
@@ -28,11 +28,6 @@ ARTIFACT_TYPE = "application/vnd.rollstack.trace.v1"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MAX_TRACE_BYTES = 4 << 20  # a 20000-chunk trace encodes to ~2.5 MB
 MAX_ENTRIES = 20000
-MAX_CHUNK_BYTES = 1 << 30
-_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
-_COMPRESSIONS = {c.value for c in Compression}
-
-Entry = tuple[str, dict]
 
 
 def trace_tag(key: str) -> str:
@@ -44,35 +39,12 @@ def _canonical(doc: Any) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def encode_trace(key: str, entries: list[Entry]) -> bytes:
-    return _canonical({"v": 1, "key": key, "chunks": [[d, c] for d, c in entries[:MAX_ENTRIES]]})
+def encode_trace(key: str, entries: Trace) -> bytes:
+    return _canonical({"v": 1, "key": key, "chunks": [t.to_doc() for t in entries[:MAX_ENTRIES]]})
 
 
-def _int(doc: dict, name: str, lo: int, hi: int) -> int:
-    v = doc.get(name)
-    if type(v) is not int or not lo <= v <= hi:
-        raise InvalidRequest(f"shared trace: chunk field {name!r} is not an integer in [{lo}, {hi}]")
-    return v
-
-
-def _check_chunk(doc: Any, blob_size: int) -> dict:
-    if not isinstance(doc, dict):
-        raise InvalidRequest("shared trace: a chunk is not an object")
-    out = {"o": _int(doc, "o", 0, 1 << 62), "s": _int(doc, "s", 1, MAX_CHUNK_BYTES),
-           "bo": _int(doc, "bo", 0, 1 << 62), "bs": _int(doc, "bs", 1, MAX_CHUNK_BYTES)}
-    if out["bo"] + out["bs"] > blob_size:
-        raise InvalidRequest("shared trace: a chunk lies outside its layer blob")
-    d, c = doc.get("d"), doc.get("c")
-    if not isinstance(d, str) or not _DIGEST.fullmatch(d):
-        raise InvalidRequest("shared trace: a chunk digest is malformed")
-    if not isinstance(c, str) or c not in _COMPRESSIONS:
-        raise InvalidRequest("shared trace: unknown chunk compression")
-    out["d"], out["c"] = d, c
-    return out
-
-
-def decode_trace(data: bytes, key: str, layers: Mapping[str, int]) -> list[Entry]:
-    """[(layer digest, chunk doc)] from a published trace, or InvalidRequest. `layers` maps the
+def decode_trace(data: bytes, key: str, layers: Mapping[str, int]) -> Trace:
+    """The trace a published artifact holds, or InvalidRequest. `layers` maps the
     digests of the asking environment's layers to their blob sizes: a chunk of any other layer,
     or outside its blob, makes the whole trace invalid (it cannot be the trace of this stack)."""
     if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_TRACE_BYTES:
@@ -86,22 +58,21 @@ def decode_trace(data: bytes, key: str, layers: Mapping[str, int]) -> list[Entry
     chunks = doc.get("chunks")
     if not isinstance(chunks, list) or len(chunks) > MAX_ENTRIES:
         raise InvalidRequest("shared trace: 'chunks' is not a bounded list")
-    out: list[Entry] = []
+    out: Trace = []
     seen: set[tuple[str, int]] = set()
     for item in chunks:
         if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str):
             raise InvalidRequest("shared trace: an entry is not [layer digest, chunk]")
-        digest = item[0]
-        if digest not in layers:
+        if item[0] not in layers:
             raise InvalidRequest("shared trace: names a layer outside this environment's stack")
-        chunk = _check_chunk(item[1], layers[digest])
-        if (digest, chunk["bo"]) not in seen:
-            seen.add((digest, chunk["bo"]))
-            out.append((digest, chunk))
+        t = TraceChunk.from_doc(item, layers[item[0]])
+        if t.key not in seen:
+            seen.add(t.key)
+            out.append(t)
     return out
 
 
-def build_artifact(key: str, entries: list[Entry]) -> tuple[bytes, bytes, bytes]:
+def build_artifact(key: str, entries: Trace) -> tuple[bytes, bytes, bytes]:
     """(config blob, trace blob, manifest) of a trace artifact."""
     blob = encode_trace(key, entries)
     config = _canonical({"v": 1, "chunks": min(len(entries), MAX_ENTRIES)})
@@ -119,7 +90,7 @@ def _sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def publish(store: Any, key: str, entries: list[Entry]) -> str:
+def publish(store: Any, key: str, entries: Trace) -> str:
     """Blocking: upload a trace and tag it; returns the manifest digest."""
     config, blob, manifest = build_artifact(key, entries)
     store.put_blob(REPO, _sha(config), config)
@@ -138,14 +109,14 @@ def trace_blob_descriptor(manifest: bytes) -> tuple[str, int]:
         raise InvalidRequest("shared trace: manifest must have exactly one layer")
     desc = layers[0]
     digest, size = desc.get("digest"), desc.get("size")
-    if desc.get("mediaType") != TRACE_MEDIA_TYPE or not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+    if desc.get("mediaType") != TRACE_MEDIA_TYPE or not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise InvalidRequest("shared trace: manifest layer is not a trace")
     if type(size) is not int or not 0 < size <= MAX_TRACE_BYTES:
         raise InvalidRequest("shared trace: trace blob size out of bounds")
     return digest, size
 
 
-def lookup(store: Any, key: str, layers: Mapping[str, int]) -> list[Entry] | None:
+def lookup(store: Any, key: str, layers: Mapping[str, int]) -> Trace | None:
     """Blocking: the published trace of `key` (None if there is none), validated against
     `layers`; InvalidRequest if it is malformed, other store errors propagate."""
     try:

@@ -1,6 +1,6 @@
 """`LazyStoreClient`: start, talk to and stop the node's lazy store daemon (sync, thread-safe).
 
-    lazy = LazyStoreClient.start(mountpoint, state_dir, store_url)
+    lazy = LazyStoreClient.start(DaemonConfig.of(mountpoint, state_dir, store_url, neighbor_bytes=0))
     lazy.add_layers([{"repo": "os/base", "digest": "sha256:..."}])    # or plan.LayerRef objects
     lowerdirs = [lazy.layer_dir(d) for d in reversed(stack_digests)]  # top layer first
     lazy.begin_env(env_id, refs, trace_key="stack+task", background=True)
@@ -23,16 +23,27 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import httpx
+import pydantic
 
-from rollstack.errors import NodeUnavailable, RollstackError, from_dict
+from rollstack.errors import InvalidRequest, NodeUnavailable, RollstackError, from_dict
 from rollstack.core.httppool import PerThreadClient
+from rollstack.mount.config import DaemonConfig, daemon_argv
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
+from rollstack.mount.wire import BeginEnvBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
 
 
-def _ref_doc(ref: Any) -> dict[str, str]:
-    if isinstance(ref, dict):
-        return {"repo": ref["repo"], "digest": ref["digest"]}
-    return {"repo": ref.repo, "digest": ref.digest}
+def _refs(refs: Iterable[Any]) -> list[dict[str, Any]]:
+    """Layer references from dicts or objects with .repo/.digest (e.g. plan.LayerRef)."""
+    return [{"repo": r.get("repo"), "digest": r.get("digest")} if isinstance(r, dict)
+            else {"repo": getattr(r, "repo", None), "digest": getattr(r, "digest", None)} for r in refs]
+
+
+def _body(model: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]:
+    """A request body built (and checked) by its wire model; InvalidRequest if it does not fit."""
+    try:
+        return model(**fields).model_dump(mode="json", by_alias=True)
+    except pydantic.ValidationError as exc:
+        raise InvalidRequest(f"{model.__name__}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
 
 
 class LazyStoreClient:
@@ -53,48 +64,19 @@ class LazyStoreClient:
 
     # -- lifecycle -------------------------------------------------------------------------
     @classmethod
-    def start(cls, mountpoint: str | os.PathLike[str], state_dir: str | os.PathLike[str], store_url: str, *,
-              cache_budget: int | None = None, memory_budget: int | None = None, peers: Sequence[str] = (),
-              listen: str | None = None, deadline: float | None = None, neighbor_bytes: int | None = None,
-              neighbor_back_bytes: int | None = None, trace_window: float | None = None, wait: float = 30.0,
-              log_path: str | os.PathLike[str] | None = None, background_grace: float | None = None,
-              background_quiet: float | None = None, background_share: float | None = None,
-              link_rate: float | None = None, fetch_on_open: bool = False,
-              neighbor_same_dir: bool = False, share_traces: bool = True,
-              dir_prefetch_bytes: int | None = None, writeback_quiet: float | None = None,
-              no_open: bool = True, holder_grace: float | None = None,
-              fuse_priority: str | None = None) -> "LazyStoreClient":
-        """Launch the daemon and return once the mount and the control socket are up."""
-        mountpoint, state_dir = Path(mountpoint).absolute(), Path(state_dir).absolute()
+    def start(cls, config: DaemonConfig, *, wait: float = 30.0,
+              log_path: str | os.PathLike[str] | None = None) -> "LazyStoreClient":
+        """Launch a daemon with `config` (its one JSON argument, mount/config.py) and return once
+        the mount and the control socket are up."""
+        mountpoint, state_dir, sock = config.mountpoint, config.state_dir, config.control_socket
         state_dir.mkdir(parents=True, exist_ok=True)
-        sock = state_dir / "control.sock"
         from rollstack.mount import holder  # not at import: `python -m rollstack.mount.holder` runs it
 
         if holder.ping(state_dir) is None:  # a held connection is not stale: the new daemon takes it
             clear_stale(mountpoint)
-        argv = [sys.executable, "-m", "rollstack.mount.daemon", "--mountpoint", str(mountpoint),
-                "--state-dir", str(state_dir), "--store", store_url, "--control", f"unix:{sock}"]
-        for flag, value in (("--cache-budget", cache_budget), ("--memory-budget", memory_budget),
-                            ("--listen", listen), ("--deadline", deadline), ("--neighbor-bytes", neighbor_bytes),
-                            ("--neighbor-back-bytes", neighbor_back_bytes), ("--trace-window", trace_window),
-                            ("--background-grace", background_grace), ("--background-quiet", background_quiet),
-                            ("--background-share", background_share), ("--link-rate", link_rate),
-                            ("--dir-prefetch-bytes", dir_prefetch_bytes), ("--writeback-quiet", writeback_quiet),
-                            ("--holder-grace", holder_grace), ("--fuse-priority", fuse_priority)):
-            if value is not None:
-                argv += [flag, str(value)]
-        for p in peers:
-            argv += ["--peer", p]
-        if fetch_on_open:
-            argv.append("--fetch-on-open")
-        if neighbor_same_dir:
-            argv.append("--neighbor-same-dir")
-        if not share_traces:
-            argv.append("--no-share-traces")
-        if not no_open:
-            argv.append("--kernel-open")
         log = open(log_path or state_dir / "daemon.log", "ab")
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        proc = subprocess.Popen(daemon_argv(sys.executable, config), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=log, start_new_session=True)
         log.close()
         client = cls(mountpoint, sock, process=proc)
         deadline_at = time.monotonic() + wait
@@ -175,7 +157,7 @@ class LazyStoreClient:
 
     def add_layers(self, refs: Iterable[Any]) -> dict[str, Any]:
         """Load layers by TOC; returns {"layers": [{digest, toc_seconds, toc_bytes, ...}], "seconds", "bytes"}."""
-        return self._call("POST", "/v1/layers", {"layers": [_ref_doc(r) for r in refs]})
+        return self._call("POST", "/v1/layers", _body(LayersBody, layers=_refs(refs)))
 
     def layer_dir(self, digest: str) -> Path:
         return self.mountpoint / "layers" / digest.partition(":")[2]
@@ -183,14 +165,16 @@ class LazyStoreClient:
     def fetch_all(self, refs: Iterable[Any], background: bool = False) -> dict[str, Any]:
         """Fetch every chunk of these layers not local yet: now (the rollstack-eager mode), or
         `background`: as gated background fill (yields to demand reads, bounded link share)."""
-        return self._call("POST", "/v1/fetch_all", {"layers": [_ref_doc(r) for r in refs], "background": background},
+        return self._call("POST", "/v1/fetch_all", _body(FetchAllBody, layers=_refs(refs), background=background),
                           timeout=None if not background else 24 * 3600.0)
 
     def begin_env(self, env_id: str, layer_refs: Iterable[Any], trace_key: str | None = None,
                   background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/v1/envs/{env_id}", {"layers": [_ref_doc(r) for r in layer_refs],
-                                                         "trace_key": trace_key, "background": background,
-                                                         "fallback_key": fallback_key})
+        """Register an environment; its trace prefetch starts at once. `trace_source` and
+        `trace_prefetch_chunks` are final once `trace_lookup` is "done" (env_stats, end_env)."""
+        body = _body(BeginEnvBody, layers=_refs(layer_refs), trace_key=trace_key, background=background,
+                     fallback_key=fallback_key)
+        return self._call("POST", f"/v1/envs/{env_id}", body)
 
     def env_stats(self, env_id: str) -> dict[str, Any]:
         """{fetched_bytes, from_cache_bytes, from_peer_bytes, stall_seconds, critical_path_bytes, ...}"""
@@ -200,7 +184,7 @@ class LazyStoreClient:
         return self._call("DELETE", f"/v1/envs/{env_id}")
 
     def prefetch(self, trace_key: str, env_id: str | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/prefetch", {"trace_key": trace_key, "env_id": env_id})
+        return self._call("POST", "/v1/prefetch", _body(PrefetchBody, trace_key=trace_key, env_id=env_id))
 
     def stats(self) -> dict[str, Any]:
         return self._call("GET", "/v1/stats")
@@ -210,7 +194,7 @@ class LazyStoreClient:
         return resp.text
 
     def set_peers(self, urls: Sequence[str], self_url: str | None = None) -> list[str]:
-        return self._call("PUT", "/v1/peers", {"urls": list(urls), "self": self_url})["urls"]
+        return self._call("PUT", "/v1/peers", _body(PeersBody, urls=list(urls), self_url=self_url))["urls"]
 
     def drop_caches(self) -> None:
         self._call("POST", "/v1/drop_caches", {})

@@ -1,6 +1,8 @@
 """The daemon's control API: small HTTP/1.1 (h11) on trio, over a unix socket and optionally TCP.
 
 JSON in, JSON out; errors as `{"error": {"code", "message"}}` with the error's HTTP status.
+Routes are one table (`ROUTES`), request bodies pydantic models (mount/wire.py): a body that
+does not fit its model is `invalid_request` (400) naming the field.
 
     GET  /healthz                      {"ok": true, "mountpoint": ...}
     POST /v1/layers                    {"layers": [{repo, digest}]} -> add_layers timings
@@ -25,24 +27,46 @@ import logging
 import os
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 import h11
+import pydantic
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rollstack.errors import InvalidRequest, NotFound, RollstackError
 from rollstack.fetch.fetcher import leaf_error
 from rollstack.mount.service import LazyStoreService
+from rollstack.mount.wire import BeginEnvBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
 
 log = logging.getLogger("rollstack.mount.control")
 
 MAX_BODY = 16 << 20
-_ENV = re.compile(r"^/v1/envs/([^/]+)$")
-_CHUNK = re.compile(r"^/v1/chunks/(sha256:[0-9a-f]{64})$")
 
 Response = tuple[int, str, bytes]
+B = TypeVar("B", bound=pydantic.BaseModel)
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: str
+    body: bytes
+    match: re.Match[str]
+
+    def model(self, cls: type[B]) -> B:
+        """The body as a `cls` (mount/wire.py), or InvalidRequest."""
+        try:
+            return cls.model_validate_json(self.body or b"{}")
+        except pydantic.ValidationError as exc:
+            errs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+            raise InvalidRequest(f"{self.method} {self.path}: {errs}") from None
+
+
+Handler = Callable[["ControlApi", Request], Awaitable[Response]]
 
 
 class ControlApi:
@@ -50,70 +74,96 @@ class ControlApi:
         self.svc = service
         self.shutdown = shutdown
 
-    async def handle(self, method: str, path: str, body: bytes) -> Response:
+    async def handle(self, method: str, target: str, body: bytes) -> Response:
         try:
-            return await self._route(method, path, body)
+            return await self._route(method, target, body)
         except Exception as exc:  # noqa: BLE001 - answer, never drop the connection
             err = leaf_error(exc)
             if isinstance(err, RollstackError):
                 return _json(err.status, {"error": err.to_dict()})
-            log.exception("control %s %s failed", method, path)
+            log.exception("control %s %s failed", method, target)
             return _json(500, {"error": {"code": "internal_error", "message": repr(err)}})
 
-    async def _route(self, method: str, path: str, body: bytes) -> Response:
-        path, _, query = path.partition("?")
-        svc = self.svc
-        if path == "/healthz":
-            return _json(200, {"ok": True, "mountpoint": str(svc.config.mountpoint), "pid": os.getpid(),
-                               "layers": len(svc.layers)})
-        if path == "/metrics":
-            svc.update_metric_gauges()
-            return 200, CONTENT_TYPE_LATEST, generate_latest(svc.metrics.registry)
-        m = _CHUNK.match(path)
-        if m and method == "GET":
-            data = await svc.chunk_bytes(m.group(1), _wait(query), "stage=registry" not in query.split("&"))
-            if data is None:
-                return _json(404, {"error": {"code": "not_found", "message": "chunk not cached here"}})
-            return 200, "application/octet-stream", data
-        if path == "/v1/stats" and method == "GET":
-            return _json(200, svc.stats())
-        doc = _body(body)
-        if path == "/v1/layers" and method == "POST":
-            return _json(200, await svc.add_layers(_layers(doc)))
-        if path == "/v1/fetch_all" and method == "POST":
-            return _json(200, await svc.fetch_all(_layers(doc), background=bool(doc.get("background", False))))
-        if path == "/v1/peers" and method == "PUT":
-            urls = doc.get("urls")
-            if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
-                raise InvalidRequest("peers needs 'urls': a list of strings")
-            return _json(200, {"urls": svc.set_peers(urls, _opt_str(doc, "self"))})
-        if path == "/v1/drop_caches" and method == "POST":
-            svc.drop_caches()
-            return _json(200, {"ok": True})
-        if path == "/v1/shutdown" and method == "POST":
-            self.shutdown()
-            return _json(200, {"ok": True})
-        if path == "/v1/prefetch" and method == "POST":
-            key = doc.get("trace_key")
-            if not isinstance(key, str):
-                raise InvalidRequest("prefetch needs a trace_key")
-            trace = svc.traces.load(key)
-            env = svc.envs.envs.get(str(doc.get("env_id"))) if doc.get("env_id") else None
-            if trace:
-                await svc._trace_prefetch(env or _scratch_env(), trace)  # noqa: SLF001
-            return _json(200, {"chunks": len(trace)})
-        m = _ENV.match(path)
-        if m:
-            env_id = m.group(1)
-            if method == "POST":
-                return _json(200, await svc.begin_env(env_id, _layers(doc), _opt_str(doc, "trace_key"),
-                                                      bool(doc.get("background", True)),
-                                                      _opt_str(doc, "fallback_key")))
-            if method == "GET":
-                return _json(200, svc.env_stats(env_id))
-            if method == "DELETE":
-                return _json(200, svc.end_env(env_id))
+    async def _route(self, method: str, target: str, body: bytes) -> Response:
+        path, _, query = target.partition("?")
+        for verb, pattern, handler in ROUTES:
+            m = pattern.fullmatch(path)
+            if m is not None and verb == method:
+                return await handler(self, Request(method, path, query, body, m))
         raise NotFound(f"no route {method} {path}")
+
+    # -- handlers (one per route, see ROUTES) ----------------------------------------------
+    async def healthz(self, req: Request) -> Response:
+        svc = self.svc
+        return _json(200, {"ok": True, "mountpoint": str(svc.config.mountpoint), "pid": os.getpid(),
+                           "layers": len(svc.layers)})
+
+    async def metrics(self, req: Request) -> Response:
+        self.svc.update_metric_gauges()
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self.svc.metrics.registry)
+
+    async def chunk(self, req: Request) -> Response:
+        data = await self.svc.reads.chunk_bytes(req.match.group(1), _wait(req.query),
+                                                "stage=registry" not in req.query.split("&"))
+        if data is None:
+            return _json(404, {"error": {"code": "not_found", "message": "chunk not cached here"}})
+        return 200, "application/octet-stream", data
+
+    async def stats(self, req: Request) -> Response:
+        return _json(200, self.svc.stats())
+
+    async def add_layers(self, req: Request) -> Response:
+        return _json(200, await self.svc.add_layers(req.model(LayersBody).layers))
+
+    async def fetch_all(self, req: Request) -> Response:
+        doc = req.model(FetchAllBody)
+        return _json(200, await self.svc.fetch_all(doc.layers, background=doc.background))
+
+    async def set_peers(self, req: Request) -> Response:
+        doc = req.model(PeersBody)
+        return _json(200, {"urls": self.svc.set_peers(doc.urls, doc.self_url)})
+
+    async def drop_caches(self, req: Request) -> Response:
+        await self.svc.drop_caches()
+        return _json(200, {"ok": True})
+
+    async def stop(self, req: Request) -> Response:
+        self.shutdown()
+        return _json(200, {"ok": True})
+
+    async def prefetch(self, req: Request) -> Response:
+        doc = req.model(PrefetchBody)
+        return _json(200, {"chunks": await self.svc.prefetch_trace(doc.trace_key, doc.env_id)})
+
+    async def begin_env(self, req: Request) -> Response:
+        doc = req.model(BeginEnvBody)
+        return _json(200, await self.svc.begin_env(req.match.group(1), doc.layers, doc.trace_key, doc.background,
+                                                   doc.fallback_key))
+
+    async def env_stats(self, req: Request) -> Response:
+        return _json(200, self.svc.env_stats(req.match.group(1)))
+
+    async def end_env(self, req: Request) -> Response:
+        return _json(200, await self.svc.end_env(req.match.group(1)))
+
+
+_ENV = r"/v1/envs/([^/]+)"
+ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [(verb, re.compile(path), handler) for verb, path, handler in (
+    ("GET", r"/healthz", ControlApi.healthz),
+    ("GET", r"/metrics", ControlApi.metrics),
+    ("GET", r"/v1/chunks/(sha256:[0-9a-f]{64})", ControlApi.chunk),
+    ("GET", r"/v1/stats", ControlApi.stats),
+    ("POST", r"/v1/layers", ControlApi.add_layers),
+    ("POST", r"/v1/fetch_all", ControlApi.fetch_all),
+    ("PUT", r"/v1/peers", ControlApi.set_peers),
+    ("POST", r"/v1/drop_caches", ControlApi.drop_caches),
+    ("POST", r"/v1/shutdown", ControlApi.stop),
+    ("POST", r"/v1/prefetch", ControlApi.prefetch),
+    ("POST", _ENV, ControlApi.begin_env),
+    ("GET", _ENV, ControlApi.env_stats),
+    ("DELETE", _ENV, ControlApi.end_env),
+)]
+"""(method, path pattern, handler): the whole API; the module docstring describes each route."""
 
 
 def _wait(query: str) -> float:
@@ -127,47 +177,15 @@ def _wait(query: str) -> float:
     return 0.0
 
 
-def _scratch_env() -> Any:
-    from rollstack.mount.envs import Env
-
-    return Env("prefetch", [])
-
-
-def _body(body: bytes) -> dict[str, Any]:
-    if not body:
-        return {}
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        raise InvalidRequest("body is not JSON") from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest("body must be a JSON object")
-    return doc
-
-
-def _opt_str(doc: dict[str, Any], name: str) -> str | None:
-    value = doc.get(name)
-    if value is not None and (not isinstance(value, str) or not value or len(value) > 1024):
-        raise InvalidRequest(f"{name} must be a non-empty string of at most 1024 characters")
-    return value
-
-
-def _layers(doc: dict[str, Any]) -> list[Any]:
-    layers = doc.get("layers")
-    if not isinstance(layers, list):
-        raise InvalidRequest("'layers' must be a list of {repo, digest}")
-    return layers
-
-
 def _json(status: int, doc: Any) -> Response:
     return status, "application/json", json.dumps(doc, default=str).encode()
 
 
 # -- the HTTP server -------------------------------------------------------------------------
-Handler = Callable[[str, str, bytes], Awaitable[Response]]
+Serve = Callable[[str, str, bytes], Awaitable[Response]]
 
 
-async def _serve_connection(stream: trio.abc.Stream, handler: Handler) -> None:
+async def _serve_connection(stream: trio.abc.Stream, handler: Serve) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 << 10)
     try:
         while True:
@@ -226,7 +244,7 @@ async def tcp_listener(addr: str) -> trio.SocketListener:
     return listeners[0]
 
 
-async def serve(listeners: list[trio.SocketListener], handler: Handler,
+async def serve(listeners: list[trio.SocketListener], handler: Serve,
                 task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     async def on_conn(stream: trio.abc.Stream) -> None:
         await _serve_connection(stream, handler)

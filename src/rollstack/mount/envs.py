@@ -1,9 +1,26 @@
-"""Environments as the lazy store sees them: who is reading, and what it has cost.
+"""Environments as the lazy store sees them: who is reading, what it has cost, what it prefetches.
 
 A FUSE request carries the pid of the process that caused it. The runtime puts every
 environment's processes in the cgroup `rollstack/<env-id>`, so `/proc/<pid>/cgroup` names the
 environment. Lookups are cached per pid for a few seconds (pids are reused, but not that fast);
-reads by pids outside any environment count node-wide only.
+reads by pids outside any environment count node-wide only. (That procfs read stays on the FUSE
+loop: it is a kernel-generated page, not disk I/O, and runs once per new pid per 5 s.)
+
+`Environments.begin` registers an environment and starts its trace work without waiting for
+the network. `trace_key` names its work (stack + task), `fallback_key` the stack's (what any
+task's first seconds read):
+
+- this node's traces of both keys are read at once, concurrently (worker threads, local files);
+  a task trace found is prefetched, and nothing is recorded;
+- otherwise the environment records its own reads under `trace_key` (merged into
+  `fallback_key`'s) from its first read on, a local stack trace is prefetched at once, and the
+  traces other nodes published for the missing keys are looked up concurrently in the
+  background (`trace_lookup: "pending"` until they answered): a shared task trace is prefetched
+  when it arrives and ends the recording (that task has a trace), a shared stack trace is
+  prefetched when it arrives unless the task's came first.
+
+`trace_source` ("local" | "shared" | "stack-local" | "stack-shared" | None) and
+`trace_prefetch_chunks` are final once `trace_lookup` is "done" (env stats, end_env's result).
 """
 
 from __future__ import annotations
@@ -11,11 +28,15 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import trio
 
+from rollstack.errors import InvalidRequest, NotFound
+from rollstack.fetch import ChunkFetcher, FetchConfig, Trace, TraceRecorder
 from rollstack.fetch.stats import Account
-from rollstack.fetch.traces import TraceRecorder
+from rollstack.mount.layers import LayerTable, digest_hex
+from rollstack.mount.traces import TraceBook
 
 _CGROUP_ENV = re.compile(r"(?:^|/)rollstack/([A-Za-z0-9][A-Za-z0-9_.-]*)")
 _PID_TTL = 5.0
@@ -31,12 +52,35 @@ class Env:
     recorder: TraceRecorder | None = None
     started: float = field(default_factory=time.monotonic)
     prefetch_chunks: int = 0
-    cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    trace_source: str | None = None
+    trace_lookup: str = "done"  # "pending" while shared traces are being looked up
+    ended: bool = False
+    _tasks: set[trio.CancelScope] = field(default_factory=set)
+
+    async def run(self, fn: Any, *args: Any) -> None:
+        """`fn(*args)` as one of this environment's tasks: cancelled when it ends. (One scope per
+        task: a trio CancelScope can be entered only once, so one shared scope made the second
+        task of an environment, e.g. background fill after a trace prefetch, fail at once.)"""
+        if self.ended:
+            return
+        with trio.CancelScope() as scope:
+            self._tasks.add(scope)
+            try:
+                await fn(*args)
+            finally:
+                self._tasks.discard(scope)
+
+    def end(self) -> None:
+        """Cancel every task of this environment (running or yet to start)."""
+        self.ended = True
+        for scope in list(self._tasks):
+            scope.cancel()
 
     def stats(self) -> dict:
         doc = self.account.summary()
         doc.update(env_id=self.id, age_seconds=round(time.monotonic() - self.started, 3),
                    trace_key=self.trace_key, trace_prefetch_chunks=self.prefetch_chunks,
+                   trace_source=self.trace_source, trace_lookup=self.trace_lookup,
                    trace_recording=bool(self.recorder and self.recorder.open))
         return doc
 
@@ -76,3 +120,113 @@ class EnvTable:
 
     def forget_pids(self) -> None:
         self._pids.clear()
+
+
+class Environments:
+    """begin / stats / end of environments, their trace prefetch, recording and background fill."""
+
+    def __init__(self, table: EnvTable, layers: LayerTable, traces: TraceBook, fetcher: ChunkFetcher,
+                 config: FetchConfig) -> None:
+        self.table, self.layers, self.traces, self.fetcher, self.config = table, layers, traces, fetcher, config
+
+    def get(self, env_id: str) -> Env:
+        env = self.table.envs.get(env_id)
+        if env is None:
+            raise NotFound(f"environment {env_id} is not known to the lazy store")
+        return env
+
+    async def begin(self, env_id: str, refs: Iterable[Any], trace_key: str | None = None,
+                    background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
+        if not env_id or "/" in env_id:
+            raise InvalidRequest(f"bad environment id {env_id!r}")
+        added = await self.layers.add(refs)
+        old = self.table.envs.pop(env_id, None)
+        if old is not None:
+            old.end()
+        env = Env(env_id, [d["digest"] for d in added["layers"]], trace_key, fallback_key=fallback_key)
+        self.table.envs[env_id] = env
+        self.table.forget_pids()
+        if trace_key:
+            await self._start_traces(env, {d["digest"]: int(d["blob_size"]) for d in added["layers"]})
+        if background:
+            self.fetcher.spawn(env.run, self._background_fill, env)
+        return {"env_id": env_id, "layers": added, "trace_prefetch_chunks": env.prefetch_chunks,
+                "trace_source": env.trace_source, "trace_lookup": env.trace_lookup}
+
+    async def _start_traces(self, env: Env, sizes: dict[str, int]) -> None:
+        assert env.trace_key is not None
+        found: dict[str, Trace] = {}
+
+        async def local(key: str) -> None:
+            found[key] = await self.traces.local(key)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(local, env.trace_key)
+            if env.fallback_key:
+                n.start_soon(local, env.fallback_key)
+        if found[env.trace_key]:
+            self._use(env, found[env.trace_key], "local")
+            return
+        # no trace of this task here: record one from the first read on
+        env.recorder = TraceRecorder(env.trace_key, self.config.trace_window, self.config.trace_max_chunks)
+        self.fetcher.spawn(self._save_later, env)
+        stack = found.get(env.fallback_key) if env.fallback_key else None
+        if stack:
+            self._use(env, stack, "stack-local")
+        if self.traces.share:
+            env.trace_lookup = "pending"
+            self.fetcher.spawn(env.run, self._shared_lookups, env, sizes, not stack)
+
+    async def _shared_lookups(self, env: Env, sizes: dict[str, int], want_stack: bool) -> None:
+        """In the background: the traces other nodes published for the keys this node lacks."""
+        assert env.trace_key is not None
+
+        async def task_trace() -> None:
+            trace = await self.traces.shared_trace(env.trace_key, sizes)
+            if trace:
+                env.recorder = None  # the task has a trace: nothing to record
+                self._use(env, trace, "shared")
+
+        async def stack_trace() -> None:
+            assert env.fallback_key is not None
+            trace = await self.traces.shared_trace(env.fallback_key, sizes)
+            if trace and env.trace_source in (None, "stack-local"):
+                self._use(env, trace, "stack-shared")
+
+        try:
+            async with trio.open_nursery() as n:
+                n.start_soon(task_trace)
+                if want_stack and env.fallback_key:
+                    n.start_soon(stack_trace)
+        finally:
+            env.trace_lookup = "done"
+
+    def _use(self, env: Env, trace: Trace, source: str) -> None:
+        env.trace_source = source
+        env.prefetch_chunks += len(trace)
+        self.fetcher.spawn(env.run, self.traces.prefetch, trace, env.account)
+
+    async def _background_fill(self, env: Env) -> None:
+        """The rest of the environment's layers, after a grace period (its first command runs
+        on an uncontended node); each request is admitted by the fetcher's background gate."""
+        await trio.sleep(self.config.background_grace)
+        for digest in env.layers:
+            layer = self.layers.get(digest_hex(digest))
+            if layer is not None:
+                await self.fetcher.fill(layer.remote, env.account)
+
+    async def _save_later(self, env: Env) -> None:
+        await trio.sleep(self.config.trace_window)
+        await self._save(env)
+
+    async def _save(self, env: Env) -> None:
+        rec, env.recorder = env.recorder, None
+        if rec is not None:
+            await self.traces.save(rec, env.fallback_key)
+
+    async def end(self, env_id: str) -> dict[str, Any]:
+        env = self.get(env_id)
+        del self.table.envs[env_id]
+        env.end()
+        await self._save(env)
+        return env.stats()

@@ -100,17 +100,28 @@ class LazyFS(pyfuse3.Operations):
     def __init__(self, service: LazyStoreService) -> None:
         super().__init__()
         self.svc = service
+        self.layers = service.layers
+        self.reads = service.reads
         self.timeout = service.config.entry_timeout
         self.no_open = service.config.no_open and PATCHED
-        service.fs_mode = {"no_open": self.no_open, "patched_pyfuse3": PATCHED, "xattr_fast_path": _XATTR_FAST_ON}
+        self.mode: dict[str, Any] = {"no_open": self.no_open, "patched_pyfuse3": PATCHED,
+                                     "xattr_fast_path": _XATTR_FAST_ON}
         if _XATTR_FAST_ON:
             pyfuse3.set_no_xattr_ranges([])  # a fresh process: nothing declared yet
-            service.xattr_hook = pyfuse3.set_no_xattr_ranges
-            service.fs_fast_stats = pyfuse3.fast_path_stats
         self.lookups: dict[int, int] = {}
         self.ops: dict[str, int] = {}  # FUSE requests served, by operation
         self._xattr_keys: dict[bytes, str] = {}  # xattr name -> its ops counter key
-        service.fs_ops = self.ops
+
+    # -- what the service reads from us (service.Frontend) ----------------------------------
+    def fast_stats(self) -> dict[str, int] | None:
+        return pyfuse3.fast_path_stats() if _XATTR_FAST_ON else None
+
+    def no_xattr_hook(self) -> Callable[[list[tuple[int, int]], frozenset[int]], None] | None:
+        return pyfuse3.set_no_xattr_ranges if _XATTR_FAST_ON else None
+
+    def note_mode(self, **facts: Any) -> None:
+        """How the daemon set this mount up (takeover, fd-holder, FUSE thread priority)."""
+        self.mode.update(facts)
 
     # -- attributes ------------------------------------------------------------------------
     def _dir_attr(self, ino: int, nlink: int, mtime_ns: int) -> pyfuse3.EntryAttributes:
@@ -128,8 +139,8 @@ class LazyFS(pyfuse3.Operations):
         if ino == ROOT:
             return self._dir_attr(ROOT, 3, int(self.svc.started * 1e9))
         if ino == LAYERS:
-            return self._dir_attr(LAYERS, 2 + len(self.svc.layers), self.svc.layers_changed_ns)
-        layer = self.svc.layer_of(ino)
+            return self._dir_attr(LAYERS, 2 + len(self.layers), self.layers.changed_ns)
+        layer = self.layers.of_inode(ino)
         if layer is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         idx = layer.index
@@ -166,11 +177,11 @@ class LazyFS(pyfuse3.Operations):
         if parent_inode == LAYERS:
             if n == "..":
                 return self._counted(self._attr(ROOT))
-            layer = self.svc.layers.get(n)
+            layer = self.layers.get(n)
             if layer is None:  # not cached: the layer may be added a moment later
                 raise pyfuse3.FUSEError(errno.ENOENT)
             return self._counted(self._attr(layer.index.root))
-        layer = self.svc.layer_of(parent_inode)
+        layer = self.layers.of_inode(parent_inode)
         if layer is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         idx = layer.index
@@ -191,7 +202,7 @@ class LazyFS(pyfuse3.Operations):
 
     @_translate
     async def readlink(self, inode: int, ctx: Any) -> bytes:
-        layer = self.svc.layer_of(inode)
+        layer = self.layers.of_inode(inode)
         if layer is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         e = layer.index.entry(inode)
@@ -214,7 +225,7 @@ class LazyFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOSYS)  # no more OPENDIR/RELEASEDIR; readdir gets the inode
         if inode in (ROOT, LAYERS):
             return inode
-        layer = self.svc.layer_of(inode)
+        layer = self.layers.of_inode(inode)
         if layer is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         if layer.index.entry(inode).type is not EntryType.DIR:
@@ -225,8 +236,8 @@ class LazyFS(pyfuse3.Operations):
         if fh == ROOT:
             return [("layers", LAYERS)]
         if fh == LAYERS:
-            return [(h, layer.index.root) for h, layer in sorted(self.svc.layers.items())]
-        layer = self.svc.layer_of(fh)
+            return [(h, layer.index.root) for h, layer in sorted(self.layers.items())]
+        layer = self.layers.of_inode(fh)
         return layer.index.children(fh) if layer is not None else []
 
     @_translate
@@ -246,30 +257,30 @@ class LazyFS(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise pyfuse3.FUSEError(errno.EROFS)
-        layer = self.svc.layer_of(inode)
+        layer = self.layers.of_inode(inode)
         if layer is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         if layer.index.entry(inode).type is not EntryType.REG:
             raise pyfuse3.FUSEError(errno.EISDIR if layer.index.entry(inode).type is EntryType.DIR else errno.EACCES)
         if self.no_open:
             raise pyfuse3.FUSEError(errno.ENOSYS)  # no more OPEN/RELEASE; reads come as read_unopened
-        fh = self.svc.open_file(inode, ctx.pid if ctx is not None else 0)
+        fh = self.reads.open_file(inode, ctx.pid if ctx is not None else 0)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     @_translate
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self.svc.read(fh, off, size)
+        return await self.reads.read(fh, off, size)
 
     @_translate
     async def read_unopened(self, inode: int, off: int, size: int, ctx: Any) -> bytes:
-        return await self.svc.read_unopened(inode, off, size, ctx.pid if ctx is not None else 0)
+        return await self.reads.read_unopened(inode, off, size, ctx.pid if ctx is not None else 0)
 
     async def release(self, fh: int) -> None:
-        self.svc.release(fh)
+        self.reads.release(fh)
 
     # -- xattrs ----------------------------------------------------------------------------
     def _xattrs(self, inode: int) -> dict[bytes, bytes]:
-        layer = self.svc.layer_of(inode)
+        layer = self.layers.of_inode(inode)
         if layer is None:
             return {}
         e = layer.index.entry(inode)
@@ -289,7 +300,7 @@ class LazyFS(pyfuse3.Operations):
         if ops_name is None:
             ops_name = self._xattr_keys[name] = "getxattr:" + name.decode(errors="replace")
         ops[ops_name] = ops.get(ops_name, 0) + 1
-        layer = self.svc.layer_of(inode)
+        layer = self.layers.of_inode(inode)
         if layer is not None:
             try:
                 e = layer.index.entry(inode)
@@ -312,11 +323,11 @@ class LazyFS(pyfuse3.Operations):
     @_translate
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
         s = pyfuse3.StatvfsData()
-        total = sum(layer.blob_size for layer in self.svc.layers.values())
+        total = sum(layer.blob_size for layer in self.layers)
         s.f_bsize = s.f_frsize = 4096
         s.f_blocks = total // 4096
         s.f_bfree = s.f_bavail = 0
-        s.f_files = sum(layer.index.size for layer in self.svc.layers.values()) + 2
+        s.f_files = sum(layer.index.size for layer in self.layers) + 2
         s.f_ffree = s.f_favail = 0
         s.f_namemax = 255
         return s

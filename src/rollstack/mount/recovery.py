@@ -14,28 +14,31 @@ import errno
 import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 from rollstack.errors import RuntimeFailure
 from rollstack.host.mountinfo import mounted_at
 from rollstack.host.umount import detach
 
-__all__ = ["abort_connection", "clear_stale", "is_stale", "lazy_unmount", "mounted_at", "pids_running"]
+__all__ = ["clear_stale", "is_stale", "lazy_unmount", "mounted_at", "pids_running", "processes"]
 
 log = logging.getLogger(__name__)
 
 
-def pids_running(*words: bytes) -> list[int]:
-    """Pids of the processes whose command line has every one of `words` as an argument."""
-    pids = []
+def processes() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, argv) of every process whose command line is readable."""
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
                 argv = (d / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if all(w in argv for w in words):
-                pids.append(int(d.name))
-    return pids
+            yield int(d.name), argv
+
+
+def pids_running(*words: bytes) -> list[int]:
+    """Pids of the processes whose command line has every one of `words` as an argument."""
+    return [pid for pid, argv in processes() if all(w in argv for w in words)]
 
 
 def is_stale(mountpoint: Path) -> bool:
@@ -60,20 +63,6 @@ def lazy_unmount(mountpoint: Path) -> bool:
         return detach(mountpoint)
     except RuntimeFailure as exc:
         log.warning("could not detach %s: %s", mountpoint, exc)
-        return False
-
-
-def abort_connection(mountpoint: Path) -> bool:
-    """Abort the FUSE connection behind `mountpoint` via /sys/fs/fuse/connections (a hung daemon)."""
-    try:
-        dev = os.stat(mountpoint).st_dev
-    except OSError:
-        return False
-    abort = Path(f"/sys/fs/fuse/connections/{os.minor(dev)}/abort")
-    try:
-        abort.write_text("1")
-        return True
-    except OSError:
         return False
 
 

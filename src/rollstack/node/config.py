@@ -6,6 +6,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollstack.fetch.config import FetchConfig
+from rollstack.mount.config import LazyStoreSettings
+
 DEFAULT_ROOT = Path("/var/lib/rollstack")
 DEFAULT_LISTEN = "127.0.0.1:7878"
 
@@ -38,8 +41,6 @@ class NodeConfig(BaseModel):
     """Seconds between sweeps for expired environments."""
     resolve_ttl: float = 300.0
     """Seconds a resolved tag stays cached."""
-    cache_budget: int = 20 << 30
-    """Bytes of the lazy store's disk chunk cache."""
     materialize_after: int = Field(default=2, ge=0)
     """A layer used by this many environments is copied out of the lazy store into a local
     directory that later environments stack instead (no FUSE round trips); 0 = never."""
@@ -47,10 +48,11 @@ class NodeConfig(BaseModel):
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     materialize_min_free: int = 8 << 30
     """No layer is materialized while the node's filesystem has less than this free."""
-    peers: list[str] = Field(default_factory=list)
-    """Peer nodes' chunk endpoints (the lazy store asks them before the registry)."""
-    lazy_listen: str | None = None
-    """host:port on which the lazy store daemon also serves its API over TCP (for peers); None: unix socket only."""
+    lazy: LazyStoreSettings = Field(default_factory=lambda: LazyStoreSettings(fetch=FetchConfig(disk_budget=20 << 30)))
+    """The lazy store daemon's settings (mount/config.py): `fetch` (its chunk data path; here
+    with a 20 GiB disk chunk cache, `fetch.disk_budget`), `peers` (peer nodes' chunk endpoints,
+    asked before the registry), `listen` (host:port on which it also serves its API over TCP,
+    for peers; None: unix socket only), ... A `lazy` given replaces this default as a whole."""
     exec_output_limit: int = 16 << 20
     """Bytes of stdout (and of stderr) an exec keeps; past it the output is truncated and flagged."""
     max_file_bytes: int = Field(default=1 << 30, gt=0)

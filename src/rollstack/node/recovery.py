@@ -14,14 +14,15 @@ import signal
 import time
 from pathlib import Path
 
-from rollstack.mount.recovery import pids_running
 
 log = logging.getLogger(__name__)
 
 
 def daemon_pids(mountpoint: Path) -> list[int]:
     """Pids of lazy store daemons serving `mountpoint` (found by their command line)."""
-    return pids_running(b"rollstack.mount.daemon", os.fsencode(str(Path(mountpoint).absolute())))
+    from rollstack.mount.config import daemon_pids as serving
+
+    return serving(mountpoint)
 
 
 def end_orphan_daemon(mountpoint: Path, state_dir: Path, wait: float = 10.0) -> None:

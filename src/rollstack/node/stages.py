@@ -174,12 +174,11 @@ class Stages:
         """A daemon on the node's mountpoint: `LazyStoreClient.start` clears a dead predecessor's
         stale mount, or the daemon takes a connection its fd-holder keeps over."""
         from rollstack.mount.client import LazyStoreClient
+        from rollstack.mount.config import DaemonConfig
 
         lazy = self.config.lazy_dir
         end_orphan_daemon(lazy / "mnt", lazy / "state")
-        cfg = self.config
-        return LazyStoreClient.start(lazy / "mnt", lazy / "state", spec, cache_budget=cfg.cache_budget, peers=cfg.peers,
-                                     listen=cfg.lazy_listen)
+        return LazyStoreClient.start(DaemonConfig.of(lazy / "mnt", lazy / "state", spec, self.config.lazy))
 
     def _start_provisioner(self, on_terminate: Callable[..., None]) -> Provisioner:
         from rollstack.provision.backend import detect_backend

@@ -10,15 +10,17 @@ from components import need
 from lazystore_fixtures import CGROUP_ROOT
 
 from rollstack.mount.client import LazyStoreClient
+from rollstack.mount.config import DaemonConfig
 
 
 @pytest.fixture
 def lazy_factory(tmp_path: Path):
-    """Starts lazy store daemons (one per `name`, own mountpoint and state) and stops them all."""
+    """Starts lazy store daemons (one per `name`, own mountpoint and state) and stops them all;
+    keyword arguments are DaemonConfig or FetchConfig fields (`DaemonConfig.of`)."""
     started: list[LazyStoreClient] = []
 
     def start(store_url: str, name: str = "node", **kw) -> LazyStoreClient:
-        c = LazyStoreClient.start(tmp_path / name / "mnt", tmp_path / name / "state", store_url, **kw)
+        c = LazyStoreClient.start(DaemonConfig.of(tmp_path / name / "mnt", tmp_path / name / "state", store_url, **kw))
         started.append(c)
         return c
 

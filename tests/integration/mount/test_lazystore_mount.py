@@ -223,7 +223,7 @@ def test_restart_keeps_disk_cache_and_clears_stale_mount(tmp_path, tree, oci_sto
 def test_disk_cache_budget_under_churn(tmp_path, tree, oci_store, lazy_factory):
     digest = publish(oci_store, tree, tmp_path / "layer.blob", "test/churn")
     budget = 3 << 19  # 1.5 MiB: less than the tree, more than one 1 MiB chunk
-    lazy = lazy_factory(oci_store.url, cache_budget=budget, memory_budget=256 << 10)
+    lazy = lazy_factory(oci_store.url, disk_budget=budget, memory_budget=256 << 10)
     lazy.add_layers([{"repo": "test/churn", "digest": digest}])
     top = lazy.layer_dir(digest)
     for _ in range(2):

@@ -15,6 +15,7 @@ import pytest
 
 from rollstack.errors import IntegrityError
 from rollstack.mount.client import LazyStoreClient
+from rollstack.mount.config import DaemonConfig
 from rollstack.node.extract import extract_layer, spawn_args
 from rollstack.node.materialize import LayerMaterializer
 from test_node_materialize_fs import describe, lower_tree, publish, upper_tree
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def lazy(tmp_path: Path, oci_store):
-    client = LazyStoreClient.start(tmp_path / "mnt", tmp_path / "state", oci_store.url)
+    client = LazyStoreClient.start(DaemonConfig.of(tmp_path / "mnt", tmp_path / "state", oci_store.url))
     try:
         yield client
     finally:

@@ -15,6 +15,7 @@ import pytest
 from components import require_tool
 from rollstack.format.convert import convert
 from rollstack.mount.client import LazyStoreClient
+from rollstack.mount.config import DaemonConfig
 from rollstack.node.materialize import LayerMaterializer
 
 pytestmark = pytest.mark.integration
@@ -87,7 +88,7 @@ def describe(root: Path) -> dict[str, tuple]:
 @pytest.fixture
 def lazy(tmp_path: Path, oci_store):
     require_tool("fusermount3")
-    client = LazyStoreClient.start(tmp_path / "mnt", tmp_path / "state", oci_store.url)
+    client = LazyStoreClient.start(DaemonConfig.of(tmp_path / "mnt", tmp_path / "state", oci_store.url))
     try:
         yield client
     finally:

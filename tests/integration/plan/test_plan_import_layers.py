@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from rollstack.mount.client import LazyStoreClient
+from rollstack.mount.config import DaemonConfig
 from rollstack.plan.imports import import_image
 from rollstack.run.overlay import mount_overlay, unmount
 
@@ -185,7 +186,7 @@ def test_multilayer_import_matches_umoci_unpack(tmp_path: Path, oci_store):
     result = import_image(f"oci:{layout}:multi", f"{name}:1", oci_store, cache_dir=tmp_path / "cache")
     assert result.converted == len(LAYERS) and len(result.layers) == len(LAYERS)
 
-    lazy = LazyStoreClient.start(tmp_path / "lazy/mnt", tmp_path / "lazy/state", oci_store.url)
+    lazy = LazyStoreClient.start(DaemonConfig.of(tmp_path / "lazy/mnt", tmp_path / "lazy/state", oci_store.url))
     merged = tmp_path / "merged"
     mounted = False
     try:

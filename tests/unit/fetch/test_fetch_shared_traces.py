@@ -7,6 +7,7 @@ import json
 import pytest
 
 from rollstack.errors import InvalidRequest
+from rollstack.fetch import TraceChunk
 from rollstack.fetch import shared_traces as st
 from rollstack.store.names import check_tag, manifest_references
 
@@ -17,7 +18,12 @@ LAYERS = {L1: 10_000, L2: 5_000}
 
 
 def chunk(bo: int, bs: int = 100, **kw) -> dict:
+    """A chunk's document form (what travels and is stored)."""
     return dict({"o": bo * 2, "s": bs * 2, "bo": bo, "bs": bs, "d": D, "c": "zstd"}, **kw)
+
+
+def entry(layer: str, bo: int, bs: int = 100) -> TraceChunk:
+    return TraceChunk.from_doc([layer, chunk(bo, bs)])
 
 
 def encode(doc) -> bytes:
@@ -25,9 +31,10 @@ def encode(doc) -> bytes:
 
 
 def test_round_trip_keeps_order_and_drops_duplicates():
-    entries = [(L2, chunk(0)), (L1, chunk(200)), (L1, chunk(0)), (L1, chunk(200))]
+    entries = [entry(L2, 0), entry(L1, 200), entry(L1, 0), entry(L1, 200)]
     out = st.decode_trace(st.encode_trace("k", entries), "k", LAYERS)
-    assert out == [(L2, chunk(0)), (L1, chunk(200)), (L1, chunk(0))]
+    assert out == [entry(L2, 0), entry(L1, 200), entry(L1, 0)]
+    assert out[0].to_doc() == [L2, chunk(0)]  # the document form is unchanged
 
 
 def test_tag_is_a_valid_tag_and_depends_on_the_key():
@@ -36,7 +43,7 @@ def test_tag_is_a_valid_tag_and_depends_on_the_key():
 
 
 def test_artifact_manifest_references_its_blobs():
-    config, blob, manifest = st.build_artifact("k", [(L1, chunk(0))])
+    config, blob, manifest = st.build_artifact("k", [entry(L1, 0)])
     blobs, children = manifest_references(manifest, st.OCI_MANIFEST)
     assert set(blobs) == {st._sha(config), st._sha(blob)} and children == []
     assert st.trace_blob_descriptor(manifest) == (st._sha(blob), len(blob))
@@ -82,8 +89,8 @@ def test_publish_and_lookup_through_a_store(tmp_path):
     store = OciLayoutStore(tmp_path / "store")
     try:
         assert st.lookup(store, "k", LAYERS) is None
-        st.publish(store, "k", [(L1, chunk(0)), (L2, chunk(100))])
-        assert st.lookup(store, "k", LAYERS) == [(L1, chunk(0)), (L2, chunk(100))]
+        st.publish(store, "k", [entry(L1, 0), entry(L2, 100)])
+        assert st.lookup(store, "k", LAYERS) == [entry(L1, 0), entry(L2, 100)]
         with pytest.raises(InvalidRequest):  # a different stack cannot use it
             st.lookup(store, "k", {L1: 10_000})
         assert st.lookup(store, "other", LAYERS) is None
@@ -113,10 +120,11 @@ class _SlowStore:
 def test_service_lookup_is_best_effort_and_bounded(tmp_path, monkeypatch, store, counter):
     import trio
 
-    from rollstack.mount import service as svc_mod
+    from rollstack.mount import traces as traces_mod
+    from rollstack.mount.config import DaemonConfig
+    from rollstack.mount.service import LazyStoreService
 
-    monkeypatch.setattr(svc_mod, "SHARED_TRACE_TIMEOUT", 0.2)
-    svc = svc_mod.LazyStoreService(svc_mod.DaemonConfig(tmp_path / "mnt", tmp_path / "state", "fake:"), store)
-    layers = [{"digest": L1, "blob_size": 10_000}]
-    assert trio.run(svc._shared_trace, "k", layers) == []  # noqa: SLF001
+    monkeypatch.setattr(traces_mod, "SHARED_TRACE_TIMEOUT", 0.2)
+    svc = LazyStoreService(DaemonConfig.of(tmp_path / "mnt", tmp_path / "state", "fake:"), store)
+    assert trio.run(svc.traces.shared_trace, "k", {L1: 10_000}) == []
     assert svc.stats()[f"shared_trace_{counter}"] == 1

@@ -200,12 +200,14 @@ class RollstackSystem:
         env = self.node.create(self.plan(plan))
         try:
             ready = time.perf_counter() - t0
-            traced = self._trace_prefetch_chunks(env.id)
             # The link's counter is the instrument every system is measured with (the node's
             # `fetched_bytes` leaves out eager mode's full fetch and the TOCs).
             rx_ready = (self.link.rx_bytes() - rx0) if self.link is not None else -1
             res = env.exec(list(cmd), timeout=600)
             done = time.perf_counter() - t0
+            # read after the command: the lazy store looks shared traces up in the background,
+            # so the prefetch's size is known only once that lookup answered
+            traced = self._trace_prefetch_chunks(env.id)
             created = env.created
             phases = {k: float(v) for k, v in created.timings.model_dump().items() if isinstance(v, (int, float))}
             fetch = created.fetch

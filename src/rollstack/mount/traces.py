@@ -1,0 +1,128 @@
+"""`TraceBook`: the lazy store's access traces, this node's and the ones other nodes shared.
+
+Lookup: a key's trace is this node's (`fetch.traces.TraceStore`, one file per key under
+`<state_dir>/traces`), else one another node published to the artifact store
+(`fetch.shared_traces`, validated against the asking stack, bounded by SHARED_TRACE_TIMEOUT);
+a shared trace found is kept locally. Saving merges a recorder into the stored trace and
+publishes the result in a thread of its own (best effort).
+
+Every file and store access runs in a worker thread, never on the loop that serves FUSE; the
+writes (read-modify-write merges) go one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Mapping
+
+import trio
+
+from rollstack.fetch import ChunkFetcher, Priority, Trace, TraceRecorder, TraceStore
+from rollstack.fetch import shared_traces
+from rollstack.fetch.stats import Account
+from rollstack.format.toc import Chunk
+from rollstack.mount.layers import LayerTable, LoadedLayer
+
+log = logging.getLogger("rollstack.mount.traces")
+
+TRACE_WAVE = 512 << 10  # stored bytes per trace-prefetch wave
+SHARED_TRACE_TIMEOUT = 2.0  # seconds a shared trace lookup may take before it counts as an error
+
+
+class TraceBook:
+    def __init__(self, store: TraceStore, artifacts: Any, layers: LayerTable, fetcher: ChunkFetcher, *,
+                 share: bool, max_chunks: int) -> None:
+        self.store = store
+        self.artifacts = artifacts  # the ArtifactStore traces are shared through
+        self.layers, self.fetcher = layers, fetcher
+        self.share, self.max_chunks = share, max_chunks
+        self._writes = trio.Lock()
+        self.shared = {"hits": 0, "misses": 0, "errors": 0, "published": 0, "publish_errors": 0}
+
+    # -- lookup ------------------------------------------------------------------------------
+    async def local(self, key: str) -> Trace:
+        """This node's trace of `key` ([] if none)."""
+        return await trio.to_thread.run_sync(self.store.load, key)
+
+    async def shared_trace(self, key: str, sizes: Mapping[str, int]) -> Trace:
+        """The trace another node published for `key`, validated against this stack (`sizes`:
+        layer digest -> blob size) and kept locally; [] when sharing is off, there is none, it is
+        invalid or the store does not answer within SHARED_TRACE_TIMEOUT."""
+        if not self.share:
+            return []
+        trace: Trace | None = None
+        try:
+            with trio.move_on_after(SHARED_TRACE_TIMEOUT) as scope:
+                trace = await trio.to_thread.run_sync(shared_traces.lookup, self.artifacts, key, sizes,
+                                                      abandon_on_cancel=True)
+        except Exception as exc:  # noqa: BLE001 - best effort: an unusable trace costs only speed
+            log.info("shared trace for %r ignored: %s", key, exc)
+            self.shared["errors"] += 1
+            return []
+        if scope.cancelled_caught:
+            log.info("shared trace lookup for %r timed out", key)
+            self.shared["errors"] += 1
+            return []
+        if not trace:
+            self.shared["misses"] += 1
+            return []
+        self.shared["hits"] += 1
+        self.fetcher.spawn(self._write, self.store.put, key, trace, self.max_chunks)  # kept, off the way
+        return trace
+
+    # -- prefetch ----------------------------------------------------------------------------
+    async def prefetch(self, trace: Trace, account: Account | None) -> None:
+        """Fetch a trace in waves of ~TRACE_WAVE stored bytes, in first-read order: every wave is
+        claimed at once (reads join its flights) and the prefetch limiter (FIFO) issues the
+        waves' requests roughly in the order the previous environment needed them."""
+        waves: list[tuple[LoadedLayer, list[Chunk]]] = []
+        current: dict[str, tuple[LoadedLayer, list[Chunk], list[int]]] = {}
+        for t in trace:
+            layer = self.layers.get(t.layer.partition(":")[2])
+            if layer is None:
+                continue
+            _, chunks, size = current.setdefault(t.layer, (layer, [], [0]))
+            chunks.append(t.chunk)
+            size[0] += t.chunk.blob_size
+            if size[0] >= TRACE_WAVE:
+                waves.append((layer, chunks))
+                del current[t.layer]
+        waves.extend((layer, chunks) for layer, chunks, _ in current.values())
+        async with trio.open_nursery() as n:
+            for layer, chunks in waves:
+                n.start_soon(self.fetcher.prefetch, layer.remote, chunks, account, Priority.PREFETCH)
+
+    # -- saving ------------------------------------------------------------------------------
+    async def save(self, rec: TraceRecorder, also: str | None = None) -> None:
+        """Merge a recording into its key's stored trace (and into `also`'s: the stack trace all
+        tasks share), then publish what was saved."""
+        if not rec.chunks:
+            return
+
+        def merge() -> dict[str, Trace]:
+            self.store.save(rec)
+            saved = {rec.key: self.store.load(rec.key)}
+            if also:
+                self.store.put(also, saved[rec.key], self.max_chunks)
+                saved[also] = self.store.load(also)  # merged with earlier tasks'
+            return saved
+
+        saved = await self._write(merge)
+        if self.share:
+            for key, entries in saved.items():
+                threading.Thread(target=self._publish, args=(key, entries), daemon=True,
+                                 name="publish-trace").start()
+
+    async def _write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async with self._writes:
+            return await trio.to_thread.run_sync(fn, *args)
+
+    def _publish(self, key: str, entries: Trace) -> None:
+        """Worker thread, best effort: a store that refuses or fails only loses the sharing."""
+        try:
+            shared_traces.publish(self.artifacts, key, entries)
+            self.shared["published"] += 1
+        except Exception as exc:  # noqa: BLE001
+            self.shared["publish_errors"] += 1
+            log.warning("could not publish the trace of %r: %s", key, exc)
