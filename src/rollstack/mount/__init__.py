@@ -3,9 +3,19 @@ directory `<mountpoint>/layers/<digest-hex>/` (docs/lazy-store.md).
 
 `LazyStoreClient` (client.py) is what the node agent uses; the daemon itself is
 `python -m rollstack.mount.daemon` (daemon.py) around `LazyStoreService` (service.py) and the
-pyfuse3 operations `LazyFS` (fs.py). Importing this package does not import pyfuse3.
+pyfuse3 operations `LazyFS` (fs.py). Importing this package imports nothing (the client is
+loaded on first use): `python -m rollstack.mount.holder`, the fd-holder, stays a small process
+that starts and exits fast.
 """
 
-from rollstack.mount.client import LazyStoreClient
+from typing import Any
 
 __all__ = ["LazyStoreClient"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LazyStoreClient":
+        from rollstack.mount.client import LazyStoreClient
+
+        return LazyStoreClient
+    raise AttributeError(name)

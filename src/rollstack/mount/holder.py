@@ -54,9 +54,12 @@ def socket_path(state_dir: Path) -> Path:
 
 
 # -- the holder process ----------------------------------------------------------------------
-def serve(listener: socket.socket, fd: int, grace: float) -> None:
-    """Hold `fd` until RELEASE, or until no daemon has owned it for `grace` seconds."""
+def serve(listener: socket.socket, fd: int, grace: float) -> socket.socket | None:
+    """Hold `fd` until RELEASE, or until no daemon has owned it for `grace` seconds. Returns the
+    releasing daemon's connection, still open: the process closes it by exiting (`main`), so the
+    daemon's wait for EOF (`release`) ends only once this process is gone."""
     owner: socket.socket | None = None
+    released = False
     orphaned_at: float | None = time.monotonic()  # until the mounting daemon says OWN
     try:
         while True:
@@ -69,7 +72,8 @@ def serve(listener: socket.socket, fd: int, grace: float) -> None:
                 msg = _recv_line(owner)
                 if msg == "RELEASE":
                     log.info("released by the daemon")
-                    return
+                    released = True
+                    return owner
                 owner.close()  # EOF (the daemon died) or garbage: wait for a successor
                 owner, orphaned_at = None, time.monotonic()
                 log.warning("daemon gone: holding the FUSE connection for %.0fs", grace)
@@ -97,7 +101,7 @@ def serve(listener: socket.socket, fd: int, grace: float) -> None:
                         conn.close()
     finally:
         os.close(fd)
-        if owner is not None:
+        if owner is not None and not released:
             owner.close()
 
 
@@ -123,8 +127,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.chmod(tmp, 0o600)
     listener.listen(4)
     os.replace(tmp, a.socket)  # atomically replaces a dead holder's socket file
+    releaser = None
     try:
-        serve(listener, a.fd, a.grace)
+        releaser = serve(listener, a.fd, a.grace)
     finally:
         try:
             if os.stat(a.socket).st_ino == os.fstat(listener.fileno()).st_ino:
@@ -132,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         except OSError:
             pass
         listener.close()
+    if releaser is not None:
+        os._exit(0)  # the kernel closes the releaser's connection as this process ends (see serve)
 
 
 # -- the daemon's side -----------------------------------------------------------------------
@@ -211,10 +218,13 @@ def spawn(state_dir: Path, fd: int, grace: float) -> socket.socket:
     raise RuntimeError(f"the fd-holder did not come up at {path}; see {Path(state_dir) / 'holder.log'}")
 
 
-def release(owner: socket.socket) -> None:
-    """We stop on purpose: the holder lets go of the connection and exits."""
+def release(owner: socket.socket, wait: float = 5.0) -> None:
+    """We stop on purpose: the holder lets go of the connection and exits; returns once it has
+    (its end of `owner` closes as its process ends), or after `wait` seconds."""
     try:
         owner.sendall(b"RELEASE\n")
+        owner.settimeout(wait)
+        owner.recv(64)  # EOF once the holder process is gone
     except OSError:
         pass
     owner.close()
