@@ -60,7 +60,7 @@ class Env:
     async def run(self, fn: Any, *args: Any) -> None:
         """`fn(*args)` as one of this environment's tasks: cancelled when it ends. (One scope per
         task: a trio CancelScope can be entered only once, so one shared scope made the second
-        task of an environment, e.g. background fill after a trace prefetch, fail at once.)"""
+        task of an environment to start, e.g. its background fill or its trace prefetch, fail.)"""
         if self.ended:
             return
         with trio.CancelScope() as scope:
