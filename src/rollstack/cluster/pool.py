@@ -69,6 +69,10 @@ class _Core:
         self.decisions.append(record)
         return node_id, record
 
+    def attempt(self, req: PlacementRequest, excluded: set[str]) -> "_Attempt":
+        """One try at placing `req` on a node not in `excluded` (the caller does the create)."""
+        return _Attempt(self, req, excluded)
+
     def translate(self, exc: RollstackError, node_id: str, instance: str | None) -> RollstackError:
         """A failed call on an environment of `node_id` -> NodeLost when the node is gone or restarted."""
         if isinstance(exc, (NodeUnavailable, EnvironmentNotFound)) and not isinstance(exc, NodeLost):
@@ -80,6 +84,41 @@ class _Core:
 
     def close(self) -> None:
         self.directory.close()
+
+
+class _Attempt:
+    """One try at creating an environment on the node `place()` chose, for both pools' `create`:
+
+        with core.attempt(req, excluded) as at:
+            created = <create on at.node_id>       # the pool's own I/O, sync or async
+        if at.placed: ...                            # else: try the next choice
+
+    The node is reserved for the try and released after it. A node that answers
+    `insufficient_capacity` is skipped; an unreachable one is marked dead and skipped (both
+    suppressed, `placed` stays False); any other error propagates. `place()` raises
+    `InsufficientCapacity` naming the pool when no node is left."""
+
+    def __init__(self, core: _Core, req: PlacementRequest, excluded: set[str]) -> None:
+        self.node_id, self._record = core.choose(req, excluded)
+        self._core, self._req, self._excluded = core, req, excluded
+        self.placed = False
+        core.directory.reserve(self.node_id, req)
+
+    def __enter__(self) -> "_Attempt":
+        return self
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        directory = self._core.directory
+        directory.release(self.node_id, self._req, created=exc is None)
+        if exc is None:
+            self.placed = self._record["created"] = True
+            return False
+        if isinstance(exc, NodeUnavailable):
+            directory.mark_dead(self.node_id)
+        if isinstance(exc, (InsufficientCapacity, NodeUnavailable)):
+            self._excluded.add(self.node_id)
+            return True
+        return False
 
 
 class _BoundService:
@@ -160,28 +199,15 @@ class Pool:
         return envs
 
     def _create_one(self, wire: dict[str, Any], req: PlacementRequest) -> Environment:
-        core, excluded = self._core, set()
+        excluded: set[str] = set()
         while True:
-            node_id, record = core.choose(req, excluded)  # raises InsufficientCapacity naming the pool
-            core.directory.reserve(node_id, req)
-            ok = False
-            try:
-                bound = self._bound(node_id)
-                created = bound._http.create(wire)  # noqa: SLF001 - the raw call: errors handled here
-                ok = True
-            except InsufficientCapacity:
-                excluded.add(node_id)
-                continue
-            except NodeUnavailable:
-                core.directory.mark_dead(node_id)
-                excluded.add(node_id)
-                continue
-            finally:
-                core.directory.release(node_id, req, created=ok)
-            record["created"] = True
-            env = Environment(bound, created.id, created)
-            env.node_id = node_id  # type: ignore[attr-defined]
-            return env
+            with self._core.attempt(req, excluded) as at:  # raises InsufficientCapacity naming the pool
+                bound = self._bound(at.node_id)
+                created = bound._http.create(wire)  # noqa: SLF001 - the raw call: errors handled by `at`
+            if at.placed:
+                env = Environment(bound, created.id, created)
+                env.node_id = at.node_id  # type: ignore[attr-defined]
+                return env
 
     def _locate(self, env_id: str) -> str:
         self._core.directory.poll()
@@ -307,28 +333,17 @@ class AsyncPool:
         return await self._create_one(wire, req, AsyncEnvironment)
 
     async def _create_one(self, wire: dict[str, Any], req: PlacementRequest, cls: Any) -> Any:
-        core, excluded = self._core, set()
+        core = self._core
+        excluded: set[str] = set()
         while True:
-            node_id, record = core.choose(req, excluded)
-            core.directory.reserve(node_id, req)
-            ok = False
-            try:
-                service = self._service(node_id)
+            with core.attempt(req, excluded) as at:
+                service = self._service(at.node_id)
                 created = await service.create(wire)
-                ok = True
-            except InsufficientCapacity:
-                excluded.add(node_id)
-                continue
-            except NodeUnavailable:
-                core.directory.mark_dead(node_id)
-                excluded.add(node_id)
-                continue
-            finally:
-                core.directory.release(node_id, req, created=ok)
-            record["created"] = True
-            env = cls(_AsyncBound(core, node_id, service, core.directory.instance(node_id)), created.id, created)
-            env.node_id = node_id
-            return env
+            if at.placed:
+                env = cls(_AsyncBound(core, at.node_id, service, core.directory.instance(at.node_id)),
+                          created.id, created)
+                env.node_id = at.node_id
+                return env
 
     async def get(self, env_id: str) -> Any:
         from rollstack.client.aio import AsyncEnvironment
