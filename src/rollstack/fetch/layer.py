@@ -38,16 +38,6 @@ class RemoteLayer:
             self.offsets = [c.blob_offset for c in chunks]
             self.chunks = chunks
 
-    def chunk_at(self, blob_offset: int) -> Chunk | None:
-        import bisect
-
-        if self.offsets is None or self.chunks is None:
-            return None
-        i = bisect.bisect_left(self.offsets, blob_offset)
-        if i < len(self.offsets) and self.offsets[i] == blob_offset:
-            return self.chunks[i]
-        return None
-
     @property
     def stored_bytes(self) -> int:
         return sum(c.blob_size for c in self.chunks or ())

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import os
 import stat
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from format_tar_helpers import tar_bytes
 from rollstack.mount.client import LazyStoreClient
 from rollstack.plan.imports import import_image
 from rollstack.run.overlay import mount_overlay, unmount
@@ -101,18 +101,6 @@ LAYERS = [
 ]
 
 
-def _layer_tar(members: list[tuple]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for ti, data in members:
-            if data is not None:
-                ti.size = len(data)
-                tf.addfile(ti, io.BytesIO(data))
-            else:
-                tf.addfile(ti)
-    return buf.getvalue()
-
-
 def _write_blob(root: Path, data: bytes) -> dict:
     digest = hashlib.sha256(data).hexdigest()
     (root / "blobs/sha256" / digest).write_bytes(data)
@@ -124,7 +112,7 @@ def build_layout(root: Path, tag: str = "multi", layers_spec: list[list[tuple]] 
     (root / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
     layers, diff_ids = [], []
     for members in layers_spec or LAYERS:
-        raw = _layer_tar(members)
+        raw = tar_bytes(members)
         diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
         layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
                        **_write_blob(root, gzip.compress(raw, 6, mtime=0))})
