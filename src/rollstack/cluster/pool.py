@@ -151,8 +151,9 @@ class _BoundService:
             raise self._core.translate(exc, self.node_id, self._instance) from exc
 
 
-class Pool:
-    """The pool over HTTP, synchronously (see the module docstring)."""
+class _Pool:
+    """What `Pool` and `AsyncPool` share: the core, and one HTTP service per node URL (a node
+    back on a new URL gets a new one), made by the subclass's `_new_service`."""
 
     def __init__(self, address: str | None = None, *, nodes: list[dict[str, Any]] | None = None,
                  store: str | None = None, policy: PlacementPolicy | None = None, interval: float = 1.0,
@@ -164,19 +165,45 @@ class Pool:
     def directory(self) -> Directory:
         return self._core.directory
 
-    def _http(self, node_id: str) -> Any:
-        from rollstack.client.sync import HttpService
-
+    def _service(self, node_id: str) -> Any:
         m = self._core.directory.member(node_id)
         if m is None:
             raise NodeLost(f"node {node_id} is not a member of the pool", node=node_id)
         svc = self._services.get(node_id)
         if svc is None or svc.settings.url != m.url:
-            svc = self._services[node_id] = HttpService(Settings(url=m.url, token=m.token))
+            svc = self._services[node_id] = self._new_service(m.url, m.token)
         return svc
 
+    def _new_service(self, url: str, token: str | None) -> Any:
+        raise NotImplementedError
+
+    def nodes(self) -> list[Any]:
+        return self._core.directory.views()
+
+    def _locate(self, env_id: str) -> str:
+        self._core.directory.poll()
+        for m in list(self._core.directory.members.values()):
+            if m.alive and env_id in (m.info or {}).get("env_ids", []):
+                return m.node_id
+        raise EnvironmentNotFound(f"no environment {env_id!r} in the pool")
+
+    def _health(self) -> Health:
+        views = self._core.directory.views()
+        alive = [v for v in views if v.alive]
+        n = sum(int((self._core.directory.members[v.node_id].info or {}).get("environments", 0)) for v in alive)
+        return Health(status="ok" if alive else "unavailable", environments=n)
+
+
+class Pool(_Pool):
+    """The pool over HTTP, synchronously (see the module docstring)."""
+
+    def _new_service(self, url: str, token: str | None) -> Any:
+        from rollstack.client.sync import HttpService
+
+        return HttpService(Settings(url=url, token=token))
+
     def _bound(self, node_id: str) -> _BoundService:
-        return _BoundService(self._core, node_id, self._http(node_id), self._core.directory.instance(node_id))
+        return _BoundService(self._core, node_id, self._service(node_id), self._core.directory.instance(node_id))
 
     def create(self, plan: Any, count: int | None = None) -> Any:
         """One environment, or a list of `count` (placed together, created in parallel)."""
@@ -209,13 +236,6 @@ class Pool:
                 env.node_id = at.node_id  # type: ignore[attr-defined]
                 return env
 
-    def _locate(self, env_id: str) -> str:
-        self._core.directory.poll()
-        for m in list(self._core.directory.members.values()):
-            if m.alive and env_id in (m.info or {}).get("env_ids", []):
-                return m.node_id
-        raise EnvironmentNotFound(f"no environment {env_id!r} in the pool")
-
     def get(self, env_id: str) -> Environment:
         node_id = self._locate(env_id)
         env = Environment(self._bound(node_id), env_id)
@@ -230,19 +250,13 @@ class Pool:
         for m in list(self._core.directory.members.values()):
             if m.alive:
                 try:
-                    out += self._http(m.node_id).list()
+                    out += self._service(m.node_id).list()
                 except NodeUnavailable:
                     self._core.directory.mark_dead(m.node_id)
         return out
 
     def health(self) -> Health:
-        views = self._core.directory.views()
-        alive = [v for v in views if v.alive]
-        n = sum(int((self._core.directory.members[v.node_id].info or {}).get("environments", 0)) for v in alive)
-        return Health(status="ok" if alive else "unavailable", environments=n)
-
-    def nodes(self) -> list[Any]:
-        return self._core.directory.views()
+        return self._health()
 
     def close(self) -> None:
         for svc in self._services.values():
@@ -291,30 +305,13 @@ class _AsyncBound:
             raise await self._translate(exc) from exc
 
 
-class AsyncPool:
+class AsyncPool(_Pool):
     """`Pool` with async/await (`AsyncClient`'s interface)."""
 
-    def __init__(self, address: str | None = None, *, nodes: list[dict[str, Any]] | None = None,
-                 store: str | None = None, policy: PlacementPolicy | None = None, interval: float = 1.0,
-                 name: str = "pool") -> None:
-        self._core = _Core(address, nodes, store, policy or PlacementPolicy(), interval, name)
-        self._services: dict[str, Any] = {}
-
-    @property
-    def directory(self) -> Directory:
-        return self._core.directory
-
-    def _service(self, node_id: str) -> Any:
-        """The node's `AsyncHttpService` (one per node URL; a node back on a new URL gets a new one)."""
+    def _new_service(self, url: str, token: str | None) -> Any:
         from rollstack.client.aio import AsyncHttpService
 
-        m = self._core.directory.member(node_id)
-        if m is None:
-            raise NodeLost(f"node {node_id} is not a member of the pool", node=node_id)
-        svc = self._services.get(node_id)
-        if svc is None or svc.settings.url != m.url:
-            svc = self._services[node_id] = AsyncHttpService(Settings.of(m.url, m.token or ""))
-        return svc
+        return AsyncHttpService(Settings.of(url, token or ""))
 
     async def create(self, plan: Any, count: int | None = None) -> Any:
         from rollstack.client.aio import AsyncEnvironment
@@ -348,7 +345,7 @@ class AsyncPool:
     async def get(self, env_id: str) -> Any:
         from rollstack.client.aio import AsyncEnvironment
 
-        node_id = await asyncio.to_thread(Pool._locate, self, env_id)  # type: ignore[arg-type]
+        node_id = await asyncio.to_thread(self._locate, env_id)
         env = AsyncEnvironment(_AsyncBound(self._core, node_id, self._service(node_id),  # type: ignore[arg-type]
                                            self._core.directory.instance(node_id)), env_id)
         env.node_id = node_id  # type: ignore[attr-defined]
@@ -365,10 +362,7 @@ class AsyncPool:
         return out
 
     async def health(self) -> Health:
-        return Pool.health(self)  # type: ignore[arg-type]
-
-    def nodes(self) -> list[Any]:
-        return self._core.directory.views()
+        return self._health()
 
     async def aclose(self) -> None:
         for svc in self._services.values():

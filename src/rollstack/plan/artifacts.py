@@ -22,6 +22,20 @@ def canonical(doc: Any) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
+def parse_manifest(data: bytes, artifact_type: str, config_media_type: str) -> dict[str, Any] | None:
+    """The manifest document in `data` if it is an artifact of `artifact_type` (or, from a registry
+    that drops `artifactType`, has a config of `config_media_type`), else None."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("artifactType") == artifact_type or (doc.get("config") or {}).get("mediaType") == config_media_type:
+        return doc
+    return None
+
+
 def created_now() -> str:
     """The `created` annotation for a manifest pushed now (UTC, seconds)."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

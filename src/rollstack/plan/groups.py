@@ -12,7 +12,6 @@ layers, kind and source, the existing manifest is kept and nothing at all is upl
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any, Protocol
 
 from rollstack.errors import InvalidRequest, ManifestNotFound
 from rollstack.format import LAYER_MEDIA_TYPE
-from rollstack.plan.artifacts import canonical, created_now, find_manifest, put_manifest
+from rollstack.plan.artifacts import canonical, created_now, find_manifest, parse_manifest, put_manifest
 from rollstack.plan.refs import GroupRef
 
 GROUP_ARTIFACT_TYPE = "application/vnd.rollstack.group.v1"
@@ -97,17 +96,7 @@ def default_kind(name: str) -> str:
 
 def parse_group_manifest(data: bytes) -> dict[str, Any] | None:
     """The manifest document if it is a rollstack group, else None."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict):
-        return None
-    if doc.get("artifactType") == GROUP_ARTIFACT_TYPE:
-        return doc
-    if (doc.get("config") or {}).get("mediaType") == GROUP_CONFIG_MEDIA_TYPE:
-        return doc
-    return None
+    return parse_manifest(data, GROUP_ARTIFACT_TYPE, GROUP_CONFIG_MEDIA_TYPE)
 
 
 def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *, kind: str | None = None,

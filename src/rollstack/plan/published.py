@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstack.errors import InvalidRequest, PlanInvalid, RollstackError, TemplateNotFound
-from rollstack.plan.artifacts import canonical, created_now, find_manifest, put_manifest
+from rollstack.plan.artifacts import canonical, created_now, find_manifest, parse_manifest, put_manifest
 from rollstack.plan.refs import GroupRef
 
 PLAN_ARTIFACT_TYPE = "application/vnd.rollstack.plan.v1"
@@ -180,15 +180,7 @@ def _info(name: str, tag: str, digest: str, manifest: dict[str, Any], doc: dict[
 
 def parse_plan_manifest(data: bytes) -> dict[str, Any] | None:
     """The manifest document if it is a published plan, else None."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict):
-        return None
-    if doc.get("artifactType") == PLAN_ARTIFACT_TYPE or (doc.get("config") or {}).get("mediaType") == PLAN_CONFIG_MEDIA_TYPE:
-        return doc
-    return None
+    return parse_manifest(data, PLAN_ARTIFACT_TYPE, PLAN_CONFIG_MEDIA_TYPE)
 
 
 def _manifest_doc(store: Any, repo: str, ref: str) -> tuple[str, dict[str, Any]] | None:
