@@ -121,11 +121,16 @@ class _Attempt:
         return False
 
 
-class _BoundService:
-    """The `EnvironmentService` of one environment: its node's HTTP service, errors translated."""
+class _Bound:
+    """One environment's node service (`http`) for `Environment`: its calls' errors are
+    translated (`_Core.translate`: `node_lost` when the node is gone). Sync and async twins."""
 
     def __init__(self, core: _Core, node_id: str, http: Any, instance: str | None) -> None:
         self._core, self.node_id, self._http, self._instance = core, node_id, http, instance
+
+
+class _BoundService(_Bound):
+    """The `EnvironmentService` of one environment: its node's HTTP service, errors translated."""
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self._http, name)
@@ -272,11 +277,8 @@ class Pool(_Pool):
 
 # -- async ----------------------------------------------------------------------------------------
 
-class _AsyncBound:
+class _AsyncBound(_Bound):
     """The async twin of `_BoundService`: one node's `AsyncHttpService`, errors translated."""
-
-    def __init__(self, core: _Core, node_id: str, http: Any, instance: str | None) -> None:
-        self._core, self.node_id, self._http, self._instance = core, node_id, http, instance
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self._http, name)
