@@ -86,7 +86,7 @@ class ChunkFetcher:
         self._inflight: dict[str, _Flight] = {}
         self._limiters = {
             Priority.FOREGROUND: trio.CapacityLimiter(config.foreground_requests),
-            Priority.PREFETCH: trio.CapacityLimiter(max(1, config.foreground_requests - 2)),
+            Priority.PREFETCH: trio.CapacityLimiter(max(1, config.prefetch_requests)),
             Priority.BACKGROUND: trio.CapacityLimiter(config.background_requests),
         }
         self._threads = trio.CapacityLimiter(32)
