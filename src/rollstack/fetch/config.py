@@ -50,6 +50,11 @@ class FetchConfig:
     (`bench fetch --only sharedtrace --runs 5`): 145 -> 68 GETs, 6.9 -> 9.5 MB, cold start with a
     shared trace 1.06 -> 0.69 s p50 (0 KiB vs 128 KiB, two runs back to back); 256 KiB with
     growing waves (`fetch.waves`): the python-project trace in 97 instead of 178 GETs."""
+    multi_range_gap: int = 16 << 10
+    """With multi-range GETs (`store.byteranges`), prefetch bridges only gaps up to this many
+    stored bytes (a part costs ~100 bytes of headers, not a request)."""
+    multi_range_spans: int = 64
+    """Ranges per multi-range GET (at most `store.byteranges.MAX_SPANS`)."""
     readahead_bytes: int = 16 << 20
     """Sequential reads of one file prefetch this far ahead (stored bytes)."""
     foreground_requests: int = 8

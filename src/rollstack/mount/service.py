@@ -25,6 +25,7 @@ from rollstack.fetch import (ChunkFetcher, DiskChunkCache, FetchConfig, FetchMet
                              Priority, RemoteLayer, TraceRecorder, TraceStore)
 from rollstack.fetch import shared_traces
 from rollstack.fetch.waves import plan_waves
+from rollstack.store import byteranges
 from rollstack.format.toc import Chunk, Compression, EntryType, TocEntry
 from rollstack.mount.envs import Env, EnvTable
 from rollstack.mount.index import LayerIndex
@@ -174,7 +175,9 @@ class LazyStoreService:
             self._next_base = max(self._next_base, base + index.size + 16)
             toc = opened.toc
             remote = RemoteLayer(repo, digest, lambda off, n: store.read_blob(repo, digest, off, n),
-                                 lambda: (c for e in toc for c in e.chunks))
+                                 lambda: (c for e in toc for c in e.chunks),
+                                 read_ranges=lambda spans: byteranges.read_ranges(store, repo, digest, spans),
+                                 multi_range=lambda: byteranges.can_read_ranges(store))
             info = {"repo": repo, "digest": digest, "entries": len(toc), "blob_size": opened.blob_size,
                     "toc_cached": opened.cached, "toc_requests": opened.requests, "toc_bytes": opened.bytes,
                     "toc_seconds": round(time.perf_counter() - t0, 6), "loaded": False,

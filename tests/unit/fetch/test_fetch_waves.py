@@ -47,3 +47,14 @@ def test_bad_limits_are_refused():
         plan_waves([], first=0)
     with pytest.raises(ValueError):
         plan_waves([], first=4, cap=2)
+
+
+def test_pack_groups_consecutive_requests_by_count_and_bytes():
+    from rollstack.fetch.coalesce import RangeRequest, pack
+
+    reqs = [RangeRequest(i * 100, 10 * (i + 1), ()) for i in range(10)]
+    groups = pack(reqs, max_spans=3, max_bytes=100)
+    assert [r for g in groups for r in g] == reqs  # order kept, nothing lost
+    assert all(len(g) <= 3 for g in groups)
+    assert all(sum(r.length for r in g) <= 100 or len(g) == 1 for g in groups)
+    assert pack([RangeRequest(0, 500, ())], max_spans=3, max_bytes=100) == [(RangeRequest(0, 500, ()),)]  # alone
