@@ -24,6 +24,8 @@ from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import (ChunkFetcher, DiskChunkCache, FetchConfig, FetchMetrics, MemoryChunkCache, PeerClient,
                              Priority, RemoteLayer, TraceRecorder, TraceStore)
 from rollstack.fetch import shared_traces
+from rollstack.fetch.waves import plan_waves
+from rollstack.store import byteranges
 from rollstack.format.toc import Chunk, Compression, EntryType, TocEntry
 from rollstack.mount.envs import Env, EnvTable
 from rollstack.mount.index import LayerIndex
@@ -34,7 +36,6 @@ log = logging.getLogger("rollstack.mount.service")
 FIRST_LAYER_INODE = 1000
 READAHEAD_BATCH = 4 << 20  # stored bytes: the smallest readahead top-up
 UNOPENED_STATES = 4096  # no-open mode: per-inode read states kept (sequential-read detection)
-TRACE_WAVE = 512 << 10  # stored bytes per trace-prefetch wave
 SHARED_TRACE_TIMEOUT = 2.0  # seconds begin_env waits at most for a shared trace lookup
 SMALL_LAYER = 5000
 PREPARE_DELAY = 5.0  # seconds after adding a big layer before its hardlink scan  # entries: below this, hardlink counts are computed while adding the layer
@@ -174,7 +175,9 @@ class LazyStoreService:
             self._next_base = max(self._next_base, base + index.size + 16)
             toc = opened.toc
             remote = RemoteLayer(repo, digest, lambda off, n: store.read_blob(repo, digest, off, n),
-                                 lambda: (c for e in toc for c in e.chunks))
+                                 lambda: (c for e in toc for c in e.chunks),
+                                 read_ranges=lambda spans: byteranges.read_ranges(store, repo, digest, spans),
+                                 multi_range=lambda: byteranges.can_read_ranges(store))
             info = {"repo": repo, "digest": digest, "entries": len(toc), "blob_size": opened.blob_size,
                     "toc_cached": opened.cached, "toc_requests": opened.requests, "toc_bytes": opened.bytes,
                     "toc_seconds": round(time.perf_counter() - t0, 6), "loaded": False,
@@ -187,9 +190,9 @@ class LazyStoreService:
             self._base_layers.insert(i, layer)
             self._record_layers()
             results[digest] = info
+            self.publish_xattr_ranges()  # xattr-free inodes from the TOC's records: ~1 ms
             if len(toc) <= SMALL_LAYER:
                 index.hardlinks()  # a few ms: exact link counts from the first getattr on
-                self.publish_xattr_ranges()
             else:
                 self.fetcher.spawn(self._prepare, layer)
         finally:
@@ -232,7 +235,6 @@ class LazyStoreService:
         environment that is starting right now."""
         await trio.sleep(PREPARE_DELAY)
         await trio.to_thread.run_sync(layer.index.hardlinks)
-        self.publish_xattr_ranges()
 
     def _fuse_ops(self) -> dict[str, int]:
         """FUSE requests served, by operation; `getxattr_fast`: xattr requests answered by the
@@ -251,10 +253,8 @@ class LazyStoreService:
         ranges: list[tuple[int, int]] = []
         inodes: set[int] = set()
         for layer in self._base_layers:
-            got = layer.index.xattr_inodes
-            if got is not None:
-                ranges.append((layer.index.base, layer.index.base + layer.index.size))
-                inodes |= got
+            ranges.append((layer.index.base, layer.index.base + layer.index.size))
+            inodes |= layer.index.xattr_inodes
         self.xattr_hook(ranges, frozenset(inodes))
 
     def layer_dir(self, digest: str) -> Path:
@@ -513,23 +513,12 @@ class LazyStoreService:
             await fn(*args)
 
     async def _trace_prefetch(self, env: Env, trace: list[tuple[str, dict]]) -> None:
-        """Fetch a trace in waves of ~TRACE_WAVE stored bytes, in first-read order: every wave is
+        """Fetch a trace in growing waves (`fetch.waves`), in first-read order: every wave is
         claimed at once (reads join its flights) and the prefetch limiter (FIFO) issues the
         waves' requests roughly in the order the previous environment needed them."""
-        waves: list[tuple[LoadedLayer, list[Chunk]]] = []
-        current: dict[str, tuple[LoadedLayer, list[Chunk], list[int]]] = {}
-        for digest, doc in trace:
-            layer = self.layers.get(digest.partition(":")[2])
-            if layer is None:
-                continue
-            _, chunks, size = current.setdefault(digest, (layer, [], [0]))
-            c = _chunk_from_doc(doc)
-            chunks.append(c)
-            size[0] += c.blob_size
-            if size[0] >= TRACE_WAVE:
-                waves.append((layer, chunks))
-                del current[digest]
-        waves.extend((layer, chunks) for layer, chunks, _ in current.values())
+        known = [(digest, doc) for digest, doc in trace if digest.partition(":")[2] in self.layers]
+        waves = [(self.layers[digest.partition(":")[2]], [_chunk_from_doc(known[i][1]) for i in idx])
+                 for digest, idx in plan_waves((d, int(doc["bs"])) for d, doc in known)]
         async with trio.open_nursery() as n:
             for layer, chunks in waves:
                 n.start_soon(self.fetcher.prefetch, layer.remote, chunks, env.account, Priority.PREFETCH)
