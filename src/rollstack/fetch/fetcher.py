@@ -6,7 +6,9 @@ and hashing, disk cache I/O, peer HTTP) runs in a worker thread.
 - Single-flight: a chunk being fetched has one `_Flight`; every concurrent reader of that chunk
   (any layer: flights are keyed by content digest) waits on it, so it is fetched once.
 - Coalescing: the chunks one fetch needs are planned into range GETs (`coalesce`), at most
-  `max_request` bytes each, issued in parallel (bounded per priority).
+  `max_request` bytes each, issued in parallel (bounded per priority). Prefetch packs several
+  ranges into one GET where the store answers multi-range requests (`store.byteranges`,
+  `coalesce.pack`): a trace's scattered chunks in a few requests, with no gap bytes.
 - Neighbours: a demand miss also claims the next chunks of the blob (up to `neighbor_bytes`):
   in this format they are the next files of the same directory, which the same program tends
   to read next; one round trip instead of several.
@@ -23,6 +25,13 @@ and hashing, disk cache I/O, peer HTTP) runs in a worker thread.
 - Failure: registry errors are retried with exponential backoff until `deadline` seconds after
   the fetch began; then its readers fail (RegistryUnavailable), nothing is cached, and the next
   read tries again.
+- Write-back: fetched chunks reach the disk cache once the foreground is quiet, in one worker
+  call per batch at idle CPU priority.
+
+Why one module of ~650 lines: everything here reads and writes one state (the flight table, the
+per-priority limiters, the write-back queue) on one trio thread; the tier steps are methods
+because each must claim, land or fail flights of that table. The pure parts are elsewhere
+(`coalesce`, `waves`, `background`, `stats`).
 """
 
 from __future__ import annotations
