@@ -109,6 +109,9 @@ class ChunkFetcher:
         self._writeback_wake = trio.Event()
         self._writeback_wait: trio.CancelScope | None = None
         self._closing = False
+        self.activity: Callable[[], int] | None = None
+        """Demand activity besides fetches (the FUSE layer sets its request count): write-back
+        waits for it to go quiet too."""
 
     # -- lifecycle -------------------------------------------------------------------------
     @asynccontextmanager
@@ -592,6 +595,19 @@ class ChunkFetcher:
         if self._unwritten_bytes >= self.config.writeback_max and self._writeback_wait is not None:
             self._writeback_wait.cancel()  # too much waits in memory: write now, quiet or not
 
+    async def _reads_quiet(self, quiet: float) -> None:
+        """Returns once `activity` (the FUSE layer's request count) has not moved for `quiet` s:
+        a program still reading (from memory) would otherwise share the daemon's GIL with the
+        write-back's per-chunk file I/O (measured: a cold start's first command 0.87 s with
+        write-back during it vs 0.56 s once it was done)."""
+        if self.activity is None:
+            return
+        while True:
+            before = self.activity()
+            await trio.sleep(quiet)
+            if self.activity() == before or self._unwritten_bytes >= self.config.writeback_max:
+                return
+
     async def _writeback(self) -> None:
         """Writes queued chunks to the disk cache once the foreground has been quiet for
         `writeback_quiet` seconds (or at once past `writeback_max` queued bytes), in one worker
@@ -605,6 +621,7 @@ class ChunkFetcher:
             if quiet > 0 and not self._closing and self._unwritten_bytes < self.config.writeback_max:
                 with trio.move_on_after(quiet * 20) as self._writeback_wait:  # never starve for long
                     await self.gate.wait_quiet(quiet)
+                    await self._reads_quiet(quiet)
                 self._writeback_wait = None
             if self._unwritten and disk is not None:
                 batch = list(self._unwritten.items())

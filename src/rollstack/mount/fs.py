@@ -111,6 +111,7 @@ class LazyFS(pyfuse3.Operations):
         self.ops: dict[str, int] = {}  # FUSE requests served, by operation
         self._xattr_keys: dict[bytes, str] = {}  # xattr name -> its ops counter key
         service.fs_ops = self.ops
+        service.fetcher.activity = lambda: sum(self.ops.values())  # write-back waits for reads to go quiet
 
     # -- attributes ------------------------------------------------------------------------
     def _dir_attr(self, ino: int, nlink: int, mtime_ns: int) -> pyfuse3.EntryAttributes:
