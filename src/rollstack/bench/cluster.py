@@ -287,13 +287,18 @@ def _run(nodes: int, n_tasks: int, k: int, concurrency: int, blob_mb: float, wor
         publish(spec, trees, work / "publish")
         _log(f"registry {spec}: corpus published ({n_tasks} tasks)")
 
-        def single(address: str) -> dict[str, Any]:
+        def measured(address: str, cluster: str) -> dict[str, Any]:
+            """One iteration on the cluster at `address` (its nodes under work/<cluster>), with
+            the registry egress its daemons counted and, on a fabric, the bytes its links carried."""
             before = fabric.counters() if fabric else None
             res = iteration(address, tasks, k, concurrency)
-            res.update(egress(daemon_stats(work / "single")))
+            res.update(egress(daemon_stats(work / cluster)))
             if fabric:
                 res.update(_link_delta(fabric, before))
             return res
+
+        def single(address: str) -> dict[str, Any]:
+            return measured(address, "single")
 
         # the reference node gets the whole pool's admission slots (same capacity, one cache)
         doc["single"] = _with_cluster(1, spec, work / "single", options | {"max_environments": node_slots * nodes},
@@ -301,11 +306,7 @@ def _run(nodes: int, n_tasks: int, k: int, concurrency: int, blob_mb: float, wor
         _log(f"1 node: {json.dumps(doc['single'])}")
 
         def many(address: str) -> dict[str, Any]:
-            before = fabric.counters() if fabric else None
-            res = iteration(address, tasks, k, concurrency)
-            res.update(egress(daemon_stats(work / "many")))
-            if fabric:
-                res.update(_link_delta(fabric, before))
+            res = measured(address, "many")
             doc["cluster"] = res
             _log(f"{nodes} nodes: {json.dumps(res)}")
             killed = iteration(address, tasks, k, concurrency, kill=(0.4 * res["wall_s"], work / "many"))

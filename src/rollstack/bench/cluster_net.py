@@ -29,21 +29,12 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 from dataclasses import dataclass
 
-from rollstack.bench.link.netem import get_profile, tbf_burst_bytes
+from rollstack.bench.link.netem import Built, add_veth, address_up, delete_netns, get_profile, sh, shape
 from rollstack.errors import RuntimeFailure
 
 NS_PREFIX = "rs-bcl-"
-
-
-def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(args), capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise RuntimeFailure(f"{' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc
 
 
 @dataclass(frozen=True)
@@ -59,7 +50,7 @@ class NodeNet:
         return {"ROLLSTACK_NETNS": self.netns, "ROLLSTACK_NODE_IP": self.ip}
 
 
-class Fabric:
+class Fabric(Built):
     def __init__(self, nodes: int, profile: str = "dc") -> None:
         if not 1 <= nodes <= 200:
             raise RuntimeFailure(f"a fabric holds 1..200 nodes, not {nodes}")
@@ -72,19 +63,8 @@ class Fabric:
         self.host_ip = ""
         self._made: list[str] = []
 
-    def __enter__(self) -> "Fabric":
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _subnet(self) -> str:
-        used = _sh("ip", "-o", "-4", "addr", "show", check=False).stdout
+        used = sh("ip", "-o", "-4", "addr", "show", check=False).stdout
         for third in random.sample(range(256), 256):
             if f" 10.214.{third}." not in used:
                 return f"10.214.{third}"
@@ -93,39 +73,31 @@ class Fabric:
     def _create(self) -> None:
         net = self._subnet()
         self.host_ip = f"{net}.1"
-        _sh("ip", "netns", "add", self.fabric)
+        sh("ip", "netns", "add", self.fabric)
         self._made.append(self.fabric)
         fab = ("ip", "-n", self.fabric)
-        _sh(*fab, "link", "add", "br0", "type", "bridge")
-        _sh(*fab, "link", "set", "br0", "up")
-        _sh(*fab, "link", "set", "lo", "up")
-        _sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.host_peer)
-        _sh("ip", "link", "set", self.host_peer, "netns", self.fabric)
-        _sh(*fab, "link", "set", self.host_peer, "master", "br0", "up")
-        _sh("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.host_if)
-        _sh("ip", "link", "set", self.host_if, "up")
-        rate, burst = str(self.profile.rate_bit), str(tbf_burst_bytes(self.profile.rate_bit))
+        sh(*fab, "link", "add", "br0", "type", "bridge")
+        sh(*fab, "link", "set", "br0", "up")
+        sh(*fab, "link", "set", "lo", "up")
+        add_veth(self.host_if, self.host_peer, self.fabric)
+        sh(*fab, "link", "set", self.host_peer, "master", "br0", "up")
+        address_up(self.host_if, f"{self.host_ip}/24")
         for i in range(self.n):
             nn = NodeNet(f"{NS_PREFIX}{self.tag}-n{i}", f"{net}.{10 + i}", f"rsc{self.tag}n{i}", f"rsc{self.tag}b{i}")
-            _sh("ip", "netns", "add", nn.netns)
+            sh("ip", "netns", "add", nn.netns)
             self._made.append(nn.netns)
-            _sh("ip", "link", "add", nn.node_if, "type", "veth", "peer", "name", nn.bridge_if)
-            _sh("ip", "link", "set", nn.node_if, "netns", nn.netns)
-            _sh("ip", "link", "set", nn.bridge_if, "netns", self.fabric)
-            _sh(*fab, "link", "set", nn.bridge_if, "master", "br0", "up")
-            node = ("ip", "-n", nn.netns)
-            _sh(*node, "addr", "add", f"{nn.ip}/24", "dev", nn.node_if)
-            _sh(*node, "link", "set", nn.node_if, "up")
-            _sh(*node, "link", "set", "lo", "up")
+            add_veth(nn.bridge_if, nn.node_if, nn.netns)
+            sh("ip", "link", "set", nn.bridge_if, "netns", self.fabric)
+            sh(*fab, "link", "set", nn.bridge_if, "master", "br0", "up")
+            address_up(nn.node_if, f"{nn.ip}/24", nn.netns)
+            sh("ip", "-n", nn.netns, "link", "set", "lo", "up")
             # both directions of the node's link: bridge side egress = its downloads
-            _sh("ip", "netns", "exec", self.fabric, "tc", "qdisc", "replace", "dev", nn.bridge_if, "root", "tbf",
-                "rate", rate, "burst", burst, "latency", "50ms")
-            _sh("ip", "netns", "exec", nn.netns, "tc", "qdisc", "replace", "dev", nn.node_if, "root", "tbf",
-                "rate", rate, "burst", burst, "latency", "50ms")
+            shape(nn.bridge_if, self.profile.rate_bit, self.fabric)
+            shape(nn.node_if, self.profile.rate_bit, nn.netns)
             self.nodes.append(nn)
 
     def _counter(self, netns: str, ifname: str, which: str) -> int:
-        out = _sh("ip", "netns", "exec", netns, "cat", f"/sys/class/net/{ifname}/statistics/{which}").stdout
+        out = sh("ip", "netns", "exec", netns, "cat", f"/sys/class/net/{ifname}/statistics/{which}").stdout
         return int(out.strip())
 
     def node_rx_bytes(self, i: int) -> int:
@@ -146,11 +118,6 @@ class Fabric:
 
     def close(self) -> None:
         for ns in reversed(self._made):
-            for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _sh("ip", "netns", "del", ns, check=False)
+            delete_netns(ns)
         self._made.clear()
-        _sh("ip", "link", "del", self.host_if, check=False)
+        sh("ip", "link", "del", self.host_if, check=False)

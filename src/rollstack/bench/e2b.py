@@ -28,7 +28,7 @@ def _log(msg: str) -> None:
 def run_bench(n: int, runs: int, cycles: int, keep: bool = False) -> dict[str, Any]:
     from e2b import Sandbox
 
-    from rollstack.bench.env import _leftovers, busybox_plan, publish_busybox_corpus
+    from rollstack.bench.env import busybox_plan, leak_check, publish_busybox_corpus
     from rollstack.bench.report import current_command, machine_facts, summarize
     from rollstack.client import Client
     from rollstack.node import agent
@@ -107,19 +107,14 @@ def run_bench(n: int, runs: int, cycles: int, keep: bool = False) -> dict[str, A
             box.commands.run("sleep 60", background=True)
             box.kill()
         cycle_s = time.perf_counter() - t
-        deadline = time.monotonic() + 10
-        left = _leftovers(config.root, ids)
-        while any(left.values()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-            left = _leftovers(config.root, ids)
+        cycles_doc = leak_check(config.root, ids, cycles, cycle_s, settle_s=10)
         return {
             "sandbox_create": summarize(create),
             "sandbox_create_to_first_command": summarize(first),
             "commands_run_true_sdk": summarize(sdk_run),
             "exec_true_native_v1": summarize(native),
             "file_write_read_1mib": summarize(files),
-            "cycles": {"count": cycles, "seconds": round(cycle_s, 3), "leftovers": left,
-                       "clean": not any(left.values())},
+            "cycles": cycles_doc,
             "sdk": "e2b==" + _version(),
             "machine": machine_facts(),
             "command": current_command(),
@@ -139,6 +134,8 @@ def _version() -> str:
 
 
 def _human(doc: dict[str, Any]) -> None:
+    from rollstack.bench.env import cycles_line
+
     def ms(s: dict[str, Any]) -> str:
         return f"p50 {s['p50'] * 1000:.0f} ms  p95 {s['p95'] * 1000:.0f} ms"
 
@@ -148,9 +145,7 @@ def _human(doc: dict[str, Any]) -> None:
     print(f"commands.run('true') (SDK)  {ms(doc['commands_run_true_sdk'])}")
     print(f"exec true (/v1, same run)   {ms(doc['exec_true_native_v1'])}")
     print(f"1 MiB write + read          {ms(doc['file_write_read_1mib'])}")
-    cy = doc["cycles"]
-    print(f"{cy['count']} create/run/kill cycles in {cy['seconds']} s; leftovers {cy['leftovers']}"
-          f" -> {'clean' if cy['clean'] else 'LEAKED'}")
+    print(cycles_line(doc["cycles"], "create/run/kill"))
 
 
 def register(app: typer.Typer) -> None:

@@ -155,6 +155,24 @@ def _leftovers(root: Path, ids: set[str]) -> dict[str, int]:
     return {"mounts": mounts, "env_dirs": env_dirs, "runc_state": runc_state, "cgroups": cgroups, "processes": procs}
 
 
+def leak_check(root: Path, ids: set[str], count: int, seconds: float, settle_s: float = 0.0) -> dict[str, Any]:
+    """The `cycles` record of a benchmark's create/.../destroy cycles: what the environments
+    `ids` left under the node `root` (mounts, env dirs, runc state, cgroups, processes), looked
+    at again for up to `settle_s` while anything is left (a background destroy still running)."""
+    deadline = time.monotonic() + settle_s
+    left = _leftovers(root, ids)
+    while any(left.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _leftovers(root, ids)
+    return {"count": count, "seconds": round(seconds, 3), "leftovers": left, "clean": not any(left.values())}
+
+
+def cycles_line(cy: dict[str, Any], what: str) -> str:
+    """The human line of a `leak_check` record; `what`: the cycle's steps ("create/exec/destroy")."""
+    return (f"{cy['count']} {what} cycles in {cy['seconds']} s; leftovers {cy['leftovers']}"
+            f" -> {'clean' if cy['clean'] else 'LEAKED'}")
+
+
 def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = False) -> dict[str, Any]:
     from rollstack.bench.report import current_command, machine_facts, summarize
     from rollstack.client import Client
@@ -209,15 +227,14 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
             from rollstack.bench.node import wait_destroys_drained
 
             wait_destroys_drained(client)  # destroys finish in the background (docs/node.md)
-            left = _leftovers(config.root, ids)
+            cycles_doc = leak_check(config.root, ids, cycles, cycle_s)
         return {
             "warm_create_to_first_exec": summarize(first_exec),
             "warm_create": summarize(creates),
             "exec_true_http": summarize(exec_true),
             "concurrent": conc,
             "agent_rss_idle_bytes": rss_idle,
-            "cycles": {"count": cycles, "seconds": round(cycle_s, 3), "leftovers": left,
-                       "clean": not any(left.values())},
+            "cycles": cycles_doc,
             "targets": {
                 "warm_create_to_first_exec_p50_s": 0.3, "exec_true_p50_s": 0.040,
                 "concurrent_envs": 64, "agent_rss_bytes": 300 << 20,
@@ -270,9 +287,7 @@ def _human(doc: dict[str, Any]) -> None:
     print(f"{c['environments']} concurrent envs: created in {c['create_all_seconds']} s, "
           f"{c['exec_ok']} execs ok, agent RSS {c['agent_rss_bytes'] / 2**20:.0f} MiB (target <= 300), "
           f"lazy daemon RSS {c['lazy_daemon_rss_bytes'] / 2**20:.0f} MiB")
-    cy = doc["cycles"]
-    print(f"{cy['count']} create/exec/destroy cycles in {cy['seconds']} s; leftovers {cy['leftovers']}"
-          f" -> {'clean' if cy['clean'] else 'LEAKED'}")
+    print(cycles_line(doc["cycles"], "create/exec/destroy"))
 
 
 def register(app: typer.Typer) -> None:

@@ -87,7 +87,7 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
     from rollstack.bench.systems.rig import BenchRig
     from rollstack.corpus.build import load_corpus
     from rollstack.bench.init import SHARED_LAYER_CACHE
-    from rollstack.bench.iteration import ContainerdRollouts, EVAL_DIR, rollstack_plan
+    from rollstack.bench.iteration.systems import EVAL_DIR, ContainerdRollouts, rollstack_plan
     from rollstack.bench.systems.rollstack import RollstackSystem, publish_components, seed_layer_cache, work_lock
     from rollstack.corpus.plans import stack_groups
 

@@ -9,6 +9,7 @@ these images: they exist so `bench init --image` is checked on something other t
 |---|---|---|
 | `python-project` | minbase + python3/pip/git + pytest, hypothesis, requests, rich, pydantic, numpy, attrs (system site-packages) | `python3 -c "import pytest, hypothesis, requests, rich, pydantic, numpy"` |
 | `node-project` | minbase + Debian's nodejs + an npm project at /app with express, lodash, typescript, jest | `cd /app && node -e "require('express'); require('lodash'); require('typescript'); require('jest')"` |
+| `swe-project` | the shape of issue 13's SWE image: minbase + python3 with a test and science stack and the mini-swe-agent harness (pip, system site-packages) + nodejs with the Claude Code and Codex CLIs (npm, /app) | `python3 -c "import pytest, numpy, pandas, scipy.stats, sympy, django, minisweagent"` |
 
 `build_image(name)` is cached (a stamp beside the layout holds the spec's hash); the tree
 and the tar are removed once the layout is written. Needs debootstrap, pigz, npm (host), network
@@ -60,6 +61,14 @@ IMAGES: dict[str, ImageSpec] = {
         "",
         {"express": "4.21.2", "lodash": "4.17.21", "typescript": "5.7.2", "jest": "29.7.0"},
         "cd /app && node -e \"require('express'); require('lodash'); require('typescript'); require('jest')\"",
+    ),
+    "swe-project": ImageSpec(
+        "swe-project",
+        ("python3", "python3-pip", "python3-venv", "git", "ca-certificates", "nodejs"),
+        "pip install --break-system-packages pytest==8.3.4 hypothesis==6.122.3 numpy==2.2.1 pandas==2.2.3 "
+        "scipy==1.14.1 sympy==1.13.3 django==5.1.4 flask==3.1.0 matplotlib==3.10.0 mini-swe-agent==2.4.6\n",
+        {"@anthropic-ai/claude-code": "2.1.332", "@openai/codex": "0.171.0", "typescript": "5.7.2"},
+        "python3 -c 'import pytest, numpy, pandas, scipy.stats, sympy, django, minisweagent'",
     ),
 }
 

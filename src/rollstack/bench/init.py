@@ -61,7 +61,8 @@ def parse_systems(spec: str | Sequence[str]) -> list[str]:
 
 def system_summary(runs: Sequence[Creation], stack_bytes: int) -> dict[str, Any]:
     """interface.md's fields (init = request -> first command done) plus ready times and bytes."""
-    from rollstack.bench.report import init_summary, percentile
+    from rollstack.bench.report import init_summary
+    from rollstack.core.stats import percentile
 
     cold = [r for r in runs if r.cold]
     warm = [r for r in runs if not r.cold and not r.fuse_lowers]
@@ -160,7 +161,7 @@ def run_init(cfg: InitConfig) -> dict[str, Any]:
     from rollstack.bench.systems.baselines import make_system, prepare_images
     from rollstack.bench.systems.rig import BenchRig
     from rollstack.corpus.build import load_corpus
-    from rollstack.bench.iteration import rollstack_plan
+    from rollstack.bench.iteration.systems import rollstack_plan
     from rollstack.bench.systems.rollstack import first_command, publish_components, seed_layer_cache, work_lock
     from rollstack.corpus.plans import stack_groups
 

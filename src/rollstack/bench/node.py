@@ -20,13 +20,9 @@ Goals (issue 16): exec p50 <= 5 ms, <= 3 ms node CPU per exec, >= 500 execs/s; f
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -45,7 +41,7 @@ def _log(msg: str) -> None:
 
 
 def _pct(values: list[float], q: float) -> float:
-    from rollstack.bench.report import percentile
+    from rollstack.core.stats import percentile
 
     return round(percentile(values, q), 6) if values else float("nan")
 
@@ -209,38 +205,6 @@ def _admitted(client: Any, plan: dict[str, Any], limit: int) -> int:
 
 # -- containerd --------------------------------------------------------------------------------
 
-def _oci_tar(tree: Path, out: Path) -> None:
-    """A one-layer OCI image archive of `tree` (for `ctr images import`)."""
-    layer = io.BytesIO()
-    with tarfile.open(fileobj=layer, mode="w") as t:
-        for p in sorted(tree.rglob("*")):
-            t.add(p, arcname=str(p.relative_to(tree)), recursive=False)
-    layer_b = layer.getvalue()
-    diff_id = "sha256:" + hashlib.sha256(layer_b).hexdigest()
-    config = json.dumps({"architecture": "amd64", "os": "linux",
-                         "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]},
-                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
-    blobs = {hashlib.sha256(b).hexdigest(): b for b in (layer_b, config)}
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                                      "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
-                                      "size": len(config)},
-                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                                       "digest": diff_id, "size": len(layer_b)}]}).encode()
-    blobs[hashlib.sha256(manifest).hexdigest()] = manifest
-    index = json.dumps({"schemaVersion": 2, "manifests": [{
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(), "size": len(manifest),
-        "annotations": {"org.opencontainers.image.ref.name": IMAGE,
-                        "io.containerd.image.name": IMAGE}}]}).encode()
-    with tarfile.open(out, "w") as t:
-        for name, data in [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index),
-                           *[(f"blobs/sha256/{d}", b) for d, b in blobs.items()]]:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
-
-
 def _containerd_pids(state: Path) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
@@ -255,7 +219,7 @@ def _containerd_pids(state: Path) -> list[int]:
 
 
 def _containerd(base: Path, tree: Path, execs: int, burst: int, bursts: int) -> dict[str, Any]:
-    from rollstack.bench.systems.containerd import PrivateContainerd, available
+    from rollstack.bench.systems.containerd import PrivateContainerd, available, oci_archive
 
     why = available()
     if why:
@@ -264,7 +228,7 @@ def _containerd(base: Path, tree: Path, execs: int, burst: int, bursts: int) -> 
     try:
         with PrivateContainerd(state) as ctr:
             archive = base / "busybox-oci.tar"
-            _oci_tar(tree, archive)
+            oci_archive(tree, archive, IMAGE)
             ctr.run("images", "import", "--snapshotter", "overlayfs", str(archive))
             ctr.run("run", "-d", "--snapshotter", "overlayfs", IMAGE, "rs-exec", "sleep", "100000")
             lat = []

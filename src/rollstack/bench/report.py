@@ -1,8 +1,8 @@
 """Benchmark reports: results.json, results.md (markdown table) and PNG plots in one directory.
 
-Pure helpers (`summarize`, `markdown_table`, `init_summary`; `percentile` is
-`rollstack.core.stats.percentile`, re-exported for the benchmarks) are separate from the writers. Every report carries the machine facts and the exact command that produced it. Plots use
-matplotlib's Agg backend (no display): a CDF of init latency per system and an iteration
+Pure helpers (`summarize`, `markdown_table`, `init_summary`; percentiles come from
+`rollstack.core.stats`) are separate from the writers. Every report carries the machine facts and
+the exact command that produced it. Plots use matplotlib's Agg backend (no display): a CDF of init latency per system and an iteration
 timeline (one bar per rollout, coloured by phase: init / exec / eval).
 """
 
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from rollstack.core.stats import percentile  # noqa: F401 (bench/init.py and iteration.py import it from here)
+from rollstack.core.stats import percentile
 
 PHASE_COLOURS = {"init": "#d62728", "exec": "#1f77b4", "eval": "#2ca02c", "destroy": "#7f7f7f"}
 

@@ -69,6 +69,10 @@ class _Core:
         self.decisions.append(record)
         return node_id, record
 
+    def attempt(self, req: PlacementRequest, excluded: set[str]) -> "_Attempt":
+        """One try at placing `req` on a node not in `excluded` (the caller does the create)."""
+        return _Attempt(self, req, excluded)
+
     def translate(self, exc: RollstackError, node_id: str, instance: str | None) -> RollstackError:
         """A failed call on an environment of `node_id` -> NodeLost when the node is gone or restarted."""
         if isinstance(exc, (NodeUnavailable, EnvironmentNotFound)) and not isinstance(exc, NodeLost):
@@ -82,11 +86,51 @@ class _Core:
         self.directory.close()
 
 
-class _BoundService:
-    """The `EnvironmentService` of one environment: its node's HTTP service, errors translated."""
+class _Attempt:
+    """One try at creating an environment on the node `place()` chose, for both pools' `create`:
+
+        with core.attempt(req, excluded) as at:
+            created = <create on at.node_id>       # the pool's own I/O, sync or async
+        if at.placed: ...                            # else: try the next choice
+
+    The node is reserved for the try and released after it. A node that answers
+    `insufficient_capacity` is skipped; an unreachable one is marked dead and skipped (both
+    suppressed, `placed` stays False); any other error propagates. `place()` raises
+    `InsufficientCapacity` naming the pool when no node is left."""
+
+    def __init__(self, core: _Core, req: PlacementRequest, excluded: set[str]) -> None:
+        self.node_id, self._record = core.choose(req, excluded)
+        self._core, self._req, self._excluded = core, req, excluded
+        self.placed = False
+        core.directory.reserve(self.node_id, req)
+
+    def __enter__(self) -> "_Attempt":
+        return self
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        directory = self._core.directory
+        directory.release(self.node_id, self._req, created=exc is None)
+        if exc is None:
+            self.placed = self._record["created"] = True
+            return False
+        if isinstance(exc, NodeUnavailable):
+            directory.mark_dead(self.node_id)
+        if isinstance(exc, (InsufficientCapacity, NodeUnavailable)):
+            self._excluded.add(self.node_id)
+            return True
+        return False
+
+
+class _Bound:
+    """One environment's node service (`http`) for `Environment`: its calls' errors are
+    translated (`_Core.translate`: `node_lost` when the node is gone). Sync and async twins."""
 
     def __init__(self, core: _Core, node_id: str, http: Any, instance: str | None) -> None:
         self._core, self.node_id, self._http, self._instance = core, node_id, http, instance
+
+
+class _BoundService(_Bound):
+    """The `EnvironmentService` of one environment: its node's HTTP service, errors translated."""
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self._http, name)
@@ -112,8 +156,9 @@ class _BoundService:
             raise self._core.translate(exc, self.node_id, self._instance) from exc
 
 
-class Pool:
-    """The pool over HTTP, synchronously (see the module docstring)."""
+class _Pool:
+    """What `Pool` and `AsyncPool` share: the core, and one HTTP service per node URL (a node
+    back on a new URL gets a new one), made by the subclass's `_new_service`."""
 
     def __init__(self, address: str | None = None, *, nodes: list[dict[str, Any]] | None = None,
                  store: str | None = None, policy: PlacementPolicy | None = None, interval: float = 1.0,
@@ -125,19 +170,45 @@ class Pool:
     def directory(self) -> Directory:
         return self._core.directory
 
-    def _http(self, node_id: str) -> Any:
-        from rollstack.client.sync import HttpService
-
+    def _service(self, node_id: str) -> Any:
         m = self._core.directory.member(node_id)
         if m is None:
             raise NodeLost(f"node {node_id} is not a member of the pool", node=node_id)
         svc = self._services.get(node_id)
         if svc is None or svc.settings.url != m.url:
-            svc = self._services[node_id] = HttpService(Settings(url=m.url, token=m.token))
+            svc = self._services[node_id] = self._new_service(m.url, m.token)
         return svc
 
+    def _new_service(self, url: str, token: str | None) -> Any:
+        raise NotImplementedError
+
+    def nodes(self) -> list[Any]:
+        return self._core.directory.views()
+
+    def _locate(self, env_id: str) -> str:
+        self._core.directory.poll()
+        for m in list(self._core.directory.members.values()):
+            if m.alive and env_id in (m.info or {}).get("env_ids", []):
+                return m.node_id
+        raise EnvironmentNotFound(f"no environment {env_id!r} in the pool")
+
+    def _health(self) -> Health:
+        views = self._core.directory.views()
+        alive = [v for v in views if v.alive]
+        n = sum(int((self._core.directory.members[v.node_id].info or {}).get("environments", 0)) for v in alive)
+        return Health(status="ok" if alive else "unavailable", environments=n)
+
+
+class Pool(_Pool):
+    """The pool over HTTP, synchronously (see the module docstring)."""
+
+    def _new_service(self, url: str, token: str | None) -> Any:
+        from rollstack.client.sync import HttpService
+
+        return HttpService(Settings(url=url, token=token))
+
     def _bound(self, node_id: str) -> _BoundService:
-        return _BoundService(self._core, node_id, self._http(node_id), self._core.directory.instance(node_id))
+        return _BoundService(self._core, node_id, self._service(node_id), self._core.directory.instance(node_id))
 
     def create(self, plan: Any, count: int | None = None) -> Any:
         """One environment, or a list of `count` (placed together, created in parallel)."""
@@ -160,35 +231,15 @@ class Pool:
         return envs
 
     def _create_one(self, wire: dict[str, Any], req: PlacementRequest) -> Environment:
-        core, excluded = self._core, set()
+        excluded: set[str] = set()
         while True:
-            node_id, record = core.choose(req, excluded)  # raises InsufficientCapacity naming the pool
-            core.directory.reserve(node_id, req)
-            ok = False
-            try:
-                bound = self._bound(node_id)
-                created = bound._http.create(wire)  # noqa: SLF001 - the raw call: errors handled here
-                ok = True
-            except InsufficientCapacity:
-                excluded.add(node_id)
-                continue
-            except NodeUnavailable:
-                core.directory.mark_dead(node_id)
-                excluded.add(node_id)
-                continue
-            finally:
-                core.directory.release(node_id, req, created=ok)
-            record["created"] = True
-            env = Environment(bound, created.id, created)
-            env.node_id = node_id  # type: ignore[attr-defined]
-            return env
-
-    def _locate(self, env_id: str) -> str:
-        self._core.directory.poll()
-        for m in list(self._core.directory.members.values()):
-            if m.alive and env_id in (m.info or {}).get("env_ids", []):
-                return m.node_id
-        raise EnvironmentNotFound(f"no environment {env_id!r} in the pool")
+            with self._core.attempt(req, excluded) as at:  # raises InsufficientCapacity naming the pool
+                bound = self._bound(at.node_id)
+                created = bound._http.create(wire)  # noqa: SLF001 - the raw call: errors handled by `at`
+            if at.placed:
+                env = Environment(bound, created.id, created)
+                env.node_id = at.node_id  # type: ignore[attr-defined]
+                return env
 
     def get(self, env_id: str) -> Environment:
         node_id = self._locate(env_id)
@@ -204,19 +255,13 @@ class Pool:
         for m in list(self._core.directory.members.values()):
             if m.alive:
                 try:
-                    out += self._http(m.node_id).list()
+                    out += self._service(m.node_id).list()
                 except NodeUnavailable:
                     self._core.directory.mark_dead(m.node_id)
         return out
 
     def health(self) -> Health:
-        views = self._core.directory.views()
-        alive = [v for v in views if v.alive]
-        n = sum(int((self._core.directory.members[v.node_id].info or {}).get("environments", 0)) for v in alive)
-        return Health(status="ok" if alive else "unavailable", environments=n)
-
-    def nodes(self) -> list[Any]:
-        return self._core.directory.views()
+        return self._health()
 
     def close(self) -> None:
         for svc in self._services.values():
@@ -232,11 +277,8 @@ class Pool:
 
 # -- async ----------------------------------------------------------------------------------------
 
-class _AsyncBound:
+class _AsyncBound(_Bound):
     """The async twin of `_BoundService`: one node's `AsyncHttpService`, errors translated."""
-
-    def __init__(self, core: _Core, node_id: str, http: Any, instance: str | None) -> None:
-        self._core, self.node_id, self._http, self._instance = core, node_id, http, instance
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self._http, name)
@@ -265,30 +307,13 @@ class _AsyncBound:
             raise await self._translate(exc) from exc
 
 
-class AsyncPool:
+class AsyncPool(_Pool):
     """`Pool` with async/await (`AsyncClient`'s interface)."""
 
-    def __init__(self, address: str | None = None, *, nodes: list[dict[str, Any]] | None = None,
-                 store: str | None = None, policy: PlacementPolicy | None = None, interval: float = 1.0,
-                 name: str = "pool") -> None:
-        self._core = _Core(address, nodes, store, policy or PlacementPolicy(), interval, name)
-        self._services: dict[str, Any] = {}
-
-    @property
-    def directory(self) -> Directory:
-        return self._core.directory
-
-    def _service(self, node_id: str) -> Any:
-        """The node's `AsyncHttpService` (one per node URL; a node back on a new URL gets a new one)."""
+    def _new_service(self, url: str, token: str | None) -> Any:
         from rollstack.client.aio import AsyncHttpService
 
-        m = self._core.directory.member(node_id)
-        if m is None:
-            raise NodeLost(f"node {node_id} is not a member of the pool", node=node_id)
-        svc = self._services.get(node_id)
-        if svc is None or svc.settings.url != m.url:
-            svc = self._services[node_id] = AsyncHttpService(Settings.of(m.url, m.token or ""))
-        return svc
+        return AsyncHttpService(Settings.of(url, token or ""))
 
     async def create(self, plan: Any, count: int | None = None) -> Any:
         from rollstack.client.aio import AsyncEnvironment
@@ -307,33 +332,22 @@ class AsyncPool:
         return await self._create_one(wire, req, AsyncEnvironment)
 
     async def _create_one(self, wire: dict[str, Any], req: PlacementRequest, cls: Any) -> Any:
-        core, excluded = self._core, set()
+        core = self._core
+        excluded: set[str] = set()
         while True:
-            node_id, record = core.choose(req, excluded)
-            core.directory.reserve(node_id, req)
-            ok = False
-            try:
-                service = self._service(node_id)
+            with core.attempt(req, excluded) as at:
+                service = self._service(at.node_id)
                 created = await service.create(wire)
-                ok = True
-            except InsufficientCapacity:
-                excluded.add(node_id)
-                continue
-            except NodeUnavailable:
-                core.directory.mark_dead(node_id)
-                excluded.add(node_id)
-                continue
-            finally:
-                core.directory.release(node_id, req, created=ok)
-            record["created"] = True
-            env = cls(_AsyncBound(core, node_id, service, core.directory.instance(node_id)), created.id, created)
-            env.node_id = node_id
-            return env
+            if at.placed:
+                env = cls(_AsyncBound(core, at.node_id, service, core.directory.instance(at.node_id)),
+                          created.id, created)
+                env.node_id = at.node_id
+                return env
 
     async def get(self, env_id: str) -> Any:
         from rollstack.client.aio import AsyncEnvironment
 
-        node_id = await asyncio.to_thread(Pool._locate, self, env_id)  # type: ignore[arg-type]
+        node_id = await asyncio.to_thread(self._locate, env_id)
         env = AsyncEnvironment(_AsyncBound(self._core, node_id, self._service(node_id),  # type: ignore[arg-type]
                                            self._core.directory.instance(node_id)), env_id)
         env.node_id = node_id  # type: ignore[attr-defined]
@@ -350,10 +364,7 @@ class AsyncPool:
         return out
 
     async def health(self) -> Health:
-        return Pool.health(self)  # type: ignore[arg-type]
-
-    def nodes(self) -> list[Any]:
-        return self._core.directory.views()
+        return self._health()
 
     async def aclose(self) -> None:
         for svc in self._services.values():

@@ -97,9 +97,6 @@ class BackgroundGate:
         if self.active == 0:
             self._idle.set()
 
-    def foreground_idle(self) -> bool:
-        return self.active == 0 and trio.current_time() - self.last_foreground >= self.quiet
-
     async def wait_quiet(self, quiet: float) -> None:
         """Returns once no foreground request is in flight and none ended in the last `quiet` s."""
         while True:

@@ -3,6 +3,7 @@
 Chunks of one blob are sorted by where their stored bytes sit; neighbours whose gap is at most
 `max_gap` share one request as long as it stays within `max_request` bytes. A chunk larger than
 `max_request` travels alone. The same planner picks the "neighbours" a demand miss drags along.
+`pack` groups requests for multi-range GETs (several ranges, one request).
 """
 
 from __future__ import annotations
@@ -45,6 +46,24 @@ def coalesce(chunks: Iterable[Chunk], *, max_request: int, max_gap: int = 0) -> 
         cur, start, end = [c], c.blob_offset, c_end
     if cur:
         out.append(RangeRequest(start, end - start, tuple(cur)))
+    return out
+
+
+def pack(requests: Sequence[RangeRequest], *, max_spans: int, max_bytes: int) -> list[tuple[RangeRequest, ...]]:
+    """Consecutive range requests grouped for multi-range GETs (`store.byteranges`): at most
+    `max_spans` per group and `max_bytes` stored bytes in total (a request larger than that
+    travels alone). Order is kept."""
+    out: list[tuple[RangeRequest, ...]] = []
+    cur: list[RangeRequest] = []
+    size = 0
+    for r in requests:
+        if cur and (len(cur) >= max_spans or size + r.length > max_bytes):
+            out.append(tuple(cur))
+            cur, size = [], 0
+        cur.append(r)
+        size += r.length
+    if cur:
+        out.append(tuple(cur))
     return out
 
 

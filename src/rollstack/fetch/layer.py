@@ -1,6 +1,7 @@
 """`RemoteLayer`: what the fetcher needs to know about one layer blob.
 
-Where its bytes come from (a blocking range read, normally `store.read_blob`), and all its
+Where its bytes come from (a blocking range read, normally `store.read_blob`; several ranges in
+one request where the store can), and all its
 chunks in blob order (for neighbour and background planning). The chunk list needs every TOC
 entry, so it is built off the critical path (`build_index`, run in a worker thread) and is
 simply absent until then: a miss then fetches just what it needs.
@@ -23,6 +24,11 @@ class RemoteLayer:
     """Blocking: stored bytes [offset, offset+length) of the blob."""
     list_chunks: Callable[[], Iterable[Chunk]] | None = None
     """Blocking: every chunk of the layer (any order); called once by `build_index`."""
+    read_ranges: Callable[[list[tuple[int, int]]], list[bytes]] | None = None
+    """Blocking: several disjoint spans [(offset, length)] of the blob in one request
+    (`store.byteranges`); None: the store cannot."""
+    multi_range: Callable[[], bool] = lambda: False
+    """Whether `read_ranges` is worth planning for right now (the store may learn it is not)."""
     chunks: list[Chunk] | None = field(default=None, repr=False)
     offsets: list[int] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -37,16 +43,6 @@ class RemoteLayer:
             chunks = [seen[o] for o in sorted(seen)]
             self.offsets = [c.blob_offset for c in chunks]
             self.chunks = chunks
-
-    def chunk_at(self, blob_offset: int) -> Chunk | None:
-        import bisect
-
-        if self.offsets is None or self.chunks is None:
-            return None
-        i = bisect.bisect_left(self.offsets, blob_offset)
-        if i < len(self.offsets) and self.offsets[i] == blob_offset:
-            return self.chunks[i]
-        return None
 
     @property
     def stored_bytes(self) -> int:

@@ -15,7 +15,6 @@ import fcntl
 import io
 import lzma
 import os
-import queue
 import shutil
 import stat
 import subprocess
@@ -26,6 +25,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
+from rollstack.core.blocks import BlockPipe
 from rollstack.format.writer import _read_full
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -163,77 +163,19 @@ PIGZ = ["pigz", "-dc", "-p", os.environ.get("ROLLSTACK_PIGZ_THREADS", "2")]
 GZIP_DECODER = os.environ.get("ROLLSTACK_GZIP_DECODER", "pigz")  # or "thread"
 
 
-class _Blocks:
-    """A reader over byte blocks that another thread produces (a bounded queue)."""
-
-    def __init__(self, maxblocks: int = 16) -> None:
-        self.queue: queue.Queue[bytes | BaseException | None] = queue.Queue(maxblocks)
-        self._buf = b""
-        self._off = 0
-        self._eof = False
-
-    def read(self, n: int = -1) -> bytes:
-        if n < 0:
-            parts = [self._buf[self._off:]]
-            while block := self._next():
-                parts.append(block)
-            self._buf, self._off = b"", 0
-            return b"".join(parts)
-        avail = len(self._buf) - self._off
-        if avail >= n:
-            self._off += n
-            return self._buf[self._off - n:self._off]
-        parts = [self._buf[self._off:]] if avail else []
-        got = avail
-        self._buf, self._off = b"", 0
-        while got < n:
-            block = self._next()
-            if not block:
-                break
-            if got + len(block) > n:
-                take = n - got
-                parts.append(block[:take])
-                self._buf, self._off = block, take
-                got = n
-                break
-            parts.append(block)
-            got += len(block)
-        return b"".join(parts)
-
-    def _next(self) -> bytes:
-        if self._eof:
-            return b""
-        item = self.queue.get()
-        if item is None:
-            self._eof = True
-            return b""
-        if isinstance(item, BaseException):
-            self._eof = True
-            raise item
-        return item
-
-
 def _gunzip_thread(src: BinaryIO) -> Decoded:
     """gzip decoded by zlib on a thread of its own (zlib releases the GIL), so decompression
     overlaps tar parsing and chunk compression. Members are concatenated (as gzip does), zero
     padding after the last one is allowed, CRC-32 and length trailers are checked by zlib."""
-    out = _Blocks()
-    stop = threading.Event()
-
-    def put(item: bytes | BaseException | None) -> None:
-        while not stop.is_set():
-            try:
-                out.queue.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
+    out = BlockPipe(16)
+    put = out.put
 
     def run() -> None:
         try:
             d = zlib.decompressobj(31)
             member = True  # inside a gzip member
             pending = b""
-            while not stop.is_set():
+            while not out.stopped:
                 block = pending or src.read(READ_BUF)
                 pending = b""
                 if not block:
@@ -260,7 +202,7 @@ def _gunzip_thread(src: BinaryIO) -> Decoded:
     thread = threading.Thread(target=run, name="rollstack-gunzip", daemon=True)
     thread.start()
     decoded = Decoded(out)  # type: ignore[arg-type]
-    decoded.on_exit = lambda: (stop.set(), thread.join())
+    decoded.on_exit = lambda: (out.stop(), thread.join())
     return decoded
 
 

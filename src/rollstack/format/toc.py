@@ -74,7 +74,7 @@ class Toc:
     opening a 50k-entry layer costs one decompress and one split, not 50k object constructions.
     """
 
-    __slots__ = ("_paths", "_entries", "_load", "_load_all", "_index")
+    __slots__ = ("_paths", "_entries", "_load", "_load_all", "_index", "_scan_xattrs")
 
     def __init__(self, entries: Iterable[TocEntry] = ()) -> None:
         ents = sorted(entries, key=_path_key)
@@ -86,19 +86,30 @@ class Toc:
         self._load: Callable[[int], TocEntry] | None = None
         self._load_all: Callable[[], list[TocEntry]] | None = None
         self._index: dict[str, int] | None = None
+        self._scan_xattrs: Callable[[], list[int]] | None = None
 
     @classmethod
     def _lazy(cls, paths: list[str], load: Callable[[int], TocEntry],
-              load_all: Callable[[], list[TocEntry]] | None = None) -> "Toc":
+              load_all: Callable[[], list[TocEntry]] | None = None,
+              scan_xattrs: Callable[[], list[int]] | None = None) -> "Toc":
         """A TOC whose entry `i` is built by `load(i)` on first use, or all at once by
-        `load_all()` (used by the decoder)."""
+        `load_all()` (used by the decoder); `scan_xattrs()` answers `xattr_indices` without
+        building entries."""
         toc = cls.__new__(cls)
         toc._paths = paths
         toc._entries = [None] * len(paths)
         toc._load = load
         toc._load_all = load_all
         toc._index = None
+        toc._scan_xattrs = scan_xattrs
         return toc
+
+    def xattr_indices(self) -> list[int]:
+        """Positions of the entries that carry xattrs or the opaque marker, in order. A decoded
+        TOC answers from its record column (no entry is built: ~1 ms for 50k entries)."""
+        if self._scan_xattrs is not None and self._load_all is not None:
+            return self._scan_xattrs()
+        return [i for i, e in enumerate(self.entries) if e.xattrs or e.opaque]
 
     # -- access -------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -12,6 +12,7 @@ import gc
 import operator
 import struct
 
+import numpy as np
 import zstandard
 
 from rollstack.errors import FormatError
@@ -28,6 +29,9 @@ RECORD = struct.Struct("<BBHIIqQIIIII")
 # offset (in file), size, blob_offset, blob_size, compression, sha256
 CHUNK = struct.Struct("<QIQIB32s")
 
+# the two RECORD fields `Toc.xattr_indices` needs, at their offsets in the 48-byte record
+_RECORD_COLUMNS = np.dtype({"names": ["flags", "xoff"], "formats": ["u1", "<u4"], "offsets": [1, 44],
+                            "itemsize": RECORD.size})
 NO_XATTRS = 0xFFFFFFFF
 FLAG_OPAQUE = 1
 
@@ -177,7 +181,13 @@ def decode_raw(raw: bytes) -> Toc:
         except (KeyError, struct.error, IndexError) as exc:
             raise FormatError(f"TOC is malformed: {exc}") from None
 
-    return Toc._lazy(paths, load, load_all)
+    def scan_xattrs() -> list[int]:
+        # the flags byte and the xattr offset of every record, read as numpy columns
+        records = np.frombuffer(raw, dtype=_RECORD_COLUMNS, count=n, offset=rec_off)
+        marked = (records["xoff"] != NO_XATTRS) | ((records["flags"] & FLAG_OPAQUE) != 0)
+        return np.flatnonzero(marked).tolist()
+
+    return Toc._lazy(paths, load, load_all, scan_xattrs)
 
 
 def _split(b: bytes, n: int) -> list[str]:

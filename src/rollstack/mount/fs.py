@@ -119,6 +119,10 @@ class LazyFS(pyfuse3.Operations):
     def no_xattr_hook(self) -> Callable[[list[tuple[int, int]], frozenset[int]], None] | None:
         return pyfuse3.set_no_xattr_ranges if _XATTR_FAST_ON else None
 
+    def activity(self) -> int:
+        """FUSE requests served so far (the fetcher's write-back waits until it stops moving)."""
+        return sum(self.ops.values())
+
     def note_mode(self, **facts: Any) -> None:
         """How the daemon set this mount up (takeover, fd-holder, FUSE thread priority)."""
         self.mode.update(facts)

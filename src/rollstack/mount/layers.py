@@ -27,6 +27,7 @@ from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import RemoteLayer
 from rollstack.mount.index import LayerIndex
 from rollstack.mount.tocs import TocCache
+from rollstack.store import byteranges
 
 FIRST_LAYER_INODE = 1000
 SMALL_LAYER = 5000  # entries: below this, hardlink counts are computed while adding the layer
@@ -144,7 +145,9 @@ class LayerTable:
             self._next_base = max(self._next_base, base + index.size + 16)
             toc = opened.toc
             remote = RemoteLayer(repo, digest, lambda off, n: store.read_blob(repo, digest, off, n),
-                                 lambda: (c for e in toc for c in e.chunks))
+                                 lambda: (c for e in toc for c in e.chunks),
+                                 read_ranges=lambda spans: byteranges.read_ranges(store, repo, digest, spans),
+                                 multi_range=lambda: byteranges.can_read_ranges(store))
             info = {"repo": repo, "digest": digest, "entries": len(toc), "blob_size": opened.blob_size,
                     "toc_cached": opened.cached, "toc_requests": opened.requests, "toc_bytes": opened.bytes,
                     "toc_seconds": round(time.perf_counter() - t0, 6), "loaded": False,
@@ -159,9 +162,9 @@ class LayerTable:
                 self._bases.insert(i, base)
                 self._base_layers.insert(i, layer)
             results[digest] = info
+            self.publish_xattr_ranges()  # xattr-free inodes from the TOC's records: ~1 ms
             if len(toc) <= SMALL_LAYER:
                 index.hardlinks()  # a few ms: exact link counts from the first getattr on
-                self.publish_xattr_ranges()
             else:
                 self._spawn(self._prepare, layer)
         finally:
@@ -174,7 +177,6 @@ class LayerTable:
         environment that is starting right now."""
         await trio.sleep(PREPARE_DELAY)
         await trio.to_thread.run_sync(layer.index.hardlinks)
-        self.publish_xattr_ranges()
 
     def publish_xattr_ranges(self) -> None:
         """Tell the FUSE layer which inodes have no xattrs (every scanned layer's range, minus its
@@ -184,10 +186,8 @@ class LayerTable:
         ranges: list[tuple[int, int]] = []
         inodes: set[int] = set()
         for layer in self._base_layers:
-            got = layer.index.xattr_inodes
-            if got is not None:
-                ranges.append((layer.index.base, layer.index.base + layer.index.size))
-                inodes |= got
+            ranges.append((layer.index.base, layer.index.base + layer.index.size))
+            inodes |= layer.index.xattr_inodes
         self.no_xattr_hook(ranges, frozenset(inodes))
 
     # -- the inode record (takeover) -----------------------------------------------------------

@@ -45,6 +45,9 @@ class Frontend(Protocol):
     def no_xattr_hook(self) -> NoXattrHook | None:
         """Where to declare the inodes that have no xattrs, or None without the fast path."""
 
+    def activity(self) -> int:
+        """A count of the requests it has served (moves while programs read)."""
+
 
 class LazyStoreService:
     def __init__(self, config: DaemonConfig, store: Any, *, decode: Any = None) -> None:
@@ -66,9 +69,10 @@ class LazyStoreService:
         self.frontend: Frontend | None = None
 
     def attach(self, frontend: Frontend) -> None:
-        """The FUSE layer serving this service (its counters feed `stats`, its xattr fast path
-        learns the inodes without xattrs)."""
+        """The FUSE layer serving this service (its counters feed `stats` and the fetcher's
+        write-back timing, its xattr fast path learns the inodes without xattrs)."""
         self.frontend = frontend
+        self.fetcher.activity = frontend.activity  # write-back waits for reads to go quiet
         self.layers.no_xattr_hook = frontend.no_xattr_hook()
         self.layers.publish_xattr_ranges()
 

@@ -21,12 +21,12 @@ import trio
 from rollstack.fetch import ChunkFetcher, Priority, Trace, TraceRecorder, TraceStore
 from rollstack.fetch import shared_traces
 from rollstack.fetch.stats import Account
+from rollstack.fetch.waves import plan_waves
 from rollstack.format.toc import Chunk
 from rollstack.mount.layers import LayerTable, LoadedLayer
 
 log = logging.getLogger("rollstack.mount.traces")
 
-TRACE_WAVE = 512 << 10  # stored bytes per trace-prefetch wave
 SHARED_TRACE_TIMEOUT = 2.0  # seconds a shared trace lookup may take before it counts as an error
 
 
@@ -73,22 +73,14 @@ class TraceBook:
 
     # -- prefetch ----------------------------------------------------------------------------
     async def prefetch(self, trace: Trace, account: Account | None) -> None:
-        """Fetch a trace in waves of ~TRACE_WAVE stored bytes, in first-read order: every wave is
+        """Fetch a trace in growing waves (`fetch.waves`), in first-read order: every wave is
         claimed at once (reads join its flights) and the prefetch limiter (FIFO) issues the
         waves' requests roughly in the order the previous environment needed them."""
-        waves: list[tuple[LoadedLayer, list[Chunk]]] = []
-        current: dict[str, tuple[LoadedLayer, list[Chunk], list[int]]] = {}
-        for t in trace:
-            layer = self.layers.get(t.layer.partition(":")[2])
-            if layer is None:
-                continue
-            _, chunks, size = current.setdefault(t.layer, (layer, [], [0]))
-            chunks.append(t.chunk)
-            size[0] += t.chunk.blob_size
-            if size[0] >= TRACE_WAVE:
-                waves.append((layer, chunks))
-                del current[t.layer]
-        waves.extend((layer, chunks) for layer, chunks, _ in current.values())
+        known = [(self.layers.get(t.layer.partition(":")[2]), t) for t in trace]
+        known = [(layer, t) for layer, t in known if layer is not None]
+        waves: list[tuple[LoadedLayer, list[Chunk]]] = [
+            (known[idx[0]][0], [known[i][1].chunk for i in idx])
+            for _, idx in plan_waves((t.layer, t.chunk.blob_size) for _, t in known)]
         async with trio.open_nursery() as n:
             for layer, chunks in waves:
                 n.start_soon(self.fetcher.prefetch, layer.remote, chunks, account, Priority.PREFETCH)

@@ -12,18 +12,16 @@ layers, kind and source, the existing manifest is kept and nothing at all is upl
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from rollstack.errors import GroupNotFound, InvalidRequest, ManifestNotFound
+from rollstack.errors import InvalidRequest, ManifestNotFound
 from rollstack.format import LAYER_MEDIA_TYPE
+from rollstack.plan.artifacts import canonical, created_now, find_manifest, parse_manifest, put_manifest
 from rollstack.plan.refs import GroupRef
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 GROUP_ARTIFACT_TYPE = "application/vnd.rollstack.group.v1"
 GROUP_CONFIG_MEDIA_TYPE = "application/vnd.rollstack.group.config.v1+json"
 ANN_KIND = "io.rollstack.kind"
@@ -96,40 +94,9 @@ def default_kind(name: str) -> str:
     return name.split("/", 1)[0] if "/" in name else "group"
 
 
-def _canonical(doc: Any) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def parse_group_manifest(data: bytes) -> dict[str, Any] | None:
     """The manifest document if it is a rollstack group, else None."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict):
-        return None
-    if doc.get("artifactType") == GROUP_ARTIFACT_TYPE:
-        return doc
-    if (doc.get("config") or {}).get("mediaType") == GROUP_CONFIG_MEDIA_TYPE:
-        return doc
-    return None
-
-
-def _existing(store: Any, name: str, tag: str) -> tuple[str, dict[str, Any]] | None:
-    try:
-        manifest = store.get_manifest(name, tag)
-    except (ManifestNotFound, GroupNotFound):
-        return None
-    except Exception as exc:  # noqa: BLE001 - an unknown repository is "not there" on some registries
-        if getattr(exc, "code", "") in ("not_found", "manifest_not_found", "blob_not_found"):
-            return None
-        raise
-    doc = parse_group_manifest(manifest.data)
-    return None if doc is None else (manifest.digest, doc)
+    return parse_manifest(data, GROUP_ARTIFACT_TYPE, GROUP_CONFIG_MEDIA_TYPE)
 
 
 def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *, kind: str | None = None,
@@ -154,7 +121,7 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
     if progress:
         progress.done()
 
-    existing = _existing(store, name, tag) if created is None else None
+    existing = find_manifest(store, name, tag, parse_group_manifest) if created is None else None
     if existing is not None:
         old_digest, old = existing
         ann = old.get("annotations") or {}
@@ -163,8 +130,8 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
             result.digest, result.unchanged = old_digest, True
             return result
 
-    created = created or _now()
-    config = _canonical({
+    created = created or created_now()
+    config = canonical({
         "kind": kind, "created": created, "source": source_desc,
         "layers": [{"digest": d["digest"], "size": d["size"], "source": d["source"]} for d in layer_docs],
     })
@@ -174,15 +141,11 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
     if store.put_blob(name, config_digest, config):
         result.uploaded_bytes += len(config)
         result.uploaded_blobs += 1
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "artifactType": GROUP_ARTIFACT_TYPE,
-        "config": {"mediaType": GROUP_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer.digest, "size": layer.size} for layer in layers],
-        "annotations": {ANN_KIND: kind, ANN_CREATED: created, ANN_SOURCE: source_desc},
-    }
-    result.digest = store.put_manifest(name, tag, _canonical(manifest), OCI_MANIFEST)
+    result.digest, _ = put_manifest(
+        store, name, tag, GROUP_ARTIFACT_TYPE,
+        {"mediaType": GROUP_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
+        [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer.digest, "size": layer.size} for layer in layers],
+        {ANN_KIND: kind, ANN_CREATED: created, ANN_SOURCE: source_desc})
     return result
 
 

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rollstack.errors import (
-    GroupNotFound, InvalidRequest, ManifestNotFound, PlanInvalid, RollstackError, TemplateNotFound,
-)
+from rollstack.errors import InvalidRequest, PlanInvalid, RollstackError, TemplateNotFound
+from rollstack.plan.artifacts import canonical, created_now, find_manifest, parse_manifest, put_manifest
 from rollstack.plan.refs import GroupRef
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 PLAN_ARTIFACT_TYPE = "application/vnd.rollstack.plan.v1"
 PLAN_CONFIG_MEDIA_TYPE = "application/vnd.rollstack.plan.config.v1+json"
 PLAN_MEDIA_TYPE = "application/vnd.rollstack.plan.v1+json"
@@ -54,8 +51,6 @@ class PlanInfo:
         return asdict(self)
 
 
-def _canonical(doc: Any) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
 def is_plan_ref(text: Any) -> bool:
@@ -97,7 +92,7 @@ def publish_plan(store: Any, name_tag: str, source: Any, *, created: str | None 
     assert ref.tag is not None
     plan = load_plan(source)
     doc = plan_document(plan)
-    body = _canonical(doc)
+    body = canonical(doc)
     if len(body) > MAX_PLAN_BYTES:
         raise PlanInvalid(f"the plan is {len(body)} bytes with its mutation; the limit is {MAX_PLAN_BYTES}")
     plan_digest = sha256_digest(body)
@@ -109,20 +104,16 @@ def publish_plan(store: Any, name_tag: str, source: Any, *, created: str | None 
         if len(layers) == 1 and layers[0].get("digest") == plan_digest:
             return _info(ref.name, ref.tag, old_digest, old, doc, plan_digest, len(body), unchanged=True)
 
-    created = created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    config = _canonical({"kind": "plan", "name": plan.name, "created": created})
+    created = created or created_now()
+    config = canonical({"kind": "plan", "name": plan.name, "created": created})
     config_digest = sha256_digest(config)
     store.put_blob(ref.name, plan_digest, body)
     store.put_blob(ref.name, config_digest, config)
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "artifactType": PLAN_ARTIFACT_TYPE,
-        "config": {"mediaType": PLAN_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": PLAN_MEDIA_TYPE, "digest": plan_digest, "size": len(body)}],
-        "annotations": {ANN_CREATED: created, ANN_TITLE: plan.name},
-    }
-    digest = store.put_manifest(ref.name, ref.tag, _canonical(manifest), OCI_MANIFEST)
+    digest, manifest = put_manifest(
+        store, ref.name, ref.tag, PLAN_ARTIFACT_TYPE,
+        {"mediaType": PLAN_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
+        [{"mediaType": PLAN_MEDIA_TYPE, "digest": plan_digest, "size": len(body)}],
+        {ANN_CREATED: created, ANN_TITLE: plan.name})
     return _info(ref.name, ref.tag, digest, manifest, doc, plan_digest, len(body))
 
 
@@ -189,25 +180,8 @@ def _info(name: str, tag: str, digest: str, manifest: dict[str, Any], doc: dict[
 
 def parse_plan_manifest(data: bytes) -> dict[str, Any] | None:
     """The manifest document if it is a published plan, else None."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict):
-        return None
-    if doc.get("artifactType") == PLAN_ARTIFACT_TYPE or (doc.get("config") or {}).get("mediaType") == PLAN_CONFIG_MEDIA_TYPE:
-        return doc
-    return None
+    return parse_manifest(data, PLAN_ARTIFACT_TYPE, PLAN_CONFIG_MEDIA_TYPE)
 
 
 def _manifest_doc(store: Any, repo: str, ref: str) -> tuple[str, dict[str, Any]] | None:
-    try:
-        manifest = store.get_manifest(repo, ref)
-    except (ManifestNotFound, GroupNotFound):
-        return None
-    except RollstackError as exc:  # an unknown repository is "not there" on some registries
-        if exc.code in ("not_found", "manifest_not_found", "blob_not_found"):
-            return None
-        raise
-    doc = parse_plan_manifest(manifest.data)
-    return None if doc is None else (manifest.digest, doc)
+    return find_manifest(store, repo, ref, parse_plan_manifest)

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
-from rollstack.run.execpump import TIMEOUT_EXIT_CODE, ExecResult, OnOutput, capture
+from rollstack.run.execpump import (TIMEOUT_EXIT_CODE, ExecResult, OnOutput, capture,
+                                     write_pending)
 
 AGENT_DIR = "agent"
 SOCKET_NAME = "execd.sock"
@@ -204,16 +205,8 @@ class AgentPump:
                         if status is not None and ended_at is None:
                             ended_at = time.monotonic()
                     elif key.fd == stdin_w:
-                        try:
-                            n = os.write(stdin_w, pending[:65536])
-                            pending = pending[n:]
-                        except BlockingIOError:
-                            continue
-                        except BrokenPipeError:
-                            pending = pending[:0]
+                        pending = write_pending(sel, stdin_w, pending)
                         if not pending:
-                            sel.unregister(stdin_w)
-                            os.close(stdin_w)
                             stdin_w = -1
                     else:
                         chunk = os.read(key.fd, 65536)

@@ -158,6 +158,24 @@ def capture(buf: bytearray, limit: int, name: str, chunk: bytes,
     return cut
 
 
+def write_pending(sel: selectors.BaseSelector, fd: int, pending: memoryview) -> memoryview:
+    """Write to the non-blocking stdin pipe `fd` what it takes now; what is left is returned.
+
+    Once all is written (or the reader has gone), `fd` is unregistered from `sel` and closed, and
+    the empty rest is returned: an empty result means `fd` is closed."""
+    try:
+        n = os.write(fd, pending[:65536])
+        pending = pending[n:]
+    except BlockingIOError:
+        return pending
+    except BrokenPipeError:
+        pending = pending[:0]
+    if not pending:
+        sel.unregister(fd)
+        os.close(fd)
+    return pending
+
+
 def check_request(argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | None,
                   timeout: float | None, output_limit: int) -> None:
     """InvalidRequest for an exec request no runtime path may run (the same rules for all)."""
@@ -348,16 +366,8 @@ class ExecPump:
                             code = 128 - code
                         exited_at = time.monotonic()
                     elif fd == stdin_w:
-                        try:
-                            n = os.write(fd, pending[:65536])
-                            pending = pending[n:]
-                        except BlockingIOError:
-                            continue
-                        except BrokenPipeError:
-                            pending = pending[:0]
+                        pending = write_pending(sel, fd, pending)
                         if not pending:
-                            sel.unregister(fd)
-                            os.close(fd)
                             stdin_w = -1
                     else:
                         chunk = os.read(fd, 65536)

@@ -42,7 +42,8 @@ from typing import Any, Mapping, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
 from rollstack.run.execpump import (
-    DEFAULT_OUTPUT_LIMIT, TIMEOUT_EXIT_CODE, ExecControl, ExecPump, ExecResult, OnOutput, runc_message,
+    DEFAULT_OUTPUT_LIMIT, TIMEOUT_EXIT_CODE, ExecControl, ExecPump, ExecResult, OnOutput, check_request,
+    runc_message,
 )
 from rollstack.run.ocispec import EXEC_WRAPPER_PATH, SHELL_PATH, cpu_quota
 
@@ -171,20 +172,11 @@ class Runc:
              on_output: OnOutput | None = None, drain_grace: float = 0.2,
              control: ExecControl | None = None) -> ExecResult:
         """Run `argv` in the container (see the module docstring for tree/timeout/output rules)."""
-        if not argv or any(not isinstance(a, str) or "\x00" in a for a in argv):
-            raise InvalidRequest("argv must be a non-empty list of strings without NUL")
-        if timeout is not None and not timeout > 0:
-            raise InvalidRequest(f"timeout must be positive, not {timeout}")
-        if output_limit < 0:
-            raise InvalidRequest(f"output_limit must be >= 0, not {output_limit}")
+        check_request(argv, cwd, env, timeout, output_limit)
         args = ["exec", "--preserve-fds", "3"]
         if cwd:
-            if not cwd.startswith("/") or "\x00" in cwd:
-                raise InvalidRequest(f"cwd must be an absolute path: {cwd!r}")
             args += ["--cwd", cwd]
         for k, v in (env or {}).items():
-            if not k or "=" in k or "\x00" in k or "\x00" in v:
-                raise InvalidRequest(f"invalid environment variable {k!r}")
             args += ["--env", f"{k}={v}"]
         pid_file = self.scratch / f"{container_id}.{uuid.uuid4().hex}.pid"
         args += ["--pid-file", str(pid_file), container_id,

@@ -236,9 +236,7 @@ class OciLayoutStore:
                     out.write(block)
                 out.flush()
                 os.fsync(out.fileno())
-            got = "sha256:" + h.hexdigest()
-            if got != digest:
-                raise IntegrityError(f"blob bytes hash to {got}, not {digest}", digest=digest)
+            _check_digest(h, digest)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -264,9 +262,7 @@ class OciLayoutStore:
                 os.fsync(f.fileno())
             if stat.S_IMODE(os.stat(tmp).st_mode) != _FILE_MODE:
                 os.chmod(tmp, _FILE_MODE)
-            got = "sha256:" + h.hexdigest()
-            if got != digest:
-                raise IntegrityError(f"blob bytes hash to {got}, not {digest}", digest=digest)
+            _check_digest(h, digest)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -307,6 +303,13 @@ class OciLayoutStore:
         except BaseException:
             Path(name).unlink(missing_ok=True)
             raise
+
+
+def _check_digest(h: Any, digest: str) -> None:
+    """IntegrityError unless the sha256 `h` of the bytes written is `digest`."""
+    got = "sha256:" + h.hexdigest()
+    if got != digest:
+        raise IntegrityError(f"blob bytes hash to {got}, not {digest}", digest=digest)
 
 
 def _annotations(entries: list[dict[str, Any]]) -> Iterator[dict[str, str]]:

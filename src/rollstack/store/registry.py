@@ -6,7 +6,8 @@ errors: RegistryUnavailable, RegistryAuthError, BlobNotFound, ManifestNotFound, 
 InvalidRequest, RegistryError) lives in `store.wire`.
 
 Reads: HEAD for existence and size; GET with `Range: bytes=a-b` (a 206 is checked, a 200 full
-body is sliced while streaming, 416 means past the end). Uploads: existence check first (a blob
+body is sliced while streaming, 416 means past the end); several ranges in one GET
+(`read_ranges`, multipart/byteranges) where the registry answers them. Uploads: existence check first (a blob
 the repository has is never sent again), then a cross-repository mount when this client saw
 the blob in another repository, else POST + PUT ?digest= (monolithic, body streamed from the
 file) or POST + PATCH... + PUT for blobs larger than `chunk_size`. A failed PATCH is resumed
@@ -16,16 +17,15 @@ upload starts over. Single requests are retried individually by the wire.
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Sequence
 
 import httpx
 
 from rollstack.errors import BlobNotFound, IntegrityError, InvalidRequest, NotFound, RegistryError, RegistryUnavailable
-from rollstack.store import names
+from rollstack.store import byteranges, names
 from rollstack.store.base import Manifest
 from rollstack.store.body import BlobBody
 from rollstack.store.retry import RetryPolicy
@@ -66,6 +66,7 @@ class RegistryStore:
         )
         self.retry = self._wire.retry
         self.stats = self._wire.stats  # requests by method, bytes read/uploaded, uploads, mounts, retries
+        self.multi_range = True  # several ranges per GET (`read_ranges`) until the registry shows otherwise
         self._holders: dict[str, str] = {}  # digest -> a repository known to hold it (mount hints)
         self._holders_lock = threading.Lock()
 
@@ -103,12 +104,12 @@ class RegistryStore:
 
         def handle(resp: httpx.Response) -> bytes:
             if resp.status_code == 206:
-                start = _content_range_start(resp.headers.get("content-range"))
+                start = byteranges.content_range_start(resp.headers.get("content-range"))
                 if start is not None and start != offset:
                     raise RegistryError(f"registry answered range from {start}, asked {offset}", status=206)
                 data = resp.read()[:length]
             elif resp.status_code == 200:
-                data = _slice_stream(resp.iter_bytes(), offset, length)  # server ignored Range
+                data = byteranges.slice_stream(resp.iter_bytes(), offset, length)  # server ignored Range
             elif resp.status_code == 416:
                 data = b""  # offset at or past the end: the blob exists, nothing to read
             else:
@@ -120,6 +121,50 @@ class RegistryStore:
                                   headers={"Range": f"bytes={offset}-{last}"}, stream=True, handle=handle)
         self._remember(digest, repo)
         return data
+
+    def read_ranges(self, repo: str, digest: str, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Several disjoint spans [(offset, length)] in increasing order, in one GET answered as
+        `multipart/byteranges` (`store.byteranges`). A registry that ignores the ranges (200)
+        or answers unparseably is marked `multi_range = False`, and the spans are read one GET
+        each, now and from then on."""
+        spans = [(int(o), int(n)) for o, n in spans]
+        if len(spans) <= 1 or not self.multi_range:
+            return [self.read_blob(repo, digest, o, n) for o, n in spans]
+        if len(spans) > byteranges.MAX_SPANS:
+            step = byteranges.MAX_SPANS
+            return [b for i in range(0, len(spans), step) for b in self.read_ranges(repo, digest, spans[i:i + step])]
+        names.check_repo(repo)
+        names.check_digest(digest)
+        for o, n in spans:
+            names.check_range(o, n)
+        header = byteranges.range_header(spans)
+        cap = spans[-1][0] + spans[-1][1] - spans[0][0] + 512 * len(spans) + 4096  # covering range + part headers
+
+        def handle(resp: httpx.Response) -> list[bytes] | None:
+            if resp.status_code != 206:
+                if resp.status_code not in (200, 416):
+                    self._wire.fail(resp, "blob", repo, digest)
+                return None  # Range ignored (never read a whole blob for it) or past the end: one GET per span
+            body = byteranges.read_capped(resp, cap)
+            boundary = byteranges.boundary_of(resp.headers.get("content-type"))
+            try:
+                if boundary is None:  # one part: the server merged the spans into one covering range
+                    start = byteranges.content_range_start(resp.headers.get("content-range"))
+                    if start is None:
+                        raise ValueError("206 without Content-Range")
+                    return byteranges.slice_spans([(start, body)], spans)
+                return byteranges.parse_byteranges(body, boundary, spans)
+            except ValueError:
+                return None
+
+        got = self._wire.request("GET", f"/v2/{repo}/blobs/{digest}", scope=repo, headers={"Range": header},
+                                 stream=True, handle=handle)
+        if got is None:
+            self.multi_range = False
+            return [self.read_blob(repo, digest, o, n) for o, n in spans]
+        self.stats.add(bytes_read=sum(map(len, got)))
+        self._remember(digest, repo)
+        return got
 
     def put_blob(self, repo: str, digest: str, data: bytes | Path | BinaryIO) -> bool:
         names.check_repo(repo)
@@ -351,29 +396,3 @@ class RegistryStore:
             if len(self._holders) > 500_000:
                 self._holders.clear()  # only hints for mounts: forgetting costs an upload at most
             self._holders[digest] = repo
-
-
-def _content_range_start(value: str | None) -> int | None:
-    # "bytes 10-19/100"
-    if not value or not value.startswith("bytes "):
-        return None
-    try:
-        return int(value[6:].split("-", 1)[0])
-    except ValueError:
-        return None
-
-
-def _slice_stream(chunks: Iterator[bytes], offset: int, length: int) -> bytes:
-    """Bytes [offset, offset+length) of a full-body answer, reading no further than needed."""
-    out = io.BytesIO()
-    pos = 0
-    for chunk in chunks:
-        end = pos + len(chunk)
-        if end > offset:
-            out.write(chunk[max(0, offset - pos):offset + length - pos])
-            if out.tell() >= length:
-                break
-        pos = end
-    return out.getvalue()
-
-

@@ -10,53 +10,41 @@ as it goes; the reader gets `IntegrityError` at the end if the bytes are not the
 from __future__ import annotations
 
 import hashlib
-import queue
 import threading
 from typing import Any
 
+from rollstack.core.blocks import END, BlockPipe
 from rollstack.errors import IntegrityError, RollstackError
-
-_END = object()
 
 
 class BlobStream:
-    """A read-only, forward-only file over one blob (`read(n)` may return fewer bytes)."""
+    """A read-only, forward-only file over one blob (`read(n)` returns n bytes but at the end)."""
 
     def __init__(self, store: Any, repo: str, digest: str, size: int, *, block: int = 8 << 20,
                  ahead: int = 6) -> None:
         self._store, self._repo, self._digest, self._size, self._block = store, repo, digest, size, block
-        self._queue: queue.Queue[Any] = queue.Queue(ahead)
-        self._stop = threading.Event()
-        self._buf, self._off, self._eof = b"", 0, False
+        self._pipe = BlockPipe(ahead)
         self._thread = threading.Thread(target=self._download, name="rollstack-blob-stream", daemon=True)
         self._thread.start()
-
-    def _put(self, item: Any) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
 
     def _download(self) -> None:
         sha = hashlib.sha256()
         offset = 0
         try:
-            while offset < self._size and not self._stop.is_set():
+            while offset < self._size and not self._pipe.stopped:
                 data = self._store.read_blob(self._repo, self._digest, offset, min(self._block, self._size - offset))
                 if not data:
                     break
                 sha.update(data)
                 offset += len(data)
-                self._put(data)
+                self._pipe.put(data)
             got = "sha256:" + sha.hexdigest()
             if offset != self._size or got != self._digest:
                 raise IntegrityError(f"blob {self._repo}@{self._digest}: downloaded {offset} of {self._size} bytes "
                                      f"hashing to {got}", digest=self._digest)
-            self._put(_END)
+            self._pipe.put(END)
         except BaseException as exc:  # handed to the reader
-            self._put(exc)
+            self._pipe.put(exc)
 
     def readable(self) -> bool:
         return True
@@ -65,24 +53,10 @@ class BlobStream:
         return False
 
     def read(self, n: int = -1) -> bytes:
-        if self._off >= len(self._buf):
-            if self._eof:
-                return b""
-            item = self._queue.get()
-            if item is _END:
-                self._eof = True
-                return b""
-            if isinstance(item, BaseException):
-                self._eof = True
-                raise item
-            self._buf, self._off = item, 0
-        end = len(self._buf) if n < 0 else min(len(self._buf), self._off + n)
-        out = self._buf[self._off:end]
-        self._off = end
-        return out
+        return self._pipe.read(n)
 
     def close(self) -> None:
-        self._stop.set()
+        self._pipe.stop()
         self._thread.join()
 
     def __enter__(self) -> "BlobStream":

@@ -7,15 +7,14 @@ link counts, sizes and checksums) prints the same bytes in a rollstack environme
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
-import json
 import os
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from oci_image_helpers import write_oci_image
 from rollstack.bench.systems.containerd import available
 
 pytestmark = pytest.mark.integration
@@ -77,30 +76,7 @@ def _image(path: Path, base: Path) -> Path:
         _dir(tar, "data")
         _file(tar, "data/.wh.gone-dir", b"")
 
-    blobs = path / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-
-    def put(data: bytes) -> str:
-        d = hashlib.sha256(data).hexdigest()
-        (blobs / d).write_bytes(data)
-        return "sha256:" + d
-
-    layers, diffs = [], []
-    for build in (l0, l1, l2, l3, l4, l5):
-        blob = _tar_layer(build)
-        layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": put(blob), "size": len(blob)})
-        diffs.append("sha256:" + hashlib.sha256(gzip.decompress(blob)).hexdigest())
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["/bin/sh"]},
-                         "rootfs": {"type": "layers", "diff_ids": diffs}}).encode()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(config),
-                                      "size": len(config)}, "layers": layers}).encode()
-    md = put(manifest)
-    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (path / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": len(manifest),
-         "annotations": {"org.opencontainers.image.ref.name": "t"}}]}))
-    return path
+    return write_oci_image(path, [_tar_layer(build) for build in (l0, l1, l2, l3, l4, l5)], "t")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or available() is not None, reason=str(available()))

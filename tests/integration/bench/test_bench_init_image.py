@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from components import require_root
 from rollstack.bench.systems.containerd import available
 
 pytestmark = pytest.mark.integration
@@ -45,3 +46,22 @@ def test_bench_init_image_on_a_single_layer_layout(tmp_path: Path) -> None:
     assert set(doc["summary"]) >= kinds and "first_ever_cold_s" in doc["targets"]
     after_ns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
     assert not {n for n in after_ns - before_ns if n.startswith(f"rs-bench-{os.getpid()}-")}
+
+
+def test_bench_prefetch_fetches_the_probed_trace_by_every_plan(tmp_path: Path) -> None:
+    """`bench prefetch`: import, probe (trace published), then the trace fetched by each request
+    plan over the real link and registry; multi-range never needs more GETs than single ranges."""
+    require_root()  # fails in CI when missing, skips on a developer machine
+    from rollstack.bench.env import build_busybox_trees
+    from rollstack.bench.images import write_single_layer_layout
+    from rollstack.bench.prefetch import PLANS, run
+
+    trees = build_busybox_trees(tmp_path / "trees")
+    layout = tmp_path / "img"
+    write_single_layer_layout(trees["os"], layout)
+    doc = run(f"oci:{layout}:latest", "ls -R / >/dev/null && cat /bin/busybox >/dev/null", rounds=1,
+              work=Path("/var/cache/rollstack/bench-prefetch-test"), plans=list(PLANS), log=lambda m: None)
+    assert doc["trace_chunks"] > 0 and set(doc["summary"]) == set(PLANS)
+    for plan, s in doc["summary"].items():
+        assert s["requests"] >= 1 and s["link_mb"] * 1e6 >= doc["trace_stored_mb"] * 1e6 - 1, plan
+    assert doc["summary"]["multi-range"]["requests"] <= doc["summary"]["growing"]["requests"]

@@ -182,7 +182,9 @@ def test_restart_keeps_disk_cache_and_clears_stale_mount(tmp_path, tree, oci_sto
     held = open(lazy.layer_dir(digest) / "big.bin", "rb")  # an fd open across the daemon's death
     assert held.read() == first["big.bin"]  # its pages, read twice, sit on the active LRU list
     held.seek(0)
-    time.sleep(0.3)  # disk writes happen just after the read returns
+    deadline = time.monotonic() + 10  # disk writes happen once the reads have gone quiet
+    while lazy.stats()["disk_cache"]["chunks"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert lazy.stats()["disk_cache"]["chunks"] > 0
 
     # the daemon dies hard: the mount goes stale (ENOTCONN), nothing hangs
@@ -231,7 +233,10 @@ def test_disk_cache_budget_under_churn(tmp_path, tree, oci_store, lazy_factory):
             if src.is_file() and not src.is_symlink() and src.stat().st_size < budget:
                 assert (top / src.relative_to(tree)).read_bytes() == src.read_bytes()
         subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=False)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # written back once the reads have gone quiet
+    while (lazy.stats()["disk_cache"]["evictions"] == 0 or lazy.stats()["disk_cache"]["writeback_bytes"]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
     s = lazy.stats()["disk_cache"]
     assert 0 < s["bytes"] <= budget and s["evictions"] > 0
     on_disk = sum(f.stat().st_size for f in (tmp_path / "node/state/chunks/sha256").rglob("*") if f.is_file())

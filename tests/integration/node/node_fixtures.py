@@ -1,13 +1,16 @@
-"""Shared helpers of the node integration tests: the busybox corpus (from the env benchmark) and
-what a node could leave behind."""
+"""Shared helpers of the node integration tests: the busybox corpus (from the env benchmark), a
+node agent served on a loopback port (`serve_node`), and what a node could leave behind. The
+`corpus` fixture is in conftest.py."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 from rollstack.bench.env import busybox_plan, publish_busybox_corpus
 
-__all__ = ["plan", "publish_corpus", "leftovers", "remember"]
+__all__ = ["plan", "publish_corpus", "leftovers", "remember", "serve_node"]
 
 
 def plan(**overrides) -> dict:
@@ -16,6 +19,26 @@ def plan(**overrides) -> dict:
 
 def publish_corpus(store_dir: Path, work: Path) -> str:
     return publish_busybox_corpus(store_dir, work)
+
+
+@contextmanager
+def serve_node(root: Path, store: str, token: str, **config: Any) -> Iterator[tuple[Any, Any]]:
+    """A started `NodeService` under `root` (`NodeConfig(root, store, **config)`) with its HTTP
+    API on a loopback port: (service, server). Stopped on exit, also on failure; after a clean
+    exit the node must have left nothing under `root`."""
+    from rollstack.node.api import create_app
+    from rollstack.node.config import NodeConfig
+    from rollstack.node.server import BackgroundServer
+    from rollstack.node.service import NodeService
+
+    service = NodeService(NodeConfig(root=root, store=store, **config))
+    service.start()
+    try:
+        with BackgroundServer(create_app(service, token)) as server:
+            yield service, server
+    finally:
+        service.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
 
 
 _IDS: dict[str, set[str]] = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node_fixtures import leftovers, plan, publish_corpus, remember
+from node_fixtures import leftovers, plan, remember, serve_node
 from rollstack import Client, errors
 from rollstack.node.api import create_app
 from rollstack.node.config import NodeConfig
@@ -26,22 +26,10 @@ SMALL = {"cpu": 0.1, "memory": "64Mi", "max_cpu": 1, "max_memory": "256Mi"}
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
-    work = tmp_path_factory.mktemp("fanout-corpus")
-    return publish_corpus(work / "store", work / "build")
-
-
-@pytest.fixture(scope="module")
 def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("fanout-root")
-    service = NodeService(NodeConfig(root=root, store=corpus, max_environments=80))
-    service.start()
-    try:
-        with BackgroundServer(create_app(service, TOKEN)) as server:
-            yield service, server, root
-    finally:
-        service.stop()
-    assert not any(leftovers(root).values()), leftovers(root)
+    with serve_node(root, corpus, TOKEN, max_environments=80) as (service, server):
+        yield service, server, root
 
 
 @pytest.fixture

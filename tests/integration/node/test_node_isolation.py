@@ -9,13 +9,9 @@ import json
 import httpx
 import pytest
 
-from node_fixtures import leftovers, plan, publish_corpus, remember
+from node_fixtures import plan, remember, serve_node
 from rollstack import Client, errors
 from rollstack.bench.netlab import Upstream, serve_model
-from rollstack.node.api import create_app
-from rollstack.node.config import NodeConfig
-from rollstack.node.server import BackgroundServer
-from rollstack.node.service import NodeService
 
 pytestmark = pytest.mark.integration
 TOKEN = "net-integration-token"
@@ -38,23 +34,11 @@ sh -c "$cmd"
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
-    work = tmp_path_factory.mktemp("net-corpus")
-    return publish_corpus(work / "store", work / "build")
-
-
-@pytest.fixture(scope="module")
 def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("net-node-root")
-    service = NodeService(NodeConfig(root=root, store=corpus, max_environments=6, reap_interval=0.5))
-    service.start()
-    rt = service.stages.runtime
-    try:
-        with BackgroundServer(create_app(service, TOKEN)) as server:
-            yield service, server
-    finally:
-        service.stop()
-    assert not any(leftovers(root).values()), leftovers(root)
+    with serve_node(root, corpus, TOKEN, max_environments=6, reap_interval=0.5) as node:
+        rt = node[0].stages.runtime
+        yield node
     assert rt.network.owned(f"{rt.root}:") == []  # no network slot (netns, veth, table) left
 
 

@@ -8,42 +8,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from components import need, require_tool
-from node_fixtures import leftovers, plan, publish_corpus, remember
+from node_fixtures import leftovers, plan, remember, serve_node
 from rollstack import Client, errors
-from rollstack.node.api import create_app
 from rollstack.node.config import NodeConfig
 from rollstack.node.models import ExecRequest
-from rollstack.node.server import BackgroundServer
 from rollstack.node.service import NodeService
 
 pytestmark = pytest.mark.integration
 TOKEN = "integration-token"
 
 
-def _require_host() -> None:
-    require_tool("runc", "fusermount3")
-    need(Path("/bin/busybox").exists(), "busybox-static (/bin/busybox)")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
-    _require_host()
-    work = tmp_path_factory.mktemp("node-corpus")
-    return publish_corpus(work / "store", work / "build")
-
-
 @pytest.fixture(scope="module")
 def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("node-root")
-    service = NodeService(NodeConfig(root=root, store=corpus, max_environments=6, reap_interval=0.5))
-    service.start()
-    try:
-        with BackgroundServer(create_app(service, TOKEN)) as server:
-            yield service, server
-    finally:
-        service.stop()
-    assert not any(leftovers(root).values()), leftovers(root)
+    with serve_node(root, corpus, TOKEN, max_environments=6, reap_interval=0.5) as node:
+        yield node
 
 
 @pytest.fixture

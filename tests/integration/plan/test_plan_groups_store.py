@@ -4,7 +4,6 @@ layout store and a real docker-registry (the shared `store` fixture runs each te
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from oci_image_helpers import write_oci_image
 from rollstack.errors import GroupNotFound, InvalidRequest
 from rollstack.format.reader import open_toc
 from rollstack.plan.groups import GROUP_ARTIFACT_TYPE, LAYER_MEDIA_TYPE, list_groups, publish_group, summarize
@@ -105,15 +105,7 @@ def test_publish_rejects_bad_names(oci_store, tmp_path: Path):
 
 def _oci_image(path: Path, layers: list[dict[str, bytes]], tag: str = "t") -> Path:
     """A minimal OCI image layout with gzip tar layers (whiteouts as `.wh.` names)."""
-    blobs = path / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-
-    def put(data: bytes) -> str:
-        digest = hashlib.sha256(data).hexdigest()
-        (blobs / digest).write_bytes(data)
-        return "sha256:" + digest
-
-    descs = []
+    blobs = []
     for files in layers:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -122,18 +114,9 @@ def _oci_image(path: Path, layers: list[dict[str, bytes]], tag: str = "t") -> Pa
                 info.size = len(data)
                 info.mtime = 0
                 tar.addfile(info, io.BytesIO(data))
-        blob = gzip.compress(buf.getvalue(), mtime=0)
-        descs.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": put(blob), "size": len(blob)})
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(config),
-                                      "size": len(config)}, "layers": descs}).encode()
-    mdigest = put(manifest)
-    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (path / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mdigest, "size": len(manifest),
-         "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
-    return path
+        blobs.append(gzip.compress(buf.getvalue(), mtime=0))
+    return write_oci_image(path, blobs, tag, config={"architecture": "amd64", "os": "linux",
+                                                     "rootfs": {"type": "layers", "diff_ids": []}})
 
 
 def test_import_from_oci_layout_and_registry(store, registry, tmp_path: Path):

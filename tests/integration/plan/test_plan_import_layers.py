@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
-import json
 import os
 import stat
 import subprocess
@@ -26,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from format_tar_helpers import tar_bytes
+from oci_image_helpers import write_oci_image
 from rollstack.mount.client import LazyStoreClient
 from rollstack.mount.config import DaemonConfig
 from rollstack.plan.imports import import_image
@@ -102,42 +102,9 @@ LAYERS = [
 ]
 
 
-def _layer_tar(members: list[tuple]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for ti, data in members:
-            if data is not None:
-                ti.size = len(data)
-                tf.addfile(ti, io.BytesIO(data))
-            else:
-                tf.addfile(ti)
-    return buf.getvalue()
-
-
-def _write_blob(root: Path, data: bytes) -> dict:
-    digest = hashlib.sha256(data).hexdigest()
-    (root / "blobs/sha256" / digest).write_bytes(data)
-    return {"digest": f"sha256:{digest}", "size": len(data)}
-
-
 def build_layout(root: Path, tag: str = "multi", layers_spec: list[list[tuple]] | None = None) -> Path:
-    (root / "blobs/sha256").mkdir(parents=True)
-    (root / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
-    layers, diff_ids = [], []
-    for members in layers_spec or LAYERS:
-        raw = _layer_tar(members)
-        diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
-        layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                       **_write_blob(root, gzip.compress(raw, 6, mtime=0))})
-    config = {"architecture": "amd64", "os": "linux", "config": {"Cmd": ["/bin/sh"]},
-              "rootfs": {"type": "layers", "diff_ids": diff_ids}}
-    cfg = {"mediaType": "application/vnd.oci.image.config.v1+json", **_write_blob(root, json.dumps(config).encode())}
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": cfg, "layers": layers}
-    man = {"mediaType": "application/vnd.oci.image.manifest.v1+json", **_write_blob(root, json.dumps(manifest).encode()),
-           "annotations": {"org.opencontainers.image.ref.name": tag}}
-    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [man]}))
-    return root
+    return write_oci_image(root, [gzip.compress(tar_bytes(members), 6, mtime=0) for members in layers_spec or LAYERS],
+                           tag)
 
 
 def tree(root: Path) -> dict[str, tuple]:

@@ -3,8 +3,9 @@
 - `busybox_lower` (session): a minimal rootfs dir (static busybox + applet symlinks, /etc/passwd).
 - `exec_mode`: "agent" (default) or "runc"; parametrize it indirectly to run a suite on both.
 - `runtime`: an `EnvironmentRuntime` under a fresh state dir; leftovers cleaned up at teardown.
-- `make_env`: creates environments (`make_env(lowers=None, **spec_kw)`), all destroyed at
-  teardown even when the test failed.
+- `wait_stopped`: `wait_stopped(env)` waits (up to 5 s) until the environment no longer runs.
+- `make_env`: creates environments (`make_env(lowers=None, network=None, runtime_name="runc",
+  prefix="t", **spec_kw)`), all destroyed at teardown even when the test failed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -72,9 +74,11 @@ def make_env(runtime, busybox_lower: Path):
 
     created = []
 
-    def make(lowers: list[Path] | None = None, **spec_kw):
-        env_id = f"t-{uuid.uuid4().hex[:12]}"
-        env = runtime.create(env_id, lowers or [busybox_lower], SpecParams(env_id, **spec_kw))
+    def make(lowers: list[Path] | None = None, *, network=None, runtime_name: str = "runc",
+             prefix: str = "t", **spec_kw):
+        env_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        env = runtime.create(env_id, lowers or [busybox_lower], SpecParams(env_id, **spec_kw),
+                             network=network, runtime=runtime_name)
         created.append(env)
         return env
 
@@ -83,3 +87,13 @@ def make_env(runtime, busybox_lower: Path):
     finally:
         for env in created:
             env.destroy()
+
+
+@pytest.fixture
+def wait_stopped():
+    def wait(env, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while env.status() == "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    return wait

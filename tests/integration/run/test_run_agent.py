@@ -95,13 +95,10 @@ def test_killed_shim_is_a_runtime_failure_and_the_env_stays_usable(make_env):
     assert env.exec("echo still here").stdout == b"still here\n"
 
 
-def test_exec_into_a_dead_environment_is_gone(make_env):
+def test_exec_into_a_dead_environment_is_gone(make_env, wait_stopped):
     env = make_env()
     os.kill(env._init_pid(), 9)  # PID 1 (the agent) dies: the container ends
-    for _ in range(100):
-        if env.status() != "running":
-            break
-        time.sleep(0.05)
+    wait_stopped(env)
     with pytest.raises(EnvironmentGone):
         env.exec("true")
 

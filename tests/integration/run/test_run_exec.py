@@ -80,17 +80,14 @@ def test_background_process_holding_stdout_does_not_block(make_env):
     assert time.monotonic() - start < 20  # did not wait for the background sleep
 
 
-def test_exec_validation_and_gone(make_env):
+def test_exec_validation_and_gone(make_env, wait_stopped):
     env = make_env()
     with pytest.raises(InvalidRequest):
         env.exec([])
     with pytest.raises(InvalidRequest):
         env.exec("true", timeout=0)
     env.runtime.runc.kill(env.id, "KILL")
-    for _ in range(100):
-        if env.status() == "stopped":
-            break
-        time.sleep(0.05)
+    wait_stopped(env)
     with pytest.raises(EnvironmentGone):
         env.exec("true")
 

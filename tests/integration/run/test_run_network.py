@@ -49,21 +49,11 @@ def metadata(www: Path):
 
 
 @pytest.fixture
-def net_env(runtime, busybox_lower):
-    created = []
-
+def net_env(make_env):
     def make(mode: str = "allow", allow: list[str] = (), expose: list[int] = ()):
-        spec = resolve_spec(mode, [parse_allow(a) for a in allow], expose)
-        env_id = f"n-{uuid.uuid4().hex[:12]}"
-        env = runtime.create(env_id, [busybox_lower], SpecParams(env_id), network=spec)
-        created.append(env)
-        return env
+        return make_env(network=resolve_spec(mode, [parse_allow(a) for a in allow], expose), prefix="n")
 
-    try:
-        yield make
-    finally:
-        for env in created:
-            env.destroy()
+    return make
 
 
 def fetch(env, url: str) -> tuple[int, str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,21 +17,11 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def gvisor_env(runtime, busybox_lower):
-    created = []
-
+def gvisor_env(make_env):
     def make(network=None, **kw):
-        env_id = f"g-{uuid.uuid4().hex[:12]}"
-        env = runtime.create(env_id, [busybox_lower], SpecParams(env_id, **kw), network=network,
-                             runtime="runsc")
-        created.append(env)
-        return env
+        return make_env(network=network, runtime_name="runsc", prefix="g", **kw)
 
-    try:
-        yield make
-    finally:
-        for env in created:
-            env.destroy()
+    return make
 
 
 def test_runs_under_gvisor_with_the_same_api(gvisor_env):

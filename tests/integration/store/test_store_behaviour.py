@@ -66,6 +66,24 @@ def test_put_then_range_reads(store, unique_repo):
     assert store.read_blob(unique_repo, d, 1 << 62, 10) == b""
 
 
+def test_several_ranges_in_one_read(store, unique_repo):
+    """Docker's registry answers multi-range GETs (multipart/byteranges): one request for many
+    scattered spans; the OCI layout store reads them one by one; same bytes either way."""
+    from rollstack.store import byteranges
+
+    data = os.urandom(300_000)
+    d = digest_of(data)
+    store.put_blob(unique_repo, d, data)
+    spans = [(0, 1), (10, 4096), (50_000, 17), (123_456, 100_000), (299_990, 10)]
+    gets = (lambda: getattr(store, "stats").snapshot()["requests"].get("GET", 0)) if hasattr(store, "stats") else (lambda: 0)
+    before = gets()
+    assert byteranges.read_ranges(store, unique_repo, d, spans) == [data[o:o + n] for o, n in spans]
+    if hasattr(store, "stats"):
+        assert gets() - before == 1 and store.multi_range is True  # one GET for five spans
+    many = [(i * 1000, 100) for i in range(150)]  # more spans than one Range header takes
+    assert byteranges.read_ranges(store, unique_repo, d, many) == [data[o:o + n] for o, n in many]
+
+
 def test_put_twice_uploads_once(store, unique_repo):
     data = os.urandom(5000)
     d = digest_of(data)

@@ -8,8 +8,8 @@ import shlex
 import pytest
 
 from rollstack.bench.init import _rounds, comparison, parse_systems, system_summary
-from rollstack.bench.iteration import (PhaseClock, Rollout, agent_steps, harness_command, heredoc,
-                                       iteration_summary, jobs)
+from rollstack.bench.iteration.rollout import (PhaseClock, Rollout, agent_steps, harness_command, heredoc,
+                                               iteration_summary, jobs)
 from rollstack.bench.systems.rollstack import Creation, first_command, import_name
 from rollstack.errors import InvalidRequest
 
@@ -150,7 +150,7 @@ def test_rollstack_system_plan_sets_fetch_mode(tmp_path) -> None:
 
 
 def test_retry_capacity_retries_only_insufficient_capacity() -> None:
-    from rollstack.bench.iteration import retry_capacity
+    from rollstack.bench.iteration.systems import retry_capacity
     from rollstack.errors import InsufficientCapacity
 
     calls = []

@@ -402,3 +402,63 @@ def test_a_long_prefetch_retires_each_chunk_as_it_lands():
     run(main)
     assert 0 < seen[0] < len(blob.chunks) and seen[1] == 0
     assert got == [blob.plain[0]]
+
+
+def test_prefetch_reads_scattered_chunks_in_one_multi_range_get_and_verifies_each():
+    blob = FakeBlob(n=12)
+    multi: list[list[tuple[int, int]]] = []
+
+    def read_ranges(spans):
+        multi.append(list(spans))
+        return [bytes(blob.blob[o:o + n]) for o, n in spans]
+
+    layer = blob.layer()
+    layer.read_ranges, layer.multi_range = read_ranges, lambda: True
+    f = make(multi_range_gap=0)
+    wanted = blob.chunks[::3]  # scattered: no two adjacent
+
+    async def main():
+        async with f.running():
+            await f.prefetch(layer, wanted)
+            for c in wanted:
+                assert f.cached(c) is not None
+            blob.corrupt_times = 0
+
+    run(main)
+    assert len(multi) == 1 and len(multi[0]) == len(wanted) and blob.requests == []  # one GET, no single reads
+    # a store that cannot: one GET per run of chunks, as before
+    layer2 = blob.layer()
+    layer2.read_ranges, layer2.multi_range = read_ranges, lambda: False
+    f2 = make(prefetch_gap=0)
+
+    async def main2():
+        async with f2.running():
+            await f2.prefetch(layer2, wanted)
+
+    run(main2)
+    assert len(multi) == 1 and len(blob.requests) == len(wanted)
+
+
+def test_a_corrupt_chunk_in_a_multi_range_answer_is_refetched_alone():
+    blob = FakeBlob(n=6)
+    bad = blob.chunks[2]
+
+    def read_ranges(spans):
+        out = [bytearray(blob.blob[o:o + n]) for o, n in spans]
+        for (o, n), b in zip(spans, out):
+            if o <= bad.blob_offset < o + n:
+                b[bad.blob_offset - o] ^= 0xFF
+        return [bytes(b) for b in out]
+
+    layer = blob.layer()
+    layer.read_ranges, layer.multi_range = read_ranges, lambda: True
+    f = make(multi_range_gap=0)
+
+    async def main():
+        async with f.running():
+            await f.prefetch(layer, blob.chunks[::2])
+            return [f.cached(c) for c in blob.chunks[::2]]
+
+    got = run(main)
+    assert got == [blob.plain[i] for i in range(0, 6, 2)]  # verified bytes only
+    assert blob.requests == [(bad.blob_offset, bad.blob_size)]  # the bad one, alone, from the single-range path

@@ -7,35 +7,15 @@ import io
 import os
 import tarfile
 
-
+from format_tar_helpers import tar_bytes, ti
 from rollstack.format import (BytesBlobSource, Chunk, EntryType, LayerReader, Toc, TocEntry,
                               convert_tar, open_toc)
 from rollstack.format.footer import FOOTER_SIZE, Footer
 
 
-def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
-        for ti, data in members:
-            if data is not None:
-                ti.size = len(data)
-                tf.addfile(ti, io.BytesIO(data))
-            else:
-                tf.addfile(ti)
-    return buf.getvalue()
-
-
-def _ti(name: str, type_: bytes = tarfile.REGTYPE, **kw: object) -> tarfile.TarInfo:
-    ti = tarfile.TarInfo(name)
-    ti.type = type_
-    for k, v in kw.items():
-        setattr(ti, k, v)
-    return ti
-
-
 def _layer(members: list[tuple[tarfile.TarInfo, bytes | None]], **kw: int) -> bytes:
     out = io.BytesIO()
-    convert_tar(io.BytesIO(_tar(members)), out, **kw)
+    convert_tar(io.BytesIO(tar_bytes(members)), out, **kw)
     return out.getvalue()
 
 
@@ -63,14 +43,14 @@ def test_toc_codec_round_trip_all_fields() -> None:
 def test_convert_and_read_back() -> None:
     big = os.urandom(300_000)
     blob = _layer([
-        (_ti("./etc", tarfile.DIRTYPE, mode=0o755), None),
-        (_ti("./etc/passwd", mode=0o644, uid=0, mtime=1700000000), b"root:x:0:0\n"),
-        (_ti("./big", mode=0o600), big),
-        (_ti("./big2", mode=0o600), big),  # same content: chunks stored once
-        (_ti("./hl", tarfile.LNKTYPE, linkname="./big"), None),
-        (_ti("./etc/.wh.shadow"), b""),
-        (_ti("./var/.wh..wh..opq"), b""),
-        (_ti("./empty"), b""),
+        (ti("./etc", tarfile.DIRTYPE, mode=0o755), None),
+        (ti("./etc/passwd", mode=0o644, uid=0, mtime=1700000000), b"root:x:0:0\n"),
+        (ti("./big", mode=0o600), big),
+        (ti("./big2", mode=0o600), big),  # same content: chunks stored once
+        (ti("./hl", tarfile.LNKTYPE, linkname="./big"), None),
+        (ti("./etc/.wh.shadow"), b""),
+        (ti("./var/.wh..wh..opq"), b""),
+        (ti("./empty"), b""),
     ], chunk_size=64 << 10)
     src = BytesBlobSource(blob)
     r = LayerReader(src)
@@ -88,16 +68,16 @@ def test_convert_and_read_back() -> None:
 
 
 def test_deterministic() -> None:
-    members = [(_ti(f"d{i}/f{i}", mode=0o644), os.urandom(1000) * 5) for i in range(5)]
+    members = [(ti(f"d{i}/f{i}", mode=0o644), os.urandom(1000) * 5) for i in range(5)]
     assert _layer(members) == _layer(members)
 
 
 def test_footer_round_trip_and_open_toc() -> None:
-    blob = _layer([(_ti("x"), b"x")])
+    blob = _layer([(ti("x"), b"x")])
     f = Footer.decode(blob[-FOOTER_SIZE:], blob_size=len(blob))
     assert f.toc_offset + f.toc_length == len(blob) - FOOTER_SIZE
     assert open_toc(BytesBlobSource(blob)).lookup("x").size == 1
-    info = convert_tar(io.BytesIO(_tar([(_ti("x"), b"x")])), io.BytesIO())
+    info = convert_tar(io.BytesIO(tar_bytes([(ti("x"), b"x")])), io.BytesIO())
     assert info.descriptor() == {"mediaType": "application/vnd.rollstack.layer.v1", "digest": "sha256:" + hashlib.sha256(blob).hexdigest(), "size": len(blob)}
 
 

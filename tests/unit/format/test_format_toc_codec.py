@@ -40,6 +40,16 @@ def test_codec_round_trip(entries: list[TocEntry]) -> None:
     assert Toc.decode(toc.encode(3)).entries == toc.entries  # bulk path
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(ENTRIES, max_size=30, unique_by=lambda e: e.path))
+def test_xattr_scan_of_the_record_column_matches_the_entries(entries: list[TocEntry]) -> None:
+    toc = Toc(entries)
+    expected = [i for i, e in enumerate(toc.entries) if e.xattrs or e.opaque]
+    back = Toc.decode(toc.encode(3))
+    assert back.xattr_indices() == expected  # before any entry is built
+    assert back.entries == toc.entries and back.xattr_indices() == expected  # and after
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(ENTRIES, min_size=1, max_size=5, unique_by=lambda e: e.path), st.data())
 def test_codec_rejects_any_single_corruption(entries: list[TocEntry], data: st.DataObject) -> None:

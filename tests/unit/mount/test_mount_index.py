@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 
+from rollstack.format import toc_codec
 from rollstack.format.toc import EntryType, Toc, TocEntry
 from rollstack.mount.envs import env_id_from_cgroup
 from rollstack.mount.index import LayerIndex, entry_size, mode_bits, rdev
@@ -135,15 +136,16 @@ def test_sibling_chunks_are_the_small_regular_files_of_the_same_directory():
     assert [c.blob_offset for c in idx.sibling_chunks(idx.find("q"), file_max=100)] == [5030]  # top level
 
 
-def test_xattr_inodes_are_known_after_the_scan_and_name_exactly_the_entries_with_xattrs():
+def test_xattr_inodes_are_known_before_the_hardlink_scan_and_name_exactly_the_entries_with_xattrs():
     for with_root in (True, False):
         t = toc(with_root)
         t.lookup("a/x").xattrs["user.k"] = b"v"
         idx = LayerIndex(D, t, base=7000)
-        assert idx.xattr_inodes is None  # not scanned yet: the fast path must not answer for this layer
-        idx.hardlinks()
+        assert not idx.hardlinks_ready  # the xattr set does not wait for the (delayed) hardlink scan
         a = idx.child(idx.root, "a")
         x, sub = idx.child(a, "x"), idx.child(a, "sub")
         assert idx.xattr_inodes == frozenset({x, sub})  # the xattr, and the opaque directory
         assert idx.child(a, "y") == x  # the hardlink resolves to the inode that has the xattr
         assert all(idx.owns(i) for i in idx.xattr_inodes)
+        decoded = LayerIndex(D, toc_codec.decode_raw(toc_codec.encode_raw(t.entries)), base=7000)
+        assert decoded.xattr_inodes == idx.xattr_inodes  # from the record column, no entry built

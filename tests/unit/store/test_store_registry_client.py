@@ -520,3 +520,62 @@ def test_body_cut_short_is_retried():
     store, slept = make_store(handler)
     assert store.read_blob("r", DIGEST, 0, 10) == DATA[:10]
     assert len(calls) == 2 and len(slept) == 1
+
+
+# -- several ranges in one GET -------------------------------------------------------------------
+
+
+def multi_range_handler(mode: str, seen: list[str]):
+    def handler(request: httpx.Request) -> httpx.Response:
+        rng = request.headers.get("range", "")
+        seen.append(rng)
+        spans = [tuple(map(int, p.split("-"))) for p in rng.removeprefix("bytes=").split(",")]
+        if len(spans) == 1 or mode == "honest-single":
+            return blob_handler(request)
+        if mode == "ignore":  # Range ignored: the whole blob
+            return httpx.Response(200, content=DATA)
+        if mode == "merge":  # one covering range (RFC 9110 allows it)
+            a, b = spans[0][0], spans[-1][1]
+            return httpx.Response(206, content=DATA[a:b + 1], headers={"Content-Range": f"bytes {a}-{b}/{len(DATA)}"})
+        body = b""
+        for a, b in spans:
+            body += f"\r\n--XyZ\r\nContent-Range: bytes {a}-{b}/{len(DATA)}\r\n\r\n".encode() + DATA[a:b + 1]
+        if mode == "garbled":
+            body = body[:-7]
+        return httpx.Response(206, content=body + b"\r\n--XyZ--\r\n",
+                              headers={"Content-Type": "multipart/byteranges; boundary=XyZ"})
+    return handler
+
+
+@pytest.mark.parametrize("mode,requests,still_multi", [("honest", 1, True), ("merge", 1, True),
+                                                       ("ignore", 4, False), ("garbled", 4, False)])
+def test_read_ranges_in_one_get_or_one_get_per_span(mode, requests, still_multi):
+    seen: list[str] = []
+    store, _ = make_store(multi_range_handler(mode, seen))
+    spans = [(0, 10), (500, 20), (9000, 100)]
+    assert store.read_ranges("r", DIGEST, spans) == [DATA[o:o + n] for o, n in spans]
+    assert len(seen) == requests and seen[0] == "bytes=0-9,500-519,9000-9099"
+    assert store.multi_range is still_multi
+    seen.clear()
+    assert store.read_ranges("r", DIGEST, spans) == [DATA[o:o + n] for o, n in spans]
+    assert len(seen) == (1 if still_multi else 3)  # once shown otherwise, one GET per span from then on
+
+
+def test_read_ranges_splits_more_spans_than_one_header_takes():
+    from rollstack.store.byteranges import MAX_SPANS
+
+    seen: list[str] = []
+    store, _ = make_store(multi_range_handler("honest", seen))
+    spans = [(i * 100, 10) for i in range(MAX_SPANS + 5)]
+    assert store.read_ranges("r", DIGEST, spans) == [DATA[o:o + n] for o, n in spans]
+    assert len(seen) == 2
+
+
+def test_read_ranges_refuses_an_endless_answer():
+    def handler(request):
+        return httpx.Response(206, content=b"--XyZ\r\n" + b"x" * 100_000,
+                              headers={"Content-Type": "multipart/byteranges; boundary=XyZ"})
+
+    store, _ = make_store(handler)
+    with pytest.raises(RegistryError, match="more than"):
+        store.read_ranges("r", DIGEST, [(0, 10), (100, 10)])

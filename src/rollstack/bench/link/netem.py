@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Self, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
 
@@ -66,15 +66,71 @@ def tbf_burst_bytes(rate_bit: int) -> int:
     return max(rate_bit // 8 // 500, 256 * 1024)
 
 
-def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `ip`/`tc`/...; RuntimeFailure with its stderr when `check` and it fails."""
     proc = subprocess.run(list(args), capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise RuntimeFailure(f"{' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
 
 
+def in_netns(netns: str | None, *args: str) -> tuple[str, ...]:
+    """`args` run inside `netns` (None: this namespace)."""
+    return ("ip", "netns", "exec", netns, *args) if netns else args
+
+
+def add_veth(outer: str, inner: str, netns: str) -> None:
+    """A veth pair: `outer` stays in this namespace, its peer `inner` moves into `netns`."""
+    sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+    sh("ip", "link", "set", inner, "netns", netns)
+
+
+def address_up(ifname: str, cidr: str, netns: str | None = None) -> None:
+    """Give `ifname` (in `netns`, None: here) the address `cidr` and bring it up."""
+    sh(*in_netns(netns, "ip", "addr", "add", cidr, "dev", ifname))
+    sh(*in_netns(netns, "ip", "link", "set", ifname, "up"))
+
+
+def shape(ifname: str, rate_bit: int, netns: str | None = None) -> None:
+    """Rate-limit the egress of `ifname` (in `netns`, None: here) to `rate_bit` with tc tbf."""
+    sh(*in_netns(netns, "tc", "qdisc", "replace", "dev", ifname, "root", "tbf", "rate", str(rate_bit),
+                 "burst", str(tbf_burst_bytes(rate_bit)), "latency", "50ms"))
+
+
+def delete_netns(name: str) -> None:
+    """Kill what still runs in the network namespace `name`, then delete it (and its veths)."""
+    for pid in sh("ip", "netns", "pids", name, check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    sh("ip", "netns", "del", name, check=False)
+
+
+class Built:
+    """A context manager over what `_create` builds and `close` tears down, also when `_create`
+    fails half-way (`close` must cope with a partial build)."""
+
+    def __enter__(self) -> Self:
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _create(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
 def _used_subnets() -> set[int]:
-    out = _sh("ip", "-o", "-4", "addr", "show", check=False).stdout
+    out = sh("ip", "-o", "-4", "addr", "show", check=False).stdout
     used = set()
     for line in out.splitlines():
         for tok in line.split():
@@ -84,7 +140,7 @@ def _used_subnets() -> set[int]:
     return used
 
 
-class ShapedLink:
+class ShapedLink(Built):
     """Context manager: a shaped veth to a fresh network namespace."""
 
     _counter = 0
@@ -101,17 +157,6 @@ class ShapedLink:
         self._up = False
 
     # -- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "ShapedLink":
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _create(self) -> None:
         used = _used_subnets()
         start = (os.getpid() * 7 + ShapedLink._counter) % 16384
@@ -122,23 +167,18 @@ class ShapedLink:
         base = f"10.213.{third}.{fourth * 4}"
         self.host_ip = base[: base.rfind(".") + 1] + str(fourth * 4 + 1)
         self.ns_ip = base[: base.rfind(".") + 1] + str(fourth * 4 + 2)
-        _sh("ip", "netns", "add", self.netns)
+        sh("ip", "netns", "add", self.netns)
         self._up = True
-        _sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
-        _sh("ip", "link", "set", self.ns_if, "netns", self.netns)
-        _sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
-        _sh("ip", "link", "set", self.host_if, "up")
-        self._ns("ip", "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if)
-        self._ns("ip", "link", "set", self.ns_if, "up")
+        add_veth(self.host_if, self.ns_if, self.netns)
+        address_up(self.host_if, f"{self.host_ip}/30")
+        address_up(self.ns_if, f"{self.ns_ip}/30", self.netns)
         self._ns("ip", "link", "set", "lo", "up")
-        rate = str(self.profile.rate_bit)
-        burst = str(tbf_burst_bytes(self.profile.rate_bit))
         # Shape both directions: ns egress is the download path (registry -> client).
-        _sh("tc", "qdisc", "replace", "dev", self.host_if, "root", "tbf", "rate", rate, "burst", burst, "latency", "50ms")
-        self._ns("tc", "qdisc", "replace", "dev", self.ns_if, "root", "tbf", "rate", rate, "burst", burst, "latency", "50ms")
+        shape(self.host_if, self.profile.rate_bit)
+        shape(self.ns_if, self.profile.rate_bit, self.netns)
 
     def _ns(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return _sh("ip", "netns", "exec", self.netns, *args)
+        return sh("ip", "netns", "exec", self.netns, *args)
 
     def close(self) -> None:
         for proc, _ in self._proxies.values():
@@ -149,15 +189,9 @@ class ShapedLink:
         self._procs.clear()
         if self._up:
             # Anything else still running in the namespace (children of what we started).
-            pids = _sh("ip", "netns", "pids", self.netns, check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _sh("ip", "netns", "del", self.netns, check=False)
+            delete_netns(self.netns)
             self._up = False
-        _sh("ip", "link", "del", self.host_if, check=False)
+        sh("ip", "link", "del", self.host_if, check=False)
 
     # -- use -------------------------------------------------------------------------------
     def popen(self, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
@@ -225,7 +259,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def cleanup_stale() -> list[str]:
     """Delete benchmark namespaces whose creating process is gone; returns their names."""
     removed = []
-    for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
+    for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         if not name.startswith(NS_PREFIX):
             continue
@@ -235,12 +269,7 @@ def cleanup_stale() -> list[str]:
             continue
         if _alive(pid):
             continue
-        for p in _sh("ip", "netns", "pids", name, check=False).stdout.split():
-            try:
-                os.kill(int(p), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        _sh("ip", "netns", "del", name, check=False)
+        delete_netns(name)
         removed.append(name)
     return removed
 

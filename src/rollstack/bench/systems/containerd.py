@@ -9,11 +9,15 @@ content blob and snapshot for cold runs.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,3 +196,35 @@ def available() -> str | None:
         if shutil.which(binary) is None:
             return f"{binary} not installed"
     return None
+
+
+def oci_archive(tree: Path, out: Path, image: str) -> None:
+    """A one-layer OCI image archive of `tree`, named `image` (for `ctr images import`)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as t:
+        for p in sorted(tree.rglob("*")):
+            t.add(p, arcname=str(p.relative_to(tree)), recursive=False)
+    layer_b = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_b).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+    blobs = {hashlib.sha256(b).hexdigest(): b for b in (layer_b, config)}
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                      "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
+                                      "size": len(config)},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                                       "digest": diff_id, "size": len(layer_b)}]}).encode()
+    blobs[hashlib.sha256(manifest).hexdigest()] = manifest
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(), "size": len(manifest),
+        "annotations": {"org.opencontainers.image.ref.name": image,
+                        "io.containerd.image.name": image}}]}).encode()
+    with tarfile.open(out, "w") as t:
+        for name, data in [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index),
+                           *[(f"blobs/sha256/{d}", b) for d, b in blobs.items()]]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))

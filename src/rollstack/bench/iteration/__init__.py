@@ -17,31 +17,30 @@ Both start from cold caches (a fresh node: what the first iteration on a node pa
 
 The GRPO driver (rollstack.integrations.grpo.run_batch) is not used: its policies have no
 harness step and it does not record phase timestamps; the scripted agent mirrors rollstack.demo.
+
+Code: `rollout` (the rollout record, summary and scripted agent: pure), `systems` (one rollout
+on rollstack / on containerd), this module (the run, its report and the command).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-import shlex
-import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Sequence
+from typing import Annotated, Any, Callable
 
 import typer
 
-from rollstack.errors import InvalidRequest, RollstackError
+from rollstack.bench.iteration.rollout import Rollout, default_concurrency, iteration_summary, jobs
+from rollstack.bench.iteration.systems import EVAL_DIR, ContainerdRollouts, rollstack_plan, rollstack_rollout
+from rollstack.errors import InvalidRequest
 
 DEFAULT_OUT = Path("results/iteration")
 ITER_SYSTEMS = ("rollstack", "docker-equivalent")
-EVAL_DIR = "/opt/rollstack-eval"
 TARGET_INIT_SHARE = 0.05
-_EOF = "ROLLSTACK_PATCH_EOF_7f3a"
 
 COLUMNS = [
     ("iteration_s", "iteration wall (s)", ".1f"), ("rollouts", "rollouts", "d"), ("ok", "reward 1.0", "d"),
@@ -53,244 +52,6 @@ COLUMNS = [
 
 def _log(msg: str) -> None:
     print(f"[bench iteration] {msg}", file=sys.stderr, flush=True)
-
-
-# -- pure ----------------------------------------------------------------------------------------
-
-@dataclass
-class Rollout:
-    system: str
-    task: str
-    rollout: int
-    phases: list[dict[str, Any]] = field(default_factory=list)
-    """[{"name": init|exec|eval|destroy, "start": s, "end": s}] seconds since the iteration began"""
-    reward: float | None = None
-    error: str = ""
-    fetched_bytes: int = 0
-    steps: dict[str, int] = field(default_factory=dict)
-    """exit code of each agent step"""
-    eval_env_init_s: float = 0.0
-    """seconds of the eval phase spent creating the evaluator environment (environment init too)"""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "label": f"{self.task}#{self.rollout}"}
-
-    def duration(self, name: str) -> float:
-        return sum(p["end"] - p["start"] for p in self.phases if p["name"] == name)
-
-
-class PhaseClock:
-    """Records consecutive phases of one rollout relative to the iteration's start."""
-
-    def __init__(self, rec: Rollout, t0: float) -> None:
-        self.rec, self.t0 = rec, t0
-
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
-        start = time.perf_counter() - self.t0
-        try:
-            return fn()
-        finally:
-            self.rec.phases.append({"name": name, "start": start, "end": time.perf_counter() - self.t0})
-
-
-def iteration_summary(rollouts: Sequence[Rollout], wall: float) -> dict[str, Any]:
-    from rollstack.bench.report import percentile, phase_shares
-
-    shares = phase_shares(r.to_dict() for r in rollouts)
-    totals = [sum(p["end"] - p["start"] for p in r.phases) for r in rollouts]
-    whole = sum(totals)
-    env_init = sum(r.duration("init") + r.eval_env_init_s for r in rollouts)
-    return {
-        "env_init_share": env_init / whole if whole else float("nan"),
-        "iteration_s": wall, "rollouts": len(rollouts),
-        "ok": sum(1 for r in rollouts if r.reward == 1.0),
-        "errors": sum(1 for r in rollouts if r.error),
-        "init_share": shares.get("init", float("nan")), "exec_share": shares.get("exec", float("nan")),
-        "eval_share": shares.get("eval", float("nan")), "destroy_share": shares.get("destroy", float("nan")),
-        "init_p50": percentile([r.duration("init") for r in rollouts], 50),
-        "init_p95": percentile([r.duration("init") for r in rollouts], 95),
-        "rollout_p50": percentile(totals, 50),
-        "fetched_bytes_p50": percentile([r.fetched_bytes for r in rollouts], 50),
-    }
-
-
-def jobs(tasks: Sequence[dict[str, Any]], n_tasks: int, rollouts: int) -> list[tuple[dict[str, Any], int]]:
-    """GRPO order: the K rollouts of a task together; tasks taken round-robin over repositories
-    (so a batch smaller than the corpus still spans every repository), cycled if too few."""
-    if n_tasks < 1 or rollouts < 1:
-        raise InvalidRequest("--tasks and --rollouts must be >= 1")
-    if not tasks:
-        raise InvalidRequest("the corpus has no tasks")
-    by_repo: dict[str, list[dict[str, Any]]] = {}
-    for t in tasks:
-        by_repo.setdefault(str(t.get("repo", "")), []).append(t)
-    spread = [t for group in itertools.zip_longest(*by_repo.values()) for t in group if t is not None]
-    picked = list(itertools.islice(itertools.cycle(spread), n_tasks))
-    return [(t, k) for t in picked for k in range(rollouts)]
-
-
-def default_concurrency() -> int:
-    """Rollouts in flight: two per core (rollouts wait on I/O and on each other's tests)."""
-    return max(2, 2 * (os.cpu_count() or 1))
-
-
-def harness_command(entry: str) -> str:
-    """Start the harness without a model: the corpus's own check of it (`mini --help`: mini-swe-agent
-    has no --version; `claude --version`), else `<binary> --version`."""
-    parts = entry.split()
-    if not parts:
-        raise InvalidRequest("the harness has no entry command")
-    if len(parts) == 1:
-        parts.append("--version")
-    return " ".join(shlex.quote(p) for p in parts)
-
-
-def agent_steps(task: dict[str, Any], harness_entry: str) -> list[tuple[str, str, str | None]]:
-    """(step, shell command run in the workdir, stdin) of the scripted agent."""
-    ids = " ".join(shlex.quote(t) for t in task["FAIL_TO_PASS"])
-    test = f"python3 -m pytest -p no:cacheprovider -q {ids}"
-    path = shlex.quote(task.get("mutation", {}).get("path", "."))
-    return [
-        ("harness", harness_command(harness_entry), None),
-        ("read", f"ls >/dev/null && head -c 65536 {path} >/dev/null", None),
-        ("test_before", test, None),
-        ("fix", "git apply --verbose -", task["fix"]),
-        ("test_after", test, None),
-    ]
-
-
-def heredoc(cmd: str, stdin: str | None) -> str:
-    """`cmd` with `stdin` fed from a here-document (ctr tasks exec has no stdin of ours)."""
-    if stdin is None:
-        return cmd
-    if _EOF in stdin:
-        raise InvalidRequest("patch contains the here-document marker")
-    body = stdin if stdin.endswith("\n") else stdin + "\n"
-    return f"{cmd} <<'{_EOF}'\n{body}{_EOF}\n"
-
-
-# -- rollstack -----------------------------------------------------------------------------------
-
-def retry_capacity(fn: Callable[[], Any], *, attempts: int = 60, delay: float = 0.5,
-                   sleep: Callable[[float], None] = time.sleep) -> Any:
-    """Call `fn`, retrying while the node answers insufficient_capacity (its quotas are all handed
-    out to the rollouts in flight): the wait counts in the phase, as it would for a trainer."""
-    for i in range(attempts):
-        try:
-            return fn()
-        except RollstackError as exc:
-            if exc.code != "insufficient_capacity" or i == attempts - 1:
-                raise
-            sleep(min(delay * (1.5 ** i), 5.0))
-    raise AssertionError("unreachable")
-
-
-def rollstack_rollout(node: Any, plan: dict[str, Any], task: dict[str, Any], k: int, entry: str, t0: float) -> Rollout:
-    rec = Rollout("rollstack", task["instance_id"], k)
-    clock = PhaseClock(rec, t0)
-    env = None
-    try:
-        env = clock.run("init", lambda: retry_capacity(lambda: node.create(plan)))
-        rec.fetched_bytes = int(env.created.fetch.fetched_bytes)
-
-        def agent() -> None:
-            for name, cmd, stdin in agent_steps(task, entry):
-                rec.steps[name] = env.exec(cmd, timeout=600, stdin=stdin).exit_code
-
-        clock.run("exec", agent)
-        ev = clock.run("eval", lambda: retry_capacity(env.evaluate))
-        rec.reward = float(ev.reward)
-        rec.eval_env_init_s = float(ev.timings.get("create", 0.0))
-    except RollstackError as exc:
-        rec.error = f"{exc.code}: {exc.message or exc.code}"
-    except Exception as exc:  # noqa: BLE001 - recorded; the run reports errors
-        rec.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if env is not None:
-            try:
-                clock.run("destroy", env.destroy)
-            except Exception as exc:  # noqa: BLE001
-                rec.error = rec.error or f"destroy_failed: {exc}"
-    return rec
-
-
-def rollstack_plan(task: dict[str, Any], groups: Any, k: int) -> dict[str, Any]:
-    """demo's rollout plan, its evaluator scoring the task file installed in the evaluator group."""
-    from rollstack.corpus.plans import rollout_plan
-
-    return rollout_plan(task, groups, k, evaluator=[f"{EVAL_DIR}/score", f"{EVAL_DIR}/tasks/{task['instance_id']}.json"])
-
-
-# -- docker-equivalent ---------------------------------------------------------------------------
-
-class ContainerdRollouts:
-    """docker-equivalent rollouts on the bench rig's containerd (see the module docstring)."""
-
-    _ids = itertools.count()
-
-    def __init__(self, ctr: Any, images: dict[str, Any], stacks: dict[str, Any], eval_dir: Path) -> None:
-        self.ctr, self.images, self.stacks, self.eval_dir = ctr, images, stacks, eval_dir
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    def _ensure_image(self, ref: str) -> None:
-        with self._guard:
-            lock = self._locks.setdefault(ref, threading.Lock())
-        with lock:  # one pull per image; the others wait for it (docker dedupes concurrent pulls too)
-            if not self.ctr.has_image(ref):
-                self.ctr.pull(ref)
-
-    def _exec(self, cid: str, workdir: str, cmd: str, stdin: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        script = heredoc(f"cd {shlex.quote(workdir)} && {cmd}", stdin)
-        argv = self.ctr._cmd("tasks", "exec", "--exec-id", f"x{next(self._ids)}", cid, "/bin/sh", "-c", script)
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-    def rollout(self, task: dict[str, Any], k: int, entry: str, t0: float) -> Rollout:
-        rec = Rollout("docker-equivalent", task["instance_id"], k)
-        clock = PhaseClock(rec, t0)
-        stack = self.stacks[task["repo"]]
-        ref = self.images[stack.name].bundled
-        n = next(self._ids)
-        cid, eval_cid = f"rsi-{os.getpid()}-{n}", f"rsi-{os.getpid()}-{n}-eval"
-        wd = task["workdir"]
-        try:
-            def init() -> None:
-                self._ensure_image(ref)
-                self.ctr.create(ref, cid, ["sleep", "infinity"])
-                self.ctr.run("tasks", "start", "-d", cid)
-                p = self._exec(cid, wd, "git apply -", task["patch"])
-                if p.returncode != 0:
-                    raise RuntimeError(f"mutation failed: {p.stderr[-300:]}")
-
-            clock.run("init", init)
-
-            def agent() -> None:
-                for name, cmd, stdin in agent_steps(task, entry):
-                    rec.steps[name] = self._exec(cid, wd, cmd, stdin).returncode
-
-            clock.run("exec", agent)
-
-            def evaluate() -> float:
-                diff = self._exec(cid, wd, "git diff --binary HEAD").stdout
-                apply = heredoc("git apply -", diff) if diff.strip() else "true"
-                script = (f"cd {shlex.quote(wd)} && {apply.rstrip()}\n"
-                          f"exec {EVAL_DIR}/score {EVAL_DIR}/tasks/{task['instance_id']}.json\n")
-                t = time.perf_counter()
-                self.ctr.create(ref, eval_cid, ["/bin/sh", "-c", script], [(str(self.eval_dir), EVAL_DIR)])
-                rec.eval_env_init_s = time.perf_counter() - t
-                return 1.0 if self.ctr.start(eval_cid).returncode == 0 else 0.0
-
-            rec.reward = clock.run("eval", evaluate)
-        except Exception as exc:  # noqa: BLE001 - recorded; the run reports errors
-            rec.error = f"{type(exc).__name__}: {str(exc)[-300:]}"
-        finally:
-            def destroy() -> None:
-                for c in (cid, eval_cid):
-                    self.ctr.run("tasks", "kill", "-s", "SIGKILL", c, check=False)
-                    self.ctr.delete(c)
-
-            clock.run("destroy", destroy)
-        return rec
 
 
 # -- the run -------------------------------------------------------------------------------------

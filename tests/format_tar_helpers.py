@@ -1,4 +1,5 @@
-"""Tar/layer builders shared by the format tests (imported by conftest and property tests)."""
+"""Tar/layer builders shared by the tests that build tar streams (the format tests, the plan
+import tests): `ti()` a member header, `tar_bytes()` a tar of (header, data or None) members."""
 
 from __future__ import annotations
 

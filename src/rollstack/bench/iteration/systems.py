@@ -1,0 +1,142 @@
+"""How each system of `bench iteration` runs one rollout: a rollstack node (`rollstack_rollout`,
+`rollstack_plan`) and the docker-equivalent on containerd (`ContainerdRollouts`)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shlex
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rollstack.bench.iteration.rollout import PhaseClock, Rollout, agent_steps, heredoc
+from rollstack.errors import RollstackError
+
+EVAL_DIR = "/opt/rollstack-eval"
+
+
+# -- rollstack -----------------------------------------------------------------------------------
+
+def retry_capacity(fn: Callable[[], Any], *, attempts: int = 60, delay: float = 0.5,
+                   sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Call `fn`, retrying while the node answers insufficient_capacity (its quotas are all handed
+    out to the rollouts in flight): the wait counts in the phase, as it would for a trainer."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except RollstackError as exc:
+            if exc.code != "insufficient_capacity" or i == attempts - 1:
+                raise
+            sleep(min(delay * (1.5 ** i), 5.0))
+    raise AssertionError("unreachable")
+
+
+def rollstack_rollout(node: Any, plan: dict[str, Any], task: dict[str, Any], k: int, entry: str, t0: float) -> Rollout:
+    rec = Rollout("rollstack", task["instance_id"], k)
+    clock = PhaseClock(rec, t0)
+    env = None
+    try:
+        env = clock.run("init", lambda: retry_capacity(lambda: node.create(plan)))
+        rec.fetched_bytes = int(env.created.fetch.fetched_bytes)
+
+        def agent() -> None:
+            for name, cmd, stdin in agent_steps(task, entry):
+                rec.steps[name] = env.exec(cmd, timeout=600, stdin=stdin).exit_code
+
+        clock.run("exec", agent)
+        ev = clock.run("eval", lambda: retry_capacity(env.evaluate))
+        rec.reward = float(ev.reward)
+        rec.eval_env_init_s = float(ev.timings.get("create", 0.0))
+    except RollstackError as exc:
+        rec.error = f"{exc.code}: {exc.message or exc.code}"
+    except Exception as exc:  # noqa: BLE001 - recorded; the run reports errors
+        rec.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if env is not None:
+            try:
+                clock.run("destroy", env.destroy)
+            except Exception as exc:  # noqa: BLE001
+                rec.error = rec.error or f"destroy_failed: {exc}"
+    return rec
+
+
+def rollstack_plan(task: dict[str, Any], groups: Any, k: int) -> dict[str, Any]:
+    """demo's rollout plan, its evaluator scoring the task file installed in the evaluator group."""
+    from rollstack.corpus.plans import rollout_plan
+
+    return rollout_plan(task, groups, k, evaluator=[f"{EVAL_DIR}/score", f"{EVAL_DIR}/tasks/{task['instance_id']}.json"])
+
+
+# -- docker-equivalent ---------------------------------------------------------------------------
+
+class ContainerdRollouts:
+    """docker-equivalent rollouts on the bench rig's containerd (see the module docstring)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, ctr: Any, images: dict[str, Any], stacks: dict[str, Any], eval_dir: Path) -> None:
+        self.ctr, self.images, self.stacks, self.eval_dir = ctr, images, stacks, eval_dir
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _ensure_image(self, ref: str) -> None:
+        with self._guard:
+            lock = self._locks.setdefault(ref, threading.Lock())
+        with lock:  # one pull per image; the others wait for it (docker dedupes concurrent pulls too)
+            if not self.ctr.has_image(ref):
+                self.ctr.pull(ref)
+
+    def _exec(self, cid: str, workdir: str, cmd: str, stdin: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        script = heredoc(f"cd {shlex.quote(workdir)} && {cmd}", stdin)
+        argv = self.ctr._cmd("tasks", "exec", "--exec-id", f"x{next(self._ids)}", cid, "/bin/sh", "-c", script)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def rollout(self, task: dict[str, Any], k: int, entry: str, t0: float) -> Rollout:
+        rec = Rollout("docker-equivalent", task["instance_id"], k)
+        clock = PhaseClock(rec, t0)
+        stack = self.stacks[task["repo"]]
+        ref = self.images[stack.name].bundled
+        n = next(self._ids)
+        cid, eval_cid = f"rsi-{os.getpid()}-{n}", f"rsi-{os.getpid()}-{n}-eval"
+        wd = task["workdir"]
+        try:
+            def init() -> None:
+                self._ensure_image(ref)
+                self.ctr.create(ref, cid, ["sleep", "infinity"])
+                self.ctr.run("tasks", "start", "-d", cid)
+                p = self._exec(cid, wd, "git apply -", task["patch"])
+                if p.returncode != 0:
+                    raise RuntimeError(f"mutation failed: {p.stderr[-300:]}")
+
+            clock.run("init", init)
+
+            def agent() -> None:
+                for name, cmd, stdin in agent_steps(task, entry):
+                    rec.steps[name] = self._exec(cid, wd, cmd, stdin).returncode
+
+            clock.run("exec", agent)
+
+            def evaluate() -> float:
+                diff = self._exec(cid, wd, "git diff --binary HEAD").stdout
+                apply = heredoc("git apply -", diff) if diff.strip() else "true"
+                script = (f"cd {shlex.quote(wd)} && {apply.rstrip()}\n"
+                          f"exec {EVAL_DIR}/score {EVAL_DIR}/tasks/{task['instance_id']}.json\n")
+                t = time.perf_counter()
+                self.ctr.create(ref, eval_cid, ["/bin/sh", "-c", script], [(str(self.eval_dir), EVAL_DIR)])
+                rec.eval_env_init_s = time.perf_counter() - t
+                return 1.0 if self.ctr.start(eval_cid).returncode == 0 else 0.0
+
+            rec.reward = clock.run("eval", evaluate)
+        except Exception as exc:  # noqa: BLE001 - recorded; the run reports errors
+            rec.error = f"{type(exc).__name__}: {str(exc)[-300:]}"
+        finally:
+            def destroy() -> None:
+                for c in (cid, eval_cid):
+                    self.ctr.run("tasks", "kill", "-s", "SIGKILL", c, check=False)
+                    self.ctr.delete(c)
+
+            clock.run("destroy", destroy)
+        return rec
