@@ -34,6 +34,7 @@ from typing import Callable, Mapping, Sequence
 from rollstack.host.cgroups import CGROUP_PARENT
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.run import agent, cgroupfs, overlay, procs
+from rollstack.run import userns as uns
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.execpump import check_request
 from rollstack.run.files import SafeRoot
@@ -152,7 +153,7 @@ class EnvironmentRuntime:
     def create(self, env_id: str, lowers: Sequence[Path], params: SpecParams,
                before_start: Callable[[Path], None] | None = None,
                network: NetworkSpec | None = None, runtime: str = "runc",
-               userns: bool = False) -> "Environment":
+               userns: bool | None = None) -> "Environment":
         """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation],
         [network], start}.
 
@@ -161,7 +162,8 @@ class EnvironmentRuntime:
         added to the create after the mount and mutation.
 
         `runtime`: "runc" or "runsc" (gVisor; RuntimeFailure naming it when not installed).
-        `userns`: root inside mapped to host 100000.. through idmapped lowers (rollstack.run.userns).
+        `userns`: root inside mapped to host 100000.. (rollstack.run.userns); None: where the
+        node supports it, False: never, True: or fail.
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
         there). On any failure everything created so far is destroyed before the error rises.
         """
@@ -188,12 +190,8 @@ class EnvironmentRuntime:
                                      f"({self.config.runsc_binary} not found)")
             if network is not None and network.needs_netns:
                 raise RuntimeFailure(NETWORK_UNSUPPORTED)
-            if userns:
-                raise RuntimeFailure("security.userns: not available with runtime: runsc")
+        userns = uns.resolve(userns, runtime)
         if userns:
-            from rollstack.run import userns as uns
-
-            uns.check_traversable(env.dir)
             params = replace(params, userns_map=(uns.HOST_BASE, uns.SIZE))
             spec = build_spec(str(env.rootfs), params)
         net_job: _NetJob | None = None
@@ -220,19 +218,22 @@ class EnvironmentRuntime:
             t0 = time.monotonic()
             stack = [Path(p) for p in lowers]
             if userns:
-                stack = self._idmapped(env, stack)
-                env.timings["idmap"] = time.monotonic() - t0
+                stack = self._idmapped(env, stack)  # counted in timings["mount"]
             overlay.mount_overlay(stack, env.upper, env.work, env.rootfs)
             t1 = time.monotonic()
             env.timings["mount"] = t1 - t0
             if before_start is not None:
                 before_start(env.rootfs)
+                if userns:
+                    uns.shift_upper(env.upper)  # what the node wrote as host root
                 env.timings["mutation"] = time.monotonic() - t1
             if net_job is not None:
                 tw = time.monotonic()
                 env.timings["network"] = net_job.wait()
                 env.timings["network_wait"] = time.monotonic() - tw
             t2 = time.monotonic()
+            if userns:
+                spec["root"]["path"] = str(uns.publish_rootfs(env.dir, env.rootfs))
             (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
             # gVisor: execd is PID 1 without an exec socket (execs go through `runsc exec`)
             listener = agent.bind_listener(env.dir) if self.uses_agent and runtime == "runc" else None
@@ -260,12 +261,14 @@ class EnvironmentRuntime:
 
     def _idmapped(self, env: "Environment", lowers: list[Path]) -> list[Path]:
         """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root."""
-        from rollstack.run import userns as uns
-
         if self._idmap is None:
             self._idmap = uns.IdMap()
         out = []
         for i, lower in enumerate(lowers):
+            twin = uns.layer_view(lower)
+            if twin is not None:  # a lazy-store layer: its shifted view (rollstack.mount.shift)
+                out.append(twin)
+                continue
             d = env.dir / "idmap" / str(i)
             d.mkdir(parents=True)
             self._idmap.mount(lower, d)
@@ -430,7 +433,7 @@ class Environment:
         """Read/write access to the merged root that never escapes it."""
         if not overlay.is_mounted(self.rootfs):
             raise EnvironmentGone(f"environment {self.id} has no mounted root")
-        return SafeRoot(self.rootfs)
+        return SafeRoot(self.rootfs, uns.HOST_BASE if self.meta().get("userns") else 0)
 
     def diff(self, base: str = "/", excludes: Sequence[str] = DEFAULT_EXCLUDES,
              binary: str = "name") -> str:
@@ -520,6 +523,7 @@ class Environment:
                 errors.append(str(e))
                 net_left = True  # keep meta.json: it is how a retry finds the slot
         try:
+            uns.unpublish_rootfs(self.dir)
             overlay.unmount(self.rootfs)
         except RuntimeFailure as e:
             errors.append(str(e))

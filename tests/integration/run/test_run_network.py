@@ -219,7 +219,8 @@ def test_warm_pool_slots_serve_creates_and_are_removed_on_close(tmp_path, busybo
         table = sh("nft", "list", "table", "inet", f"rsn_{warm[0]}").stdout
         assert "dport" not in table and "masquerade" not in table and "jump beyond" in table
         spec = resolve_spec("allow", [parse_allow(f"{upstream.addr}:8000")], [])
-        env = rt.create("w-1", [busybox_lower], SpecParams("w-1"), network=spec)
+        env = rt.create("w-1", [busybox_lower], SpecParams("w-1"), network=spec,
+                            userns=False)  # user-namespaced creates take no warm slot
         try:
             assert env.net.slot in warm
             doc = json.loads(Path(rt.network.state_dir, "slots", str(env.net.slot)).read_text())
