@@ -76,7 +76,9 @@ def bench_network(rt: Any, warm_rt: Any, warm: int, lower: Path, work: Path, cre
     try:
         up.serve(8000)
         allow = resolve_spec("allow", [parse_allow(f"{up.addr}:8000")], [])
-        modes = ("none", "allow_cold", "allow_warm")
+        # the first three without a user namespace (what the warm pool serves), the last two with
+        # one (the default since user namespaces are on: no warm slot, the veth moves in after start)
+        modes = ("none", "allow_cold", "allow_warm", "none_userns", "allow_userns")
         series: dict[str, dict[str, list[float]]] = {m: {"create": [], "network": [], "network_wait": []}
                                                      for m in modes}
         for i in range(creates):
@@ -86,15 +88,17 @@ def bench_network(rt: Any, warm_rt: Any, warm: int, lower: Path, work: Path, cre
                 if mode == "allow_warm":
                     _wait_warm(warm_rt.network, warm)  # steady state: the pool has refilled
                 t = time.perf_counter()
-                env = r.create(env_id, [lower], SpecParams(env_id), network=None if mode == "none" else allow)
+                env = r.create(env_id, [lower], SpecParams(env_id), userns=mode.endswith("_userns"),
+                               network=None if mode.startswith("none") else allow)
                 series[mode]["create"].append(time.perf_counter() - t)
                 series[mode]["network"].append(env.timings.get("network", 0.0))
                 series[mode]["network_wait"].append(env.timings.get("network_wait", 0.0))
                 env.destroy()
         out["create"] = {m: {k: _stats(v) for k, v in s.items()} for m, s in series.items()}
-        for m in ("allow_cold", "allow_warm"):
+        for m in ("allow_cold", "allow_warm", "allow_userns"):
+            base = "none_userns" if m == "allow_userns" else "none"
             out["create"][f"added_median_s_{m}"] = round(out["create"][m]["create"]["median"]
-                                                         - out["create"]["none"]["create"]["median"], 6)
+                                                         - out["create"][base]["create"]["median"], 6)
         out["create"]["warm_pool"] = warm
         slots: set[int] = set()
         t = time.perf_counter()
@@ -177,7 +181,54 @@ def bench_gvisor(rt: Any, lower: Path, reps: int) -> dict[str, Any]:
     return out
 
 
-def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: bool = True) -> dict[str, Any]:
+WALK = ["sh", "-c", "find / -xdev -printf '%u\\n' | sort | uniq -c | sort -rn | head -3"]
+
+
+def bench_userns_lazy(store: str, work: Path, reps: int) -> dict[str, Any]:
+    """User namespaces over the lazy store (the shifted view) vs none, through a local node on
+    the corpus: create time, a walk of the whole rootfs (stat of every file), python imports.
+    Interleaved; the first environment of each kind is reported apart (cold kernel caches: the
+    shifted view has its own inode numbers, so its first walk is cold even when /layers is warm)."""
+    from rollstack.client.local import Node
+    from rollstack.corpus.cache import ensure_corpus
+    from rollstack.corpus.plans import rollout_plan, stack_groups
+
+    corpus = ensure_corpus(None, False, lambda m: None)
+    groups = stack_groups(corpus.manifest["components"], harness="mini-swe-agent")
+    plan = rollout_plan(corpus.tasks[0], groups, 0)
+    res: dict[str, dict[str, list[float]]] = {k: {"create": [], "walk": [], "python_import": []}
+                                              for k in ("off", "on")}
+    first: dict[str, dict[str, float]] = {}
+    owners: dict[str, str] = {}
+    with Node(store=store, root=work / "lazy-node") as node:
+        for i in range(reps + 1):
+            for kind in ("off", "on"):
+                t = time.perf_counter()
+                env = node.create({**plan, "security": {"userns": kind == "on"}})
+                created = time.perf_counter() - t
+                try:
+                    w = env.exec(WALK, timeout=300)
+                    py = env.exec(["python3", "-c", IMPORTS], timeout=120)
+                    if w.exit_code or py.exit_code:
+                        raise RuntimeError(f"userns {kind}: {w.stderr!r} {py.stderr!r}")
+                    owners[kind] = w.stdout.split("\n")[0].strip()
+                finally:
+                    env.destroy()
+                row = {"create": created, "walk": w.duration, "python_import": py.duration}
+                if i == 0:
+                    first[kind] = {k: round(v, 4) for k, v in row.items()}
+                else:
+                    for k, v in row.items():
+                        res[kind][k].append(v)
+    out: dict[str, Any] = {"store": store, "task": corpus.tasks[0].instance_id, "first": first,
+                           "most_common_owner_inside": owners}
+    out.update({k: {m: _stats(v) for m, v in s.items()} for k, s in res.items()})
+    out["ratio"] = {m: round(out["on"][m]["median"] / out["off"][m]["median"], 2) for m in res["on"]}
+    return out
+
+
+def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: bool = True,
+        lazy_store: str | None = None) -> dict[str, Any]:
     from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 
     os.chmod(work, 0o755)  # the user-namespace tier's mapped root must reach the env roots
@@ -190,6 +241,8 @@ def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: 
         doc: dict[str, Any] = {"command": command, "cores": os.cpu_count(), "kernel": os.uname().release,
                                "loadavg_start": [round(x, 1) for x in os.getloadavg()]}
         doc["network"] = bench_network(rt, warm_rt, warm, lower, work, creates, cycles)
+        if lazy_store:
+            doc["userns_lazy"] = bench_userns_lazy(lazy_store, work, reps)
         if gvisor:
             doc["gvisor"] = bench_gvisor(rt, CORPUS_OS if (CORPUS_OS / "usr/bin/python3").exists() else lower, reps)
         doc["loadavg_end"] = [round(x, 1) for x in os.getloadavg()]
@@ -213,6 +266,11 @@ def _human(doc: dict[str, Any]) -> None:
     t = n["throughput"]
     print(f"100 MB download: {t['through_policy_MBps']} MB/s through the policy, {t['link_MBps']} MB/s "
           f"on the link ({t['ratio']:.0%})")
+    if "userns_lazy" in doc:
+        u = doc["userns_lazy"]
+        for k, v in u["ratio"].items():
+            print(f"userns over the lazy store {k:>14}: off {u['off'][k]['median'] * 1e3:8.1f} ms  "
+                  f"on {u['on'][k]['median'] * 1e3:8.1f} ms  x{v}")
     if "gvisor" in doc:
         g = doc["gvisor"]
         for k, v in g["slowdown"].items():
@@ -227,6 +285,8 @@ def register(app: typer.Typer) -> None:
         cycles: int = typer.Option(200, "--cycles", help="create/destroy cycles for the leak check"),
         reps: int = typer.Option(9, "--reps", help="exec repetitions per engine"),
         no_gvisor: bool = typer.Option(False, "--no-gvisor", help="skip the runc/runsc comparison"),
+        lazy_store: Optional[str] = typer.Option(None, "--lazy-store", help="a store holding the small "
+                                                 "corpus: also measure user namespaces over the lazy store"),
         out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON here"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
@@ -234,7 +294,7 @@ def register(app: typer.Typer) -> None:
         command = " ".join(["rollstack", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "rollstack bench isolation"
         # under /var/tmp: the user-namespace tier needs every parent searchable (not /tmp/pytest-*)
         with tempfile.TemporaryDirectory(prefix="rollstack-bench-isolation-", dir="/var/tmp") as tmp:
-            doc = run(Path(tmp), creates, cycles, reps, command, gvisor=not no_gvisor)
+            doc = run(Path(tmp), creates, cycles, reps, command, gvisor=not no_gvisor, lazy_store=lazy_store)
         if out is not None:
             out.write_text(json.dumps(doc, indent=2))
         if as_json:

@@ -67,6 +67,8 @@ class RuntimeConfig:
     """Builds per-environment network namespaces (None: a default NetworkManager when needed)."""
     network_warm: int = 0
     """Network slots kept prepared ahead (`NetworkManager.start_pool`); 0: built per create."""
+    network_uplinks: tuple[str, ...] = ()
+    """Host interfaces egress leaves by: their forwarding is switched on (`forward_interfaces`)."""
     subreaper: bool = True
     """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
     exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host
@@ -132,7 +134,7 @@ class EnvironmentRuntime:
     @property
     def network(self) -> NetworkManager:
         if self._network is None:
-            self._network = NetworkManager()
+            self._network = NetworkManager(forward_interfaces=tuple(self.config.network_uplinks))
         return self._network
 
     def start_network_pool(self, lazy: bool = True) -> None:

@@ -36,6 +36,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -213,6 +214,9 @@ class NetworkManager:
         self._net = ipaddress.IPv4Network(self.pool)
         if self._net.prefixlen > 28:
             raise RuntimeFailure(f"network pool {self.pool} is too small (need /28 or larger)")
+        for name in self.forward_interfaces:  # they become /proc/sys paths: interface names only
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}", name):
+                raise RuntimeFailure(f"network uplink {name!r} is not an interface name")
         self.state_dir = Path(self.state_dir)
 
     @property
