@@ -143,6 +143,41 @@ def test_expose_through_the_authenticated_api(client, node):
         assert env.exec(f"timeout 3 wget -q -O - http://{gw}:{node[1].url.rsplit(':', 1)[1]}/healthz").exit_code != 0
 
 
+# A one-shot HTTP server (busybox nc -e): the first part of its body, then it waits for /tmp/go
+# (written by the test only after it has READ that part through the node), then the rest, and
+# it echoes the request body it was sent.
+STREAMER = r"""#!/bin/sh
+while read -r line; do
+  case "$line" in Content-Length:*|content-length:*) n=$(echo "$line" | tr -dc 0-9);; esac
+  [ "$line" = "$(printf '\r')" ] && break
+done
+body=$(head -c "${n:-0}")
+printf 'HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nfirst part\n'
+i=0; while [ ! -e /tmp/go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+printf 'second part, you sent: %s\n' "$body"
+"""
+
+
+def test_expose_streams_instead_of_buffering(client, node):
+    with _create(client, node, expose=[8090]) as env:
+        env.write_file("/tmp/streamer.sh", STREAMER)
+        env.exec("chmod +x /tmp/streamer.sh && (nc -l -p 8090 -e /tmp/streamer.sh &)")
+        url = f"{node[1].url}/v1/environments/{env.id}/ports/8090/stream"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(timeout=20) as http:
+            with http.stream("POST", url, headers=auth, content=b"ping") as r:
+                assert r.status_code == 200
+                chunks = r.iter_raw()
+                got = next(chunks)
+                # a buffering proxy would hold "first part" until the server finished, which it
+                # only does after /tmp/go exists: reaching this line proves streaming
+                assert got.startswith(b"first part\n"), got
+                assert env.exec("test -e /tmp/go").exit_code != 0
+                env.write_file("/tmp/go", "")
+                rest = got + b"".join(chunks)
+        assert rest == b"first part\nsecond part, you sent: ping\n", rest
+
+
 def test_environment_cannot_reach_the_node_api(client, node):
     api_port = node[1].url.rsplit(":", 1)[1]
     with _create(client, node, network="outbound") as env:
