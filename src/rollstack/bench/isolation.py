@@ -184,11 +184,16 @@ def bench_gvisor(rt: Any, lower: Path, reps: int) -> dict[str, Any]:
 WALK = ["sh", "-c", "find / -xdev -printf '%u\\n' | sort | uniq -c | sort -rn | head -3"]
 
 
-def bench_userns_lazy(store: str, work: Path, reps: int) -> dict[str, Any]:
-    """User namespaces over the lazy store (the shifted view) vs none, through a local node on
-    the corpus: create time, a walk of the whole rootfs (stat of every file), python imports.
-    Interleaved; the first environment of each kind is reported apart (cold kernel caches: the
-    shifted view has its own inode numbers, so its first walk is cold even when /layers is warm)."""
+SUITE = "python3 -m pytest -q -p no:cacheprovider -x tests/test_more.py 2>&1 | tail -1"
+
+
+def bench_corpus_tiers(store: str, work: Path, reps: int) -> dict[str, Any]:
+    """The tiers on a real corpus environment through a local node over the lazy store (user
+    namespaces: layers through the shifted view): create, a walk of the whole rootfs (stat of
+    every file), python imports, and the repository's own test file (the task's bug not
+    applied: everything passes). Interleaved; the first environment of each tier is reported
+    apart (cold kernel caches: the shifted view has inode numbers of its own, so its first walk
+    is cold even when /layers is warm)."""
     from rollstack.client.local import Node
     from rollstack.corpus.cache import ensure_corpus
     from rollstack.corpus.plans import rollout_plan, stack_groups
@@ -196,39 +201,46 @@ def bench_userns_lazy(store: str, work: Path, reps: int) -> dict[str, Any]:
     corpus = ensure_corpus(None, False, lambda m: None)
     groups = stack_groups(corpus.manifest["components"], harness="mini-swe-agent")
     plan = rollout_plan(corpus.tasks[0], groups, 0)
-    res: dict[str, dict[str, list[float]]] = {k: {"create": [], "walk": [], "python_import": []}
-                                              for k in ("off", "on")}
+    plan.pop("mutation_text", None)
+    tiers = {"runc": ("runc", False), "runc+userns": ("runc", True), "runsc": ("runsc", False)}
+    res: dict[str, dict[str, list[float]]] = {k: {"create": [], "walk": [], "python_import": [], "suite": []}
+                                              for k in tiers}
     first: dict[str, dict[str, float]] = {}
-    owners: dict[str, str] = {}
+    seen: dict[str, dict[str, str]] = {}
     with Node(store=store, root=work / "lazy-node") as node:
         for i in range(reps + 1):
-            for kind in ("off", "on"):
+            for kind, (runtime, userns) in tiers.items():
                 t = time.perf_counter()
-                env = node.create({**plan, "security": {"userns": kind == "on"}})
+                env = node.create({**plan, "runtime": runtime, "security": {"userns": userns}})
                 created = time.perf_counter() - t
                 try:
                     w = env.exec(WALK, timeout=300)
                     py = env.exec(["python3", "-c", IMPORTS], timeout=120)
-                    if w.exit_code or py.exit_code:
-                        raise RuntimeError(f"userns {kind}: {w.stderr!r} {py.stderr!r}")
-                    owners[kind] = w.stdout.split("\n")[0].strip()
+                    suite = env.exec(["sh", "-c", SUITE], timeout=600)
+                    if w.exit_code or py.exit_code or suite.exit_code or " passed" not in suite.stdout:
+                        raise RuntimeError(f"{kind}: {w.stderr!r} {py.stderr!r} {suite.stdout!r}")
+                    seen[kind] = {"most_common_owner": w.stdout.split("\n")[0].strip(),
+                                  "suite": suite.stdout.strip()}
                 finally:
                     env.destroy()
-                row = {"create": created, "walk": w.duration, "python_import": py.duration}
+                row = {"create": created, "walk": w.duration, "python_import": py.duration,
+                       "suite": suite.duration}
                 if i == 0:
                     first[kind] = {k: round(v, 4) for k, v in row.items()}
                 else:
                     for k, v in row.items():
                         res[kind][k].append(v)
-    out: dict[str, Any] = {"store": store, "task": corpus.tasks[0].instance_id, "first": first,
-                           "most_common_owner_inside": owners}
+    out: dict[str, Any] = {"store": store, "task": corpus.tasks[0].instance_id, "suite": SUITE,
+                           "first": first, "seen": seen}
     out.update({k: {m: _stats(v) for m, v in s.items()} for k, s in res.items()})
-    out["ratio"] = {m: round(out["on"][m]["median"] / out["off"][m]["median"], 2) for m in res["on"]}
+    out["userns_ratio"] = {m: round(out["runc+userns"][m]["median"] / out["runc"][m]["median"], 2)
+                           for m in res["runc"]}
+    out["runsc_ratio"] = {m: round(out["runsc"][m]["median"] / out["runc"][m]["median"], 2) for m in res["runc"]}
     return out
 
 
 def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: bool = True,
-        lazy_store: str | None = None) -> dict[str, Any]:
+        lazy_store: str | None = None, network: bool = True) -> dict[str, Any]:
     from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 
     os.chmod(work, 0o755)  # the user-namespace tier's mapped root must reach the env roots
@@ -240,9 +252,10 @@ def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: 
     try:
         doc: dict[str, Any] = {"command": command, "cores": os.cpu_count(), "kernel": os.uname().release,
                                "loadavg_start": [round(x, 1) for x in os.getloadavg()]}
-        doc["network"] = bench_network(rt, warm_rt, warm, lower, work, creates, cycles)
+        if network:
+            doc["network"] = bench_network(rt, warm_rt, warm, lower, work, creates, cycles)
         if lazy_store:
-            doc["userns_lazy"] = bench_userns_lazy(lazy_store, work, reps)
+            doc["corpus_tiers"] = bench_corpus_tiers(lazy_store, work, reps)
         if gvisor:
             doc["gvisor"] = bench_gvisor(rt, CORPUS_OS if (CORPUS_OS / "usr/bin/python3").exists() else lower, reps)
         doc["loadavg_end"] = [round(x, 1) for x in os.getloadavg()]
@@ -254,6 +267,14 @@ def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: 
 
 
 def _human(doc: dict[str, Any]) -> None:
+    if "corpus_tiers" in doc:
+        u = doc["corpus_tiers"]
+        for k in u["userns_ratio"]:
+            print(f"corpus {k:>14}: runc {u['runc'][k]['median'] * 1e3:8.1f} ms  runc+userns "
+                  f"{u['runc+userns'][k]['median'] * 1e3:8.1f} ms (x{u['userns_ratio'][k]})  runsc "
+                  f"{u['runsc'][k]['median'] * 1e3:8.1f} ms (x{u['runsc_ratio'][k]})")
+    if "network" not in doc:
+        return
     n = doc["network"]
     c = n["create"]
     print(f"create (median of {c['none']['create']['n']}): none {c['none']['create']['median'] * 1e3:.1f} ms")
@@ -266,11 +287,6 @@ def _human(doc: dict[str, Any]) -> None:
     t = n["throughput"]
     print(f"100 MB download: {t['through_policy_MBps']} MB/s through the policy, {t['link_MBps']} MB/s "
           f"on the link ({t['ratio']:.0%})")
-    if "userns_lazy" in doc:
-        u = doc["userns_lazy"]
-        for k, v in u["ratio"].items():
-            print(f"userns over the lazy store {k:>14}: off {u['off'][k]['median'] * 1e3:8.1f} ms  "
-                  f"on {u['on'][k]['median'] * 1e3:8.1f} ms  x{v}")
     if "gvisor" in doc:
         g = doc["gvisor"]
         for k, v in g["slowdown"].items():
@@ -286,7 +302,8 @@ def register(app: typer.Typer) -> None:
         reps: int = typer.Option(9, "--reps", help="exec repetitions per engine"),
         no_gvisor: bool = typer.Option(False, "--no-gvisor", help="skip the runc/runsc comparison"),
         lazy_store: Optional[str] = typer.Option(None, "--lazy-store", help="a store holding the small "
-                                                 "corpus: also measure user namespaces over the lazy store"),
+                                                 "corpus: also measure the tiers on it through the lazy store"),
+        no_network: bool = typer.Option(False, "--no-network", help="skip the network measurements"),
         out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON here"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
@@ -294,7 +311,8 @@ def register(app: typer.Typer) -> None:
         command = " ".join(["rollstack", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "rollstack bench isolation"
         # under /var/tmp: the user-namespace tier needs every parent searchable (not /tmp/pytest-*)
         with tempfile.TemporaryDirectory(prefix="rollstack-bench-isolation-", dir="/var/tmp") as tmp:
-            doc = run(Path(tmp), creates, cycles, reps, command, gvisor=not no_gvisor, lazy_store=lazy_store)
+            doc = run(Path(tmp), creates, cycles, reps, command, gvisor=not no_gvisor, lazy_store=lazy_store,
+                      network=not no_network)
         if out is not None:
             out.write_text(json.dumps(doc, indent=2))
         if as_json:

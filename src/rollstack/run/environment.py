@@ -39,7 +39,7 @@ from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.execpump import check_request
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
-from rollstack.run.network import GATEWAY_REF, NetHandle, NetworkManager, NetworkSpec
+from rollstack.run.network import GATEWAY_REF, NetHandle, NetworkManager, NetworkSpec, add_hosts
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
 from rollstack.run.execpump import ExecControl
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
@@ -224,6 +224,8 @@ class EnvironmentRuntime:
             overlay.mount_overlay(stack, env.upper, env.work, env.rootfs)
             t1 = time.monotonic()
             env.timings["mount"] = t1 - t0
+            if network is not None and network.hosts:  # allowed names, without DNS
+                add_hosts(SafeRoot(env.rootfs, uns.HOST_BASE if userns else 0), network)
             if before_start is not None:
                 before_start(env.rootfs)
                 if userns:

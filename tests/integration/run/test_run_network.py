@@ -236,3 +236,19 @@ def test_warm_pool_slots_serve_creates_and_are_removed_on_close(tmp_path, busybo
     slots = set(warm) | {env.net.slot if env.net else -1}
     assert leftovers(sorted(s for s in slots if s >= 0)) == \
         {"interfaces": [], "netns": [], "tables": [], "addresses": []}
+
+
+def test_allowed_names_resolve_inside_through_etc_hosts(net_env, upstream, monkeypatch):
+    """`allow` has no DNS: an allowed name is resolved at create and written to /etc/hosts
+    (the name here is answered by a stand-in resolver; the traffic is real)."""
+    import socket
+
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda name, *a, **kw: real(
+        upstream.addr if name == "model.rollstack-test" else name, *a, **kw))
+    env = net_env("allow", ["model.rollstack-test:8000"])
+    assert fetch(env, "http://model.rollstack-test:8000/hello") == (0, "hello from upstream\n")
+    assert fetch(env, "http://model.rollstack-test:8001/hello")[0] != 0  # only the allowed port
+    hosts = env.exec("cat /etc/hosts").stdout.decode()
+    assert f"{upstream.addr}\tmodel.rollstack-test" in hosts
+    assert env.exec("stat -c %u /etc/hosts").stdout.strip() == b"0"  # root's, also under userns
