@@ -181,19 +181,22 @@ def bench_gvisor(rt: Any, lower: Path, reps: int) -> dict[str, Any]:
     return out
 
 
-WALK = ["sh", "-c", "find / -xdev -printf '%u\\n' | sort | uniq -c | sort -rn | head -3"]
+WALK = ["sh", "-c", "find / -xdev -printf '%u\\n' | sort | uniq -c | sort -rn | head -3"]  # owners seen inside
 
 
 SUITE = "python3 -m pytest -q -p no:cacheprovider -x tests/test_more.py 2>&1 | tail -1"
+WALK_FILES = ["sh", "-c", "find / -xdev -type f | wc -l"]
 
 
 def bench_corpus_tiers(store: str, work: Path, reps: int) -> dict[str, Any]:
     """The tiers on a real corpus environment through a local node over the lazy store (user
-    namespaces: layers through the shifted view): create, a walk of the whole rootfs (stat of
-    every file), python imports, and the repository's own test file (the task's bug not
-    applied: everything passes). Interleaved; the first environment of each tier is reported
-    apart (cold kernel caches: the shifted view has inode numbers of its own, so its first walk
-    is cold even when /layers is warm)."""
+    namespaces: layers through the shifted view or idmapped materialized layers).
+
+    Two parts, each interleaved across the tiers so they share the noise: `creates` x (create,
+    destroy) per tier (client-side wall time; the first round is dropped: cold caches), then one
+    live environment per tier running, `reps` times each, a walk of the whole rootfs (`find`:
+    a lookup + stat of every file), python imports and the repository's own test file (the
+    task's bug not applied: everything passes)."""
     from rollstack.client.local import Node
     from rollstack.corpus.cache import ensure_corpus
     from rollstack.corpus.plans import rollout_plan, stack_groups
@@ -205,33 +208,41 @@ def bench_corpus_tiers(store: str, work: Path, reps: int) -> dict[str, Any]:
     tiers = {"runc": ("runc", False), "runc+userns": ("runc", True), "runsc": ("runsc", False)}
     res: dict[str, dict[str, list[float]]] = {k: {"create": [], "walk": [], "python_import": [], "suite": []}
                                               for k in tiers}
-    first: dict[str, dict[str, float]] = {}
     seen: dict[str, dict[str, str]] = {}
+
+    def plan_of(kind: str) -> dict[str, Any]:
+        runtime, userns = tiers[kind]
+        return {**plan, "runtime": runtime, "security": {"userns": userns}}
+
     with Node(store=store, root=work / "lazy-node") as node:
-        for i in range(reps + 1):
-            for kind, (runtime, userns) in tiers.items():
+        for i in range(2 * reps + 1):
+            for kind in tiers:
                 t = time.perf_counter()
-                env = node.create({**plan, "runtime": runtime, "security": {"userns": userns}})
+                env = node.create(plan_of(kind))
                 created = time.perf_counter() - t
-                try:
-                    w = env.exec(WALK, timeout=300)
-                    py = env.exec(["python3", "-c", IMPORTS], timeout=120)
-                    suite = env.exec(["sh", "-c", SUITE], timeout=600)
-                    if w.exit_code or py.exit_code or suite.exit_code or " passed" not in suite.stdout:
-                        raise RuntimeError(f"{kind}: {w.stderr!r} {py.stderr!r} {suite.stdout!r}")
-                    seen[kind] = {"most_common_owner": w.stdout.split("\n")[0].strip(),
-                                  "suite": suite.stdout.strip()}
-                finally:
-                    env.destroy()
-                row = {"create": created, "walk": w.duration, "python_import": py.duration,
-                       "suite": suite.duration}
-                if i == 0:
-                    first[kind] = {k: round(v, 4) for k, v in row.items()}
-                else:
-                    for k, v in row.items():
-                        res[kind][k].append(v)
+                env.destroy()
+                if i:
+                    res[kind]["create"].append(created)
+        envs = {kind: node.create(plan_of(kind)) for kind in tiers}
+        try:
+            for _ in range(reps):
+                for kind, env in envs.items():
+                    for name, argv, limit in (("walk", WALK_FILES, 300), ("python_import", ["python3", "-c", IMPORTS], 120),
+                                              ("suite", ["sh", "-c", SUITE], 600)):
+                        r = env.exec(argv, timeout=limit)
+                        if r.exit_code or (name == "suite" and " passed" not in r.stdout):
+                            raise RuntimeError(f"{kind} {name}: {r.stdout[-300:]!r} {r.stderr[-300:]!r}")
+                        res[kind][name].append(r.duration)
+                        if name != "python_import":
+                            seen.setdefault(kind, {})[name] = r.stdout.strip()
+                if "uid_map" not in seen[kind]:
+                    seen[kind]["uid_map"] = " ".join(env.exec("cat /proc/self/uid_map").stdout.split())
+                    seen[kind]["owners"] = env.exec(WALK, timeout=300).stdout.split("\n")[0].strip()
+        finally:
+            for env in envs.values():
+                env.destroy()
     out: dict[str, Any] = {"store": store, "task": corpus.tasks[0].instance_id, "suite": SUITE,
-                           "first": first, "seen": seen}
+                           "walk": " ".join(WALK_FILES), "seen": seen}
     out.update({k: {m: _stats(v) for m, v in s.items()} for k, s in res.items()})
     out["userns_ratio"] = {m: round(out["runc+userns"][m]["median"] / out["runc"][m]["median"], 2)
                            for m in res["runc"]}

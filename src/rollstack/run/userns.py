@@ -236,3 +236,10 @@ def shift_upper(upper: Path) -> int:
         for name in dirnames + filenames:
             fix(os.path.join(dirpath, name))
     return changed
+
+
+def id_base_of(rootfs: Path) -> int:
+    """HOST_BASE when `rootfs` (a merged root) belongs to a user-namespaced environment (its
+    root dir is owned by the mapped range: the upper's root is chowned at create), else 0.
+    For callers that hold only the path (the E2B filesystem API); `Environment.files` knows."""
+    return HOST_BASE if HOST_BASE <= os.stat(rootfs).st_uid < HOST_BASE + SIZE else 0
