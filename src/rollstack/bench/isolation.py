@@ -235,9 +235,9 @@ def bench_corpus_tiers(store: str, work: Path, reps: int) -> dict[str, Any]:
                         res[kind][name].append(r.duration)
                         if name != "python_import":
                             seen.setdefault(kind, {})[name] = r.stdout.strip()
-                if "uid_map" not in seen[kind]:
-                    seen[kind]["uid_map"] = " ".join(env.exec("cat /proc/self/uid_map").stdout.split())
-                    seen[kind]["owners"] = env.exec(WALK, timeout=300).stdout.split("\n")[0].strip()
+                    if "uid_map" not in seen[kind]:
+                        seen[kind]["uid_map"] = " ".join(env.exec("cat /proc/self/uid_map").stdout.split())
+                        seen[kind]["owners"] = env.exec(WALK, timeout=300).stdout.split("\n")[0].strip()
         finally:
             for env in envs.values():
                 env.destroy()
