@@ -185,13 +185,9 @@ class EnvironmentRuntime:
         if runtime == "runsc":
             from rollstack.run.runsc import runsc_available
 
-            from rollstack.run.runsc import NETWORK_UNSUPPORTED
-
             if not runsc_available(self.config.runsc_binary):
                 raise RuntimeFailure(f"runtime: runsc is not installed on this node "
                                      f"({self.config.runsc_binary} not found)")
-            if network is not None and network.needs_netns:
-                raise RuntimeFailure(NETWORK_UNSUPPORTED)
         userns = uns.resolve(userns, runtime)
         if userns:
             params = replace(params, userns_map=(uns.HOST_BASE, uns.SIZE))
@@ -503,7 +499,7 @@ class Environment:
                 # init (and so its whole pid namespace) is dead: what `runc delete` would still
                 # do is remove its state dir (cgroups are removed below); skip that Go process
                 shutil.rmtree(runc.root / self.id, ignore_errors=True)
-        if (runc.root / self.id).exists():
+        if runc.has_state(self.id):  # runsc keeps `<id>_sandbox:*` files, not a dir
             try:
                 runc.delete(self.id)
             except RuntimeFailure:

@@ -224,10 +224,20 @@ def test_gvisor_tier_through_the_node(client, node):
         assert any((s.memory_usage or 0) > 0 for s in hist), hist
 
 
-def test_gvisor_with_a_network_policy_is_refused_before_anything_is_made(client, node):
-    root = node[0].config.root
-    node[0].wait_destroyed()  # earlier tests' destroys finish in the background
-    before = sorted(p.name for p in (root / "envs").iterdir())
-    with pytest.raises(errors.RuntimeFailure, match="runsc supports only network: none"):
-        client.create(plan(runtime="runsc", network="outbound"))
-    assert sorted(p.name for p in (root / "envs").iterdir()) == before
+def test_gvisor_with_an_allow_policy_runs_the_harness(client, node, model):
+    """runtime: runsc + network: gVisor's netstack on the prepared netns (rollstack.run.runsc)."""
+    up, log = model
+    with _create(client, node, runtime="runsc", network={"allow": [f"{up.addr}:{MODEL_PORT}"]},
+                 env={"TASK": "app", "OPENAI_BASE_URL": "http://${ROLLSTACK_ENDPOINT_0}/v1",
+                      "OPENAI_API_KEY": "${ROLLSTACK_ENV_TOKEN}"}) as env:
+        assert "4.4.0" in env.exec("uname -r").stdout
+        # not /tmp: gVisor gives the sandbox a /tmp of its own (files API writes there are not seen)
+        env.write_file("/root/harness.sh", HARNESS)
+        r = env.exec(["sh", "/root/harness.sh"], timeout=60)
+        assert r.exit_code == 0, r.stderr
+        seen = [json.loads(line) for line in log.read_text().splitlines()]
+        assert seen[-1]["auth"] == f"Bearer {env.created.network.token}"
+        gw = env.created.network.gateway  # still no way to the node's API
+        assert env.exec(f"timeout 3 wget -q -O - http://{gw}:{node[1].url.rsplit(':', 1)[1]}/healthz").exit_code != 0
+        score = env.evaluate()
+        assert (score.reward, score.exit_code) == (1.0, 0), score.output
