@@ -76,7 +76,9 @@ def bench_network(rt: Any, warm_rt: Any, warm: int, lower: Path, work: Path, cre
     try:
         up.serve(8000)
         allow = resolve_spec("allow", [parse_allow(f"{up.addr}:8000")], [])
-        modes = ("none", "allow_cold", "allow_warm")
+        # the first three without a user namespace (what the warm pool serves), the last two with
+        # one (the default since user namespaces are on: no warm slot, the veth moves in after start)
+        modes = ("none", "allow_cold", "allow_warm", "none_userns", "allow_userns")
         series: dict[str, dict[str, list[float]]] = {m: {"create": [], "network": [], "network_wait": []}
                                                      for m in modes}
         for i in range(creates):
@@ -86,15 +88,17 @@ def bench_network(rt: Any, warm_rt: Any, warm: int, lower: Path, work: Path, cre
                 if mode == "allow_warm":
                     _wait_warm(warm_rt.network, warm)  # steady state: the pool has refilled
                 t = time.perf_counter()
-                env = r.create(env_id, [lower], SpecParams(env_id), network=None if mode == "none" else allow)
+                env = r.create(env_id, [lower], SpecParams(env_id), userns=mode.endswith("_userns"),
+                               network=None if mode.startswith("none") else allow)
                 series[mode]["create"].append(time.perf_counter() - t)
                 series[mode]["network"].append(env.timings.get("network", 0.0))
                 series[mode]["network_wait"].append(env.timings.get("network_wait", 0.0))
                 env.destroy()
         out["create"] = {m: {k: _stats(v) for k, v in s.items()} for m, s in series.items()}
-        for m in ("allow_cold", "allow_warm"):
+        for m in ("allow_cold", "allow_warm", "allow_userns"):
+            base = "none_userns" if m == "allow_userns" else "none"
             out["create"][f"added_median_s_{m}"] = round(out["create"][m]["create"]["median"]
-                                                         - out["create"]["none"]["create"]["median"], 6)
+                                                         - out["create"][base]["create"]["median"], 6)
         out["create"]["warm_pool"] = warm
         slots: set[int] = set()
         t = time.perf_counter()
@@ -177,7 +181,77 @@ def bench_gvisor(rt: Any, lower: Path, reps: int) -> dict[str, Any]:
     return out
 
 
-def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: bool = True) -> dict[str, Any]:
+WALK = ["sh", "-c", "find / -xdev -printf '%u\\n' | sort | uniq -c | sort -rn | head -3"]  # owners seen inside
+
+
+SUITE = "python3 -m pytest -q -p no:cacheprovider -x tests/test_more.py 2>&1 | tail -1"
+WALK_FILES = ["sh", "-c", "find / -xdev -type f | wc -l"]
+
+
+def bench_corpus_tiers(store: str, work: Path, reps: int) -> dict[str, Any]:
+    """The tiers on a real corpus environment through a local node over the lazy store (user
+    namespaces: layers through the shifted view or idmapped materialized layers).
+
+    Two parts, each interleaved across the tiers so they share the noise: `creates` x (create,
+    destroy) per tier (client-side wall time; the first round is dropped: cold caches), then one
+    live environment per tier running, `reps` times each, a walk of the whole rootfs (`find`:
+    a lookup + stat of every file), python imports and the repository's own test file (the
+    task's bug not applied: everything passes)."""
+    from rollstack.client.local import Node
+    from rollstack.corpus.cache import ensure_corpus
+    from rollstack.corpus.plans import rollout_plan, stack_groups
+
+    corpus = ensure_corpus(None, False, lambda m: None)
+    groups = stack_groups(corpus.manifest["components"], harness="mini-swe-agent")
+    plan = rollout_plan(corpus.tasks[0], groups, 0)
+    plan.pop("mutation_text", None)
+    tiers = {"runc": ("runc", False), "runc+userns": ("runc", True), "runsc": ("runsc", False)}
+    res: dict[str, dict[str, list[float]]] = {k: {"create": [], "walk": [], "python_import": [], "suite": []}
+                                              for k in tiers}
+    seen: dict[str, dict[str, str]] = {}
+
+    def plan_of(kind: str) -> dict[str, Any]:
+        runtime, userns = tiers[kind]
+        return {**plan, "runtime": runtime, "security": {"userns": userns}}
+
+    with Node(store=store, root=work / "lazy-node") as node:
+        for i in range(2 * reps + 1):
+            for kind in tiers:
+                t = time.perf_counter()
+                env = node.create(plan_of(kind))
+                created = time.perf_counter() - t
+                env.destroy()
+                if i:
+                    res[kind]["create"].append(created)
+        envs = {kind: node.create(plan_of(kind)) for kind in tiers}
+        try:
+            for _ in range(reps):
+                for kind, env in envs.items():
+                    for name, argv, limit in (("walk", WALK_FILES, 300), ("python_import", ["python3", "-c", IMPORTS], 120),
+                                              ("suite", ["sh", "-c", SUITE], 600)):
+                        r = env.exec(argv, timeout=limit)
+                        if r.exit_code or (name == "suite" and " passed" not in r.stdout):
+                            raise RuntimeError(f"{kind} {name}: {r.stdout[-300:]!r} {r.stderr[-300:]!r}")
+                        res[kind][name].append(r.duration)
+                        if name != "python_import":
+                            seen.setdefault(kind, {})[name] = r.stdout.strip()
+                    if "uid_map" not in seen[kind]:
+                        seen[kind]["uid_map"] = " ".join(env.exec("cat /proc/self/uid_map").stdout.split())
+                        seen[kind]["owners"] = env.exec(WALK, timeout=300).stdout.split("\n")[0].strip()
+        finally:
+            for env in envs.values():
+                env.destroy()
+    out: dict[str, Any] = {"store": store, "task": corpus.tasks[0].instance_id, "suite": SUITE,
+                           "walk": " ".join(WALK_FILES), "seen": seen}
+    out.update({k: {m: _stats(v) for m, v in s.items()} for k, s in res.items()})
+    out["userns_ratio"] = {m: round(out["runc+userns"][m]["median"] / out["runc"][m]["median"], 2)
+                           for m in res["runc"]}
+    out["runsc_ratio"] = {m: round(out["runsc"][m]["median"] / out["runc"][m]["median"], 2) for m in res["runc"]}
+    return out
+
+
+def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: bool = True,
+        lazy_store: str | None = None, network: bool = True) -> dict[str, Any]:
     from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 
     os.chmod(work, 0o755)  # the user-namespace tier's mapped root must reach the env roots
@@ -189,7 +263,10 @@ def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: 
     try:
         doc: dict[str, Any] = {"command": command, "cores": os.cpu_count(), "kernel": os.uname().release,
                                "loadavg_start": [round(x, 1) for x in os.getloadavg()]}
-        doc["network"] = bench_network(rt, warm_rt, warm, lower, work, creates, cycles)
+        if network:
+            doc["network"] = bench_network(rt, warm_rt, warm, lower, work, creates, cycles)
+        if lazy_store:
+            doc["corpus_tiers"] = bench_corpus_tiers(lazy_store, work, reps)
         if gvisor:
             doc["gvisor"] = bench_gvisor(rt, CORPUS_OS if (CORPUS_OS / "usr/bin/python3").exists() else lower, reps)
         doc["loadavg_end"] = [round(x, 1) for x in os.getloadavg()]
@@ -201,6 +278,14 @@ def run(work: Path, creates: int, cycles: int, reps: int, command: str, gvisor: 
 
 
 def _human(doc: dict[str, Any]) -> None:
+    if "corpus_tiers" in doc:
+        u = doc["corpus_tiers"]
+        for k in u["userns_ratio"]:
+            print(f"corpus {k:>14}: runc {u['runc'][k]['median'] * 1e3:8.1f} ms  runc+userns "
+                  f"{u['runc+userns'][k]['median'] * 1e3:8.1f} ms (x{u['userns_ratio'][k]})  runsc "
+                  f"{u['runsc'][k]['median'] * 1e3:8.1f} ms (x{u['runsc_ratio'][k]})")
+    if "network" not in doc:
+        return
     n = doc["network"]
     c = n["create"]
     print(f"create (median of {c['none']['create']['n']}): none {c['none']['create']['median'] * 1e3:.1f} ms")
@@ -227,6 +312,9 @@ def register(app: typer.Typer) -> None:
         cycles: int = typer.Option(200, "--cycles", help="create/destroy cycles for the leak check"),
         reps: int = typer.Option(9, "--reps", help="exec repetitions per engine"),
         no_gvisor: bool = typer.Option(False, "--no-gvisor", help="skip the runc/runsc comparison"),
+        lazy_store: Optional[str] = typer.Option(None, "--lazy-store", help="a store holding the small "
+                                                 "corpus: also measure the tiers on it through the lazy store"),
+        no_network: bool = typer.Option(False, "--no-network", help="skip the network measurements"),
         out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON here"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
@@ -234,7 +322,8 @@ def register(app: typer.Typer) -> None:
         command = " ".join(["rollstack", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "rollstack bench isolation"
         # under /var/tmp: the user-namespace tier needs every parent searchable (not /tmp/pytest-*)
         with tempfile.TemporaryDirectory(prefix="rollstack-bench-isolation-", dir="/var/tmp") as tmp:
-            doc = run(Path(tmp), creates, cycles, reps, command, gvisor=not no_gvisor)
+            doc = run(Path(tmp), creates, cycles, reps, command, gvisor=not no_gvisor, lazy_store=lazy_store,
+                      network=not no_network)
         if out is not None:
             out.write_text(json.dumps(doc, indent=2))
         if as_json:

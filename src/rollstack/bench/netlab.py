@@ -96,9 +96,15 @@ class H(BaseHTTPRequestHandler):
                                 "messages": body.get("messages")}) + "\n")
         if self.path.rstrip("/") != "/v1/chat/completions":
             self.send_response(404); self.end_headers(); return
+        # a JSON list: a script, one reply per call of a conversation (picked by how many
+        # assistant turns the request already carries: stateless, so retries are harmless)
+        turns = json.loads(reply) if reply.startswith("[") else [reply]
+        done = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        content = turns[min(done, len(turns) - 1)]
         doc = {"id": "chatcmpl-scripted", "object": "chat.completion", "model": body.get("model"),
+               "created": 0, "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                "choices": [{"index": 0, "finish_reason": "stop",
-                            "message": {"role": "assistant", "content": reply}}]}
+                            "message": {"role": "assistant", "content": content}}]}
         data = json.dumps(doc).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
@@ -122,7 +128,7 @@ Server((addr, port), H).serve_forever()
 
 def serve_model(up: Upstream, port: int, reply: str, log: Path) -> None:
     """A scripted OpenAI-compatible `/v1/chat/completions` in `up`'s netns: every call answers
-    `reply` as the assistant message and appends the request (path, Authorization, messages)
+    `reply` (or, for a JSON list, its item number <assistant turns so far>) as the assistant message and appends the request (path, Authorization, messages)
     to `log` as a JSON line."""
     script = up.www.parent / f"model-server-{port}.py"
     script.write_text(MODEL_SERVER)

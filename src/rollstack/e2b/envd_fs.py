@@ -20,6 +20,7 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from e2b.envd.filesystem import filesystem_pb as pb
 from rollstack.e2b.rpc import Envd, unimplemented
 from rollstack.run.fsops import Entry, TreeRoot
+from rollstack.run.userns import id_base_of
 
 _TYPES = {"file": pb.FileType.FILE, "dir": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
 
@@ -39,7 +40,8 @@ def entry_info(e: Entry) -> pb.EntryInfo:
 class FilesystemService(Envd):
     async def _on_root(self, ctx: Any, op: str, *args: Any) -> Any:
         async with self.call(ctx) as box:
-            return await self.run(self.service.with_root, box.id, lambda root: getattr(TreeRoot(root), op)(*args))
+            return await self.run(self.service.with_root, box.id,
+                                  lambda root: getattr(TreeRoot(root, id_base_of(root)), op)(*args))
 
     async def stat(self, request: pb.StatRequest, ctx: Any) -> pb.StatResponse:
         return pb.StatResponse(entry=entry_info(await self._on_root(ctx, "entry", request.path)))

@@ -55,6 +55,7 @@ from rollstack.fetch.stats import Account, FetchMetrics, Priority, Tier
 from rollstack.format.toc import Chunk, Compression
 
 Decoder = Callable[[Chunk, bytes], bytes]
+WRITEBACK_BATCH = 16 << 20  # bytes of chunks per write-back worker call
 log = logging.getLogger("rollstack.fetch")
 
 
@@ -624,7 +625,14 @@ class ChunkFetcher:
                     await self._reads_quiet(quiet)
                 self._writeback_wait = None
             if self._unwritten and disk is not None:
-                batch = list(self._unwritten.items())
+                # a bounded batch, then the quiet check again: a program that starts reading
+                # meanwhile waits for at most one batch of file writes, not for the whole queue
+                batch, size = [], 0
+                for item in self._unwritten.items():
+                    batch.append(item)
+                    size += len(item[1])
+                    if size >= WRITEBACK_BATCH and not self._closing:
+                        break
                 generation = self._writeback_generation
 
                 def put_all() -> None:

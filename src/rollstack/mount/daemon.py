@@ -28,10 +28,11 @@ import trio
 
 from rollstack.mount import control, holder
 from rollstack.mount.config import DaemonConfig
-from rollstack.mount.fs import PATCH_LEVEL, LazyFS
+from rollstack.mount.fs import PATCH_LEVEL
 from rollstack.mount.priority import raise_fuse_thread_priority
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
 from rollstack.mount.service import LazyStoreService
+from rollstack.mount.shiftfs import ShiftingLazyFS
 
 log = logging.getLogger("rollstack.mount.daemon")
 
@@ -54,7 +55,7 @@ def run(config: DaemonConfig, store: Any, decode: Any = None) -> None:
     handover = config.holder_grace > 0 and PATCH_LEVEL >= 2
     taken = holder.take(config.state_dir) if handover else None
     service = LazyStoreService(config, store, decode=decode)
-    fs = LazyFS(service)
+    fs = ShiftingLazyFS(service)  # LazyFS plus /shifted for user-namespaced environments
     service.attach(fs)
     owner = None
     if taken is not None:

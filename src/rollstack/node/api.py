@@ -181,10 +181,7 @@ def create_app(
         from rollstack.node import ports
 
         base = await call("port", service.port_target, env_id, port)
-        resp = await ports.forward(base, env_id, port, request.method, path, request.url.query,
-                                   dict(request.headers), await request.body())
-        return Response(resp.content, status_code=resp.status_code,
-                        headers=ports.response_headers(resp))
+        return await ports.proxy(base, env_id, port, request)  # streamed both ways
 
     @app.get("/v1/environments/{env_id}/stats", dependencies=auth, response_model=Stats)
     async def stats(env_id: str) -> Stats:

@@ -73,6 +73,9 @@ class NodeConfig(BaseModel):
     network_warm: int = Field(default=4, ge=0)
     """Network slots (netns + veth + a drop-all table) kept prepared once the first create asks
     for a network, so later ones only load their rules; 0: each is built during its create."""
+    network_uplinks: list[str] = Field(default_factory=list)
+    """The node's uplink interfaces (e.g. ["eth0"]): `outbound`/`allow` environments' replies
+    are forwarded from them, so their per-interface forwarding is switched on (nothing else)."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
 

@@ -33,13 +33,7 @@ def network_spec(plan: Any, reserved_node_ports: tuple[int, ...] = ()) -> Networ
     """The plan's resolved policy (names looked up now); PlanInvalid naming the field."""
     mode = network_mode(plan.network)
     entries = plan.network.entries() if mode == "allow" else []
-    spec = resolve_spec(mode, entries, plan.expose, reserved_node_ports)
-    if getattr(plan, "runtime", "runc") == "runsc" and spec.needs_netns:
-        from rollstack.errors import RuntimeFailure
-        from rollstack.run.runsc import NETWORK_UNSUPPORTED
-
-        raise RuntimeFailure(NETWORK_UNSUPPORTED)  # before anything is resolved or mounted
-    return spec
+    return resolve_spec(mode, entries, plan.expose, reserved_node_ports)
 
 
 def harness_env(plan: Any, spec: NetworkSpec, token: str, internal: bool = False) -> dict[str, str]:

@@ -5,8 +5,10 @@
 The route sits behind the API's bearer token like every other; the node token itself (and the
 hop-by-hop headers) never travel into the environment. Only ports the plan lists under
 `expose` are served (`not_found` otherwise); a listed port nobody listens on is
-`port_unavailable` (502) naming the port. Bodies are buffered, both ways, up to the API's body
-limit: this serves HTTP apps (a dev server, a notebook, a health endpoint), not raw TCP.
+`port_unavailable` (502) naming the port. Bodies stream both ways (`proxy`): a request body is
+sent on as it arrives, the response as the environment produces it (server-sent events, long
+downloads, chunked output), raw (a content-encoding stays as the app chose it). HTTP only, not
+raw TCP or WebSocket upgrades.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from rollstack.errors import PortUnavailable
 
 HOP_BY_HOP = frozenset({
     "authorization", "host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-    "te", "trailer", "transfer-encoding", "upgrade", "content-length",
+    "te", "trailer", "transfer-encoding", "upgrade",  # content-length passes: bodies stream as they are
 })
 
 
@@ -36,21 +38,33 @@ def port_target(rec: Any, port: int) -> str:
     return f"http://{net.address}:{port}"
 
 
-async def forward(base: str, env_id: str, port: int, method: str, path: str, query: str,
-                  headers: dict[str, str], body: bytes, timeout: float = 60.0) -> httpx.Response:
-    url = f"{base}/{path}" + (f"?{query}" if query else "")
-    fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+async def proxy(base: str, env_id: str, port: int, request: Any, timeout: float = 60.0) -> Any:
+    """`request` (a Starlette request) to the environment's port, streamed both ways."""
+    from starlette.background import BackgroundTask
+    from starlette.responses import StreamingResponse
+
+    url = f"{base}/{request.path_params['path']}" + (f"?{request.url.query}" if request.url.query else "")
+    fwd = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
+    client = httpx.AsyncClient(timeout=timeout, trust_env=False)
     try:
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
-            return await client.request(method, url, headers=fwd, content=body)
-    except httpx.ConnectError as exc:
-        raise PortUnavailable(f"nothing listens on port {port} in environment {env_id} ({exc})",
-                              port=port) from None
-    except httpx.TimeoutException as exc:
-        raise PortUnavailable(f"port {port} in environment {env_id} did not answer in {timeout}s",
-                              port=port) from exc
+        req = client.build_request(request.method, url, headers=fwd,
+                                   content=request.stream() if has_body else None)
+        resp = await client.send(req, stream=True)
+    except BaseException as exc:
+        await client.aclose()
+        if isinstance(exc, httpx.ConnectError):
+            raise PortUnavailable(f"nothing listens on port {port} in environment {env_id} ({exc})",
+                                  port=port) from None
+        if isinstance(exc, httpx.TimeoutException):
+            raise PortUnavailable(f"port {port} in environment {env_id} did not answer in {timeout}s",
+                                  port=port) from exc
+        raise
 
+    async def close() -> None:
+        await resp.aclose()
+        await client.aclose()
 
-def response_headers(resp: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items()
-            if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"}
+    headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
+    return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=headers,
+                             background=BackgroundTask(close))

@@ -97,7 +97,8 @@ class Stages:
         cfg = self.config
         cfg.root.mkdir(parents=True, exist_ok=True)
         self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root, exec_agent=cfg.exec_agent,
-                                                        network_warm=cfg.network_warm))
+                                                        network_warm=cfg.network_warm,
+                                                        network_uplinks=tuple(cfg.network_uplinks)))
         spec = self._spec = cfg.store or default_store_spec()
         self.store = open_store(spec)
         self.resolver = Resolver(self.store, cfg.resolve_cache, cfg.resolve_ttl)

@@ -94,8 +94,9 @@ class FetchPolicy(_Model):
 
 
 class Security(_Model):
-    userns: bool = False
-    """run root inside as an unprivileged host uid range (rollstack.run.userns; opt-in)"""
+    userns: bool | None = None
+    """root inside as an unprivileged host uid range (rollstack.run.userns): unset = where the
+    node supports it (runc), false = never, true = required (fails where unsupported)"""
 
 
 class Evaluator(_Model):

@@ -34,11 +34,12 @@ from typing import Callable, Mapping, Sequence
 from rollstack.host.cgroups import CGROUP_PARENT
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.run import agent, cgroupfs, overlay, procs
+from rollstack.run import userns as uns
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.execpump import check_request
 from rollstack.run.files import SafeRoot
 from rollstack.run.initbin import find_init_binaries
-from rollstack.run.network import GATEWAY_REF, NetHandle, NetworkManager, NetworkSpec
+from rollstack.run.network import GATEWAY_REF, NetHandle, NetworkManager, NetworkSpec, add_hosts
 from rollstack.run.ocispec import ENV_ID_RE, InitBinaries, SpecParams, build_spec
 from rollstack.run.execpump import ExecControl
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
@@ -66,6 +67,8 @@ class RuntimeConfig:
     """Builds per-environment network namespaces (None: a default NetworkManager when needed)."""
     network_warm: int = 0
     """Network slots kept prepared ahead (`NetworkManager.start_pool`); 0: built per create."""
+    network_uplinks: tuple[str, ...] = ()
+    """Host interfaces egress leaves by: their forwarding is switched on (`forward_interfaces`)."""
     subreaper: bool = True
     """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
     exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host
@@ -131,7 +134,7 @@ class EnvironmentRuntime:
     @property
     def network(self) -> NetworkManager:
         if self._network is None:
-            self._network = NetworkManager()
+            self._network = NetworkManager(forward_interfaces=tuple(self.config.network_uplinks))
         return self._network
 
     def start_network_pool(self, lazy: bool = True) -> None:
@@ -152,7 +155,7 @@ class EnvironmentRuntime:
     def create(self, env_id: str, lowers: Sequence[Path], params: SpecParams,
                before_start: Callable[[Path], None] | None = None,
                network: NetworkSpec | None = None, runtime: str = "runc",
-               userns: bool = False) -> "Environment":
+               userns: bool | None = None) -> "Environment":
         """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation],
         [network], start}.
 
@@ -161,7 +164,8 @@ class EnvironmentRuntime:
         added to the create after the mount and mutation.
 
         `runtime`: "runc" or "runsc" (gVisor; RuntimeFailure naming it when not installed).
-        `userns`: root inside mapped to host 100000.. through idmapped lowers (rollstack.run.userns).
+        `userns`: root inside mapped to host 100000.. (rollstack.run.userns); None: where the
+        node supports it, False: never, True: or fail.
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
         there). On any failure everything created so far is destroyed before the error rises.
         """
@@ -181,19 +185,11 @@ class EnvironmentRuntime:
         if runtime == "runsc":
             from rollstack.run.runsc import runsc_available
 
-            from rollstack.run.runsc import NETWORK_UNSUPPORTED
-
             if not runsc_available(self.config.runsc_binary):
                 raise RuntimeFailure(f"runtime: runsc is not installed on this node "
                                      f"({self.config.runsc_binary} not found)")
-            if network is not None and network.needs_netns:
-                raise RuntimeFailure(NETWORK_UNSUPPORTED)
-            if userns:
-                raise RuntimeFailure("security.userns: not available with runtime: runsc")
+        userns = uns.resolve(userns, runtime)
         if userns:
-            from rollstack.run import userns as uns
-
-            uns.check_traversable(env.dir)
             params = replace(params, userns_map=(uns.HOST_BASE, uns.SIZE))
             spec = build_spec(str(env.rootfs), params)
         net_job: _NetJob | None = None
@@ -220,19 +216,24 @@ class EnvironmentRuntime:
             t0 = time.monotonic()
             stack = [Path(p) for p in lowers]
             if userns:
-                stack = self._idmapped(env, stack)
-                env.timings["idmap"] = time.monotonic() - t0
+                stack = self._idmapped(env, stack)  # counted in timings["mount"]
             overlay.mount_overlay(stack, env.upper, env.work, env.rootfs)
             t1 = time.monotonic()
             env.timings["mount"] = t1 - t0
+            if network is not None and network.hosts:  # allowed names, without DNS
+                add_hosts(SafeRoot(env.rootfs, uns.HOST_BASE if userns else 0), network)
             if before_start is not None:
                 before_start(env.rootfs)
+                if userns:
+                    uns.shift_upper(env.upper)  # what the node wrote as host root
                 env.timings["mutation"] = time.monotonic() - t1
             if net_job is not None:
                 tw = time.monotonic()
                 env.timings["network"] = net_job.wait()
                 env.timings["network_wait"] = time.monotonic() - tw
             t2 = time.monotonic()
+            if userns:
+                spec["root"]["path"] = str(uns.publish_rootfs(env.dir, env.rootfs))
             (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
             # gVisor: execd is PID 1 without an exec socket (execs go through `runsc exec`)
             listener = agent.bind_listener(env.dir) if self.uses_agent and runtime == "runc" else None
@@ -260,12 +261,14 @@ class EnvironmentRuntime:
 
     def _idmapped(self, env: "Environment", lowers: list[Path]) -> list[Path]:
         """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root."""
-        from rollstack.run import userns as uns
-
         if self._idmap is None:
             self._idmap = uns.IdMap()
         out = []
         for i, lower in enumerate(lowers):
+            twin = uns.layer_view(lower)
+            if twin is not None:  # a lazy-store layer: its shifted view (rollstack.mount.shift)
+                out.append(twin)
+                continue
             d = env.dir / "idmap" / str(i)
             d.mkdir(parents=True)
             self._idmap.mount(lower, d)
@@ -430,7 +433,7 @@ class Environment:
         """Read/write access to the merged root that never escapes it."""
         if not overlay.is_mounted(self.rootfs):
             raise EnvironmentGone(f"environment {self.id} has no mounted root")
-        return SafeRoot(self.rootfs)
+        return SafeRoot(self.rootfs, uns.HOST_BASE if self.meta().get("userns") else 0)
 
     def diff(self, base: str = "/", excludes: Sequence[str] = DEFAULT_EXCLUDES,
              binary: str = "name") -> str:
@@ -496,7 +499,7 @@ class Environment:
                 # init (and so its whole pid namespace) is dead: what `runc delete` would still
                 # do is remove its state dir (cgroups are removed below); skip that Go process
                 shutil.rmtree(runc.root / self.id, ignore_errors=True)
-        if (runc.root / self.id).exists():
+        if runc.has_state(self.id):  # runsc keeps `<id>_sandbox:*` files, not a dir
             try:
                 runc.delete(self.id)
             except RuntimeFailure:
@@ -520,6 +523,7 @@ class Environment:
                 errors.append(str(e))
                 net_left = True  # keep meta.json: it is how a retry finds the slot
         try:
+            uns.unpublish_rootfs(self.dir)
             overlay.unmount(self.rootfs)
         except RuntimeFailure as e:
             errors.append(str(e))

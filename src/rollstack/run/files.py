@@ -60,8 +60,15 @@ def split_request(path: str) -> list[str]:
 class SafeRoot:
     """File operations confined to `root` (see the module docstring for the rules)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, id_base: int = 0) -> None:
         self.root = Path(root)
+        # a user-namespaced environment (run/userns.py): what we create is owned by its root
+        # (host id_base), and owners are reported as seen inside (host id - id_base)
+        self.id_base = id_base
+
+    def _own(self, fd: int) -> None:
+        if self.id_base:
+            os.fchown(fd, self.id_base, self.id_base)
 
     # -- resolution --------------------------------------------------------------------------
 
@@ -95,7 +102,7 @@ class SafeRoot:
                     continue
                 if not todo:
                     return stack, name
-                stack.append(self._open_dir(stack[-1], name, create_dirs))
+                stack.append(self._open_dir(stack[-1], name, create_dirs, self.id_base))
             return stack, None
         except BaseException:
             for fd in stack:
@@ -103,7 +110,7 @@ class SafeRoot:
             raise
 
     @staticmethod
-    def _open_dir(dir_fd: int, name: str, create: bool) -> int:
+    def _open_dir(dir_fd: int, name: str, create: bool, owner: int = 0) -> int:
         try:
             return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
         except FileNotFoundError:
@@ -117,12 +124,16 @@ class SafeRoot:
             raise
         try:
             os.mkdir(name, 0o755, dir_fd=dir_fd)
+            made = True
         except FileExistsError:
-            pass
+            made = False
         try:
-            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
         except OSError as e:  # replaced right after mkdir: refuse rather than guess
             raise UnsafePath(f"{name} changed during resolution") from e
+        if made and owner:
+            os.fchown(fd, owner, owner)
+        return fd
 
     @staticmethod
     def _link_target(dir_fd: int, name: str) -> str | None:
@@ -167,6 +178,8 @@ class SafeRoot:
                 raise InvalidRequest(f"is a directory: {path}")
             fd = self._open_regular(stack[-1], last, True, path, mode)
             try:
+                if self.id_base and os.fstat(fd).st_uid == 0:  # made by us just now
+                    self._own(fd)
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]

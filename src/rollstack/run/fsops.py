@@ -50,7 +50,7 @@ class TreeRoot(SafeRoot):
         stack, last = self._walk(parts[:-1], create_dirs=create)
         if last is not None:
             try:
-                stack.append(self._open_dir(stack[-1], last, create))
+                stack.append(self._open_dir(stack[-1], last, create, self.id_base if create else 0))
             except BaseException:
                 for fd in stack:
                     os.close(fd)
@@ -71,10 +71,16 @@ class TreeRoot(SafeRoot):
         except NotADirectoryError:
             raise NotFound(f"no such file or directory: {path}") from None
 
-    @staticmethod
-    def _entry(dir_fd: int, name: str, path: str, st: os.stat_result) -> Entry:
+    def _ids(self, st: os.stat_result) -> tuple[int, int]:
+        """Owners as seen inside (a user-namespaced root's host ids minus its base)."""
+        if not self.id_base:
+            return st.st_uid, st.st_gid
+        return tuple(i - self.id_base if self.id_base <= i < self.id_base + 65536 else 65534
+                     for i in (st.st_uid, st.st_gid))  # type: ignore[return-value]
+
+    def _entry(self, dir_fd: int, name: str, path: str, st: os.stat_result) -> Entry:
         target = os.readlink(name, dir_fd=dir_fd) if statmod.S_ISLNK(st.st_mode) else None
-        return Entry(name, path, kind_of(st.st_mode), st.st_size, st.st_mode, st.st_uid, st.st_gid,
+        return Entry(name, path, kind_of(st.st_mode), st.st_size, st.st_mode, *self._ids(st),
                      st.st_mtime, target)
 
     def entry(self, path: str) -> Entry:
@@ -82,7 +88,7 @@ class TreeRoot(SafeRoot):
         parts = split_request(path)
         if not parts:
             st = os.stat(self.root)
-            return Entry("/", "/", "dir", st.st_size, st.st_mode, st.st_uid, st.st_gid, st.st_mtime)
+            return Entry("/", "/", "dir", st.st_size, st.st_mode, *self._ids(st), st.st_mtime)
         stack = self._parent(parts)
         try:
             return self._entry(stack[-1], parts[-1], _norm(parts), self._lstat(stack[-1], parts[-1], path))
@@ -139,6 +145,8 @@ class TreeRoot(SafeRoot):
                 os.mkdir(parts[-1], mode, dir_fd=stack[-1])
             except FileExistsError:
                 raise AlreadyExists(f"{_norm(parts)} exists") from None
+            if self.id_base:
+                os.chown(parts[-1], self.id_base, self.id_base, dir_fd=stack[-1], follow_symlinks=False)
             st = self._lstat(stack[-1], parts[-1], path)
             return self._entry(stack[-1], parts[-1], _norm(parts), st)
         finally:

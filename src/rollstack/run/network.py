@@ -36,6 +36,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -43,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from rollstack.errors import PlanInvalid, RuntimeFailure
+from rollstack.errors import NotFound, PlanInvalid, RuntimeFailure
 from rollstack.plan.network import DENIED_NETS, AllowEntry
 from rollstack.run.nettools import PREFIX, _ip, _nft, _sysctl, leftovers
 
@@ -77,6 +78,10 @@ class NetworkSpec:
     endpoints: tuple[str, ...] = ()
     """Per allow entry, ADDRESS:PORT for the harness (a name: its first address; the node:
     `${ROLLSTACK_GATEWAY}:PORT`, substituted once a slot is claimed; a CIDR: CIDR:PORT)."""
+    hosts: tuple[tuple[str, str], ...] = ()
+    """(address, name) of every allowed name, as resolved at create: written to the
+    environment's /etc/hosts (`add_hosts`), so the harness can use the name; no DNS server is
+    reachable in `allow` mode."""
 
     @property
     def needs_netns(self) -> bool:
@@ -111,6 +116,7 @@ def resolve_spec(mode: str, entries: Sequence[AllowEntry], expose: Sequence[int]
     """Names -> addresses (once, now); PlanInvalid naming `network.allow[i]` on failure."""
     rules: list[Rule] = []
     eps: list[str] = []
+    hosts: list[tuple[str, str]] = []
     for i, e in enumerate(entries):
         where = f"network.allow[{i}]"
         if e.node:
@@ -133,8 +139,27 @@ def resolve_spec(mode: str, entries: Sequence[AllowEntry], expose: Sequence[int]
                 if any(net.overlaps(d) for d in DENIED_NETS):
                     raise PlanInvalid(f"{where}: {e.name!r} resolves to {a}, which is never reachable")
                 rules.append(Rule(e.port, str(net)))
+                if (a, e.name) not in hosts:
+                    hosts.append((a, e.name))
             eps.append(f"{addrs[0]}:{e.port}")
-    return NetworkSpec(mode=mode, rules=tuple(rules), expose=tuple(expose), endpoints=tuple(eps))
+    return NetworkSpec(mode=mode, rules=tuple(rules), expose=tuple(expose), endpoints=tuple(eps),
+                       hosts=tuple(hosts))
+
+
+HOSTS_MARK = "# rollstack: allowed names, resolved at create (network.allow)"
+
+
+def add_hosts(files: Any, spec: NetworkSpec) -> None:
+    """Append the allowed names to /etc/hosts through `files` (a SafeRoot on the rootfs)."""
+    if not spec.hosts:
+        return
+    try:
+        old = files.read_file("/etc/hosts").decode()
+    except NotFound:
+        old = "127.0.0.1\tlocalhost\n"
+    lines = [HOSTS_MARK, *(f"{a}\t{n}" for a, n in spec.hosts)]
+    files.write_file("/etc/hosts", (old if old.endswith("\n") or not old else old + "\n").encode()
+                     + ("\n".join(lines) + "\n").encode())
 
 
 def ruleset(h: NetHandle, spec: NetworkSpec, pool: str) -> str:
@@ -213,6 +238,9 @@ class NetworkManager:
         self._net = ipaddress.IPv4Network(self.pool)
         if self._net.prefixlen > 28:
             raise RuntimeFailure(f"network pool {self.pool} is too small (need /28 or larger)")
+        for name in self.forward_interfaces:  # they become /proc/sys paths: interface names only
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}", name):
+                raise RuntimeFailure(f"network uplink {name!r} is not an interface name")
         self.state_dir = Path(self.state_dir)
 
     @property

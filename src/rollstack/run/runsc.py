@@ -5,12 +5,14 @@ own kernel in user space: the environment's syscalls are served by the Sentry, n
 Differences from runc, all handled here:
 
 - platform: `--platform=ptrace` by default (works without KVM/nested virtualisation);
-- network: `--network=none` (loopback only, like runc's fresh netns). Network policies are
-  refused for runsc on this node (`NETWORK_UNSUPPORTED`): Debian's runsc (20221219) decides
-  "am I in the root netns?" by the presence of /proc/sys/net/core/rmem_default, which kernels
-  >= 6.x have in every netns, so its netstack refuses any netns we prepare; `--network=host`
-  inside our netns starts but the container stops at once (cause not found). A newer gVisor
-  lifts this; until then `runtime: runsc` means `network: none`;
+- network: `--network=none` (loopback only, like runc's fresh netns) unless the spec joins a
+  network namespace (a network policy, rollstack.run.network): then `--network=sandbox`, and
+  gVisor's own netstack takes the netns's eth0 over (it moves the address and routes of the
+  netns into the Sentry; the host side, veth and nftables table, is unchanged). Debian's runsc
+  (20221219) decides "am I in the root netns?" by whether /proc/sys/net/core/rmem_default is
+  accessible, which kernels >= 6 make true in every netns, so `runsc run` runs in a private
+  mount namespace whose /proc/sys lacks `net` (`HIDE_SYSCTL_NET`: a tmpfs with the other
+  /proc/sys subtrees bound back); nothing else of the host changes;
 - exec: `runsc exec` cannot pass extra fds into the sandbox, so the command's stdio are runsc's
   own pipes (runsc's error messages, if any, land in the command's stderr); there is no
   `--pid-file` tree kill: a timeout sends SIGTERM through runsc (forwarded to tini, which
@@ -41,9 +43,26 @@ from rollstack.run.runc import (
 )
 
 DEFAULT_PLATFORM = "ptrace"
-NETWORK_UNSUPPORTED = ("runtime: runsc supports only network: none (and no expose) on this node: "
-                       "this gVisor release mistakes every network namespace for the host's on "
-                       "kernel >= 6 (see docs/runtime.md); use runtime: runc for network policies")
+# `sh -c HIDE_SYSCTL_NET sh CMD...` in a private mount namespace: CMD sees /proc/sys without net
+HIDE_SYSCTL_NET = r"""set -e
+d=$(mktemp -d /run/rollstack-gvisor.XXXXXX)
+mount --bind /proc/sys "$d"
+mount -t tmpfs -o mode=0555 tmpfs /proc/sys
+for s in "$d"/*; do
+  n=${s##*/}
+  [ "$n" = net ] && continue
+  mkdir "/proc/sys/$n" && mount --bind "$s" "/proc/sys/$n"
+done
+umount -l "$d" && rmdir "$d"
+exec "$@"
+"""
+
+
+def joins_netns(bundle: Path) -> bool:
+    """Whether the bundle's spec joins an existing network namespace (a network policy)."""
+    spec = json.loads((Path(bundle) / "config.json").read_text())
+    return any(ns.get("type") == "network" and ns.get("path")
+               for ns in spec.get("linux", {}).get("namespaces", []))
 
 
 def runsc_available(binary: str = "runsc") -> bool:
@@ -67,8 +86,11 @@ class Runsc(Runc):
         log = Path(log or Path(bundle) / "runsc.log")
         pid_file = Path(bundle) / "init.pid"
         pid_file.unlink(missing_ok=True)
-        cmd = self._cmd("--network=none", "--log", str(log), "run", "-detach", "-pid-file",
-                        str(pid_file), "-bundle", str(bundle), container_id)
+        networked = joins_netns(bundle)
+        cmd = self._cmd("--network=sandbox" if networked else "--network=none", "--log", str(log),
+                        "run", "-detach", "-pid-file", str(pid_file), "-bundle", str(bundle), container_id)
+        if networked:  # see HIDE_SYSCTL_NET
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE_SYSCTL_NET, "sh", *cmd]
         err_path = Path(bundle) / "runsc.stderr"  # a file: the sandbox inherits it (a pipe would never close)
         try:
             with open(err_path, "wb") as err_file:

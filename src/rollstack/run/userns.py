@@ -1,9 +1,12 @@
-"""User namespaces for runc environments (`security: {userns: true}`, opt-in).
+"""User namespaces for runc environments: on by default where the node supports it
+(`security: {userns: false}` opts out; `true` insists and fails when it cannot).
 
 Root inside maps to host uid/gid `HOST_BASE` (100000), 65536 ids, one range per node (every
 environment of the node shares it; a per-environment range is future work). Files keep their
-owners inside through **idmapped layers**: each lower directory is cloned as an idmapped mount
-(host 0 -> 100000, ...) under `<env>/idmap/<i>` and the overlay stacks those; the upper is a
+owners inside through **shifted layers**: a lazy-store layer `<mnt>/layers/<hex>` is stacked as
+its twin `<mnt>/shifted/<hex>`, the same files with owners reported +100000
+(rollstack.mount.shift); a local (materialized) layer directory is cloned as an idmapped mount
+(host 0 -> 100000, ...) under `<env>/idmap/<i>`. The overlay stacks those; the upper is a
 plain directory whose root is owned by 100000, so the environment's writes land in it with
 mapped owners on disk (root's files as 100000, uid 1000's as 101000). The diff does not carry
 owners, so diff/evaluate are unchanged.
@@ -11,14 +14,20 @@ owners, so diff/evaluate are unchanged.
 Measured on kernel 6.18 (docs/runtime.md "User namespaces"): the merged overlay itself cannot
 be idmapped (EINVAL), an idmapped *upper* makes overlayfs fall back to read-only (EOVERFLOW
 creating its work dir as host root), idmapped lowers work. Lowers served by the lazy store's
-FUSE daemon cannot be idmapped (the FUSE server would have to opt in): such a plan fails with a
-`runtime_error` naming `security.userns` (materialized layers are local dirs and work).
+FUSE daemon cannot be idmapped (the server would have to set FUSE_ALLOW_IDMAP, libfuse >= 3.16),
+hence the shifted view.
+
+The mapped root must be able to walk to the rootfs (runc's init bind-mounts it from inside the
+user namespace). When a parent of the environment dir is not searchable by others (pytest's
+0700 tmp dirs), the merged rootfs is also bind-mounted at `/run/rollstack-userns/<hash>` and
+runc is given that path (`publish_rootfs`; removed by `unpublish_rootfs` on destroy).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import os
 import subprocess
 import threading
@@ -26,9 +35,12 @@ import time
 from pathlib import Path
 
 from rollstack.errors import RuntimeFailure
+from rollstack.mount import shift
 
-HOST_BASE = 100000
-SIZE = 65536
+HOST_BASE = shift.BASE  # the lazy store's shifted view uses the same range
+SIZE = shift.SIZE
+PUBLIC = Path("/run/rollstack-userns")
+_MS_BIND, _MNT_DETACH = 4096, 2
 
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alike
 _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 1, 0o2000000
@@ -110,14 +122,124 @@ def _make_userns(base: int, size: int) -> int:
         child.wait()
 
 
-def check_traversable(path: Path) -> None:
-    """The mapped root must be able to reach the rootfs: every parent needs o+x."""
-    for parent in Path(path).parents:
-        if parent.exists() and not os.stat(parent).st_mode & 0o001:
-            raise RuntimeFailure(f"security.userns: {parent} is not searchable by others (mode "
-                                 f"{oct(os.stat(parent).st_mode & 0o777)}); the mapped root "
-                                 "could not reach the environment's root there")
-
-
 def mappings(base: int = HOST_BASE, size: int = SIZE) -> list[dict[str, int]]:
     return [{"containerID": 0, "hostID": base, "size": size}]
+
+
+def traversable(path: Path) -> bool:
+    return all(not p.exists() or os.stat(p).st_mode & 0o001 for p in Path(path).parents)
+
+
+_support: dict[str, str | None] = {}
+
+
+def unsupported() -> str | None:
+    """Why this node cannot run user-namespaced environments (None: it can). Probed once per
+    process: make a user namespace and idmap a detached clone of /run with it."""
+    if "why" not in _support:
+        why = None
+        try:
+            probe = IdMap()
+            try:
+                fd = _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, b"/run", _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC)
+                if fd < 0:
+                    why = f"open_tree: {os.strerror(ctypes.get_errno())}"
+                else:
+                    attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, probe.fd())
+                    if _libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
+                                     ctypes.sizeof(attr)) < 0:
+                        why = f"idmapped mounts: {os.strerror(ctypes.get_errno())}"
+                    os.close(fd)
+            finally:
+                probe.close()
+        except RuntimeFailure as e:
+            why = str(e)
+        _support["why"] = why
+    return _support["why"]
+
+
+def resolve(requested: bool | None, runtime: str) -> bool:
+    """The plan's `security.userns` (None: the default) -> whether this environment gets one."""
+    if requested is False:
+        return False
+    if runtime != "runc":
+        if requested:
+            raise RuntimeFailure(f"security.userns: not available with runtime: {runtime}")
+        return False
+    why = unsupported()
+    if why is not None:
+        if requested:
+            raise RuntimeFailure(f"security.userns: this node does not support it ({why})")
+        return False
+    return True
+
+
+def public_rootfs(env_dir: Path) -> Path:
+    return PUBLIC / hashlib.sha256(os.fsencode(env_dir)).hexdigest()[:24]
+
+
+def publish_rootfs(env_dir: Path, rootfs: Path) -> Path:
+    """The path runc is given for the rootfs: `rootfs` itself when the mapped root can reach
+    it, else a bind mount of it under /run/rollstack-userns (every parent searchable)."""
+    if traversable(rootfs):
+        return rootfs
+    PUBLIC.mkdir(mode=0o711, exist_ok=True)
+    os.chmod(PUBLIC, 0o711)
+    dst = public_rootfs(env_dir)
+    dst.mkdir(mode=0o755, exist_ok=True)
+    if _libc.mount(os.fsencode(rootfs), os.fsencode(dst), None, _MS_BIND, None) != 0:
+        e = ctypes.get_errno()
+        raise RuntimeFailure(f"security.userns: bind-mounting {rootfs} at {dst}: {os.strerror(e)}")
+    return dst
+
+
+def unpublish_rootfs(env_dir: Path) -> None:
+    """Undo `publish_rootfs` (repeatable; nothing to do when it used the rootfs itself)."""
+    dst = public_rootfs(env_dir)
+    if os.path.ismount(dst) and _libc.umount2(os.fsencode(dst), 0) != 0:
+        e = ctypes.get_errno()
+        if _libc.umount2(os.fsencode(dst), _MNT_DETACH) != 0:
+            raise RuntimeFailure(f"security.userns: unmounting {dst}: {os.strerror(e)}")
+    try:
+        dst.rmdir()
+    except FileNotFoundError:
+        pass
+
+
+def layer_view(lower: Path) -> Path | None:
+    """A lazy-store lower's shifted twin (None: a local directory, to be idmapped)."""
+    twin = shift.shifted_path(lower)
+    return Path(twin) if twin is not None else None
+
+
+def shift_upper(upper: Path) -> int:
+    """Give what the node wrote into `upper` as host root (the task mutation) the owners a
+    user-namespaced root sees as its own: host id u -> BASE + u for ids outside the range
+    (ids already inside it, e.g. copied-up layer files, stay). Returns entries changed."""
+    changed = 0
+    lo, hi = HOST_BASE, HOST_BASE + SIZE
+
+    def fix(path: str) -> None:
+        nonlocal changed
+        st = os.lstat(path)
+        if lo <= st.st_uid < hi and lo <= st.st_gid < hi:
+            return
+        uid = st.st_uid if lo <= st.st_uid < hi else shift.shifted_ids(st.st_uid, 0)[0]
+        gid = st.st_gid if lo <= st.st_gid < hi else shift.shifted_ids(0, st.st_gid)[1]
+        mode = st.st_mode
+        os.lchown(path, uid, gid)
+        if not os.path.islink(path) and mode & 0o6000:
+            os.chmod(path, mode & 0o7777)  # chown cleared setuid/setgid
+        changed += 1
+
+    for dirpath, dirnames, filenames in os.walk(upper):
+        for name in dirnames + filenames:
+            fix(os.path.join(dirpath, name))
+    return changed
+
+
+def id_base_of(rootfs: Path) -> int:
+    """HOST_BASE when `rootfs` (a merged root) belongs to a user-namespaced environment (its
+    root dir is owned by the mapped range: the upper's root is chowned at create), else 0.
+    For callers that hold only the path (the E2B filesystem API); `Environment.files` knows."""
+    return HOST_BASE if HOST_BASE <= os.stat(rootfs).st_uid < HOST_BASE + SIZE else 0

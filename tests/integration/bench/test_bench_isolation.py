@@ -20,7 +20,8 @@ def test_isolation_bench_small():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     net = doc["network"]
-    assert set(net["create"]) >= {"none", "allow_cold", "allow_warm", "warm_pool"}
+    assert set(net["create"]) >= {"none", "allow_cold", "allow_warm", "none_userns", "allow_userns", "warm_pool"}
+    assert net["create"]["allow_userns"]["network"]["median"] > 0  # set up after start, cold
     assert net["create"]["allow_warm"]["network"]["median"] > 0
     assert net["cycles"]["count"] == 3 and net["cycles"]["leaked"] == 0
     assert net["throughput"]["through_policy_MBps"] > 0 and net["throughput"]["link_MBps"] > 0

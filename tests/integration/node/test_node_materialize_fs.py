@@ -168,7 +168,12 @@ def test_a_node_stacks_the_local_copy_once_the_layer_is_hot(tmp_path):
         second = service.create(plan())
         with open("/proc/self/mountinfo") as f:
             overlay = [line for line in f if f"envs/{second.id}" in line and " overlay " in line]
-        assert overlay and str(root / "layers") in overlay[0]
+        # user-namespaced (the default): the overlay stacks idmapped clones of the lowers, so the
+        # environment's recorded lowers say what was stacked
+        import json
+
+        lowers = json.loads((root / "envs" / second.id / "meta.json").read_text())["lowers"]
+        assert overlay and any(p.startswith(str(root / "layers")) for p in lowers), lowers
         from rollstack.node.models import ExecRequest
 
         res = service.exec(second.id, ExecRequest(argv=["/bin/busybox", "ls", "/"]))

@@ -209,7 +209,8 @@ def test_warm_pool_slots_serve_creates_and_are_removed_on_close(tmp_path, busybo
         table = sh("nft", "list", "table", "inet", f"rsn_{warm[0]}").stdout
         assert "dport" not in table and "masquerade" not in table and "jump beyond" in table
         spec = resolve_spec("allow", [parse_allow(f"{upstream.addr}:8000")], [])
-        env = rt.create("w-1", [busybox_lower], SpecParams("w-1"), network=spec)
+        env = rt.create("w-1", [busybox_lower], SpecParams("w-1"), network=spec,
+                            userns=False)  # user-namespaced creates take no warm slot
         try:
             assert env.net.slot in warm
             doc = json.loads(Path(rt.network.state_dir, "slots", str(env.net.slot)).read_text())
@@ -225,3 +226,19 @@ def test_warm_pool_slots_serve_creates_and_are_removed_on_close(tmp_path, busybo
     slots = set(warm) | {env.net.slot if env.net else -1}
     assert leftovers(sorted(s for s in slots if s >= 0)) == \
         {"interfaces": [], "netns": [], "tables": [], "addresses": []}
+
+
+def test_allowed_names_resolve_inside_through_etc_hosts(net_env, upstream, monkeypatch):
+    """`allow` has no DNS: an allowed name is resolved at create and written to /etc/hosts
+    (the name here is answered by a stand-in resolver; the traffic is real)."""
+    import socket
+
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda name, *a, **kw: real(
+        upstream.addr if name == "model.rollstack-test" else name, *a, **kw))
+    env = net_env("allow", ["model.rollstack-test:8000"])
+    assert fetch(env, "http://model.rollstack-test:8000/hello") == (0, "hello from upstream\n")
+    assert fetch(env, "http://model.rollstack-test:8001/hello")[0] != 0  # only the allowed port
+    hosts = env.exec("cat /etc/hosts").stdout.decode()
+    assert f"{upstream.addr}\tmodel.rollstack-test" in hosts
+    assert env.exec("stat -c %u /etc/hosts").stdout.strip() == b"0"  # root's, also under userns

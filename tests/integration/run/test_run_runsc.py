@@ -54,12 +54,32 @@ def test_quotas_are_the_sandbox_cgroup(gvisor_env):
     assert "50000" in values.get("cpu.cfs_quota_us", values.get("cpu.max", ""))
 
 
-def test_network_policies_are_refused_under_this_gvisor(runtime, busybox_lower):
-    spec = resolve_spec("allow", [parse_allow("10.214.0.2:8000")], [])
-    with pytest.raises(RuntimeFailure, match=r"^runtime: runsc supports only network: none"):
-        runtime.create("g-net", [busybox_lower], SpecParams("g-net"), network=spec, runtime="runsc")
-    assert not runtime.env_dir("g-net").exists() and runtime.find_leftovers().empty()
-    assert runtime.network.owned(f"{runtime.root}:") == []
+def test_an_allow_policy_under_gvisor(runtime, busybox_lower, tmp_path):
+    """gVisor's netstack takes the prepared netns over (the /proc/sys/net workaround in
+    rollstack.run.runsc): the policy on the host side holds exactly as under runc."""
+    from rollstack.bench.netlab import Upstream
+
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "hello").write_text("hi from upstream\n")
+    up = Upstream(tmp_path / "www")
+    try:
+        up.serve(8000)
+        up.serve(8001)
+        spec = resolve_spec("allow", [parse_allow(f"{up.addr}:8000")], [])
+        env = runtime.create("g-net", [busybox_lower], SpecParams("g-net"), network=spec, runtime="runsc")
+        try:
+            assert "4.4.0" in env.exec("uname -r").stdout.decode()  # really gVisor's kernel
+            r = env.exec(f"timeout 5 wget -q -O - http://{up.addr}:8000/hello", timeout=30)
+            assert (r.exit_code, r.stdout) == (0, b"hi from upstream\n"), r
+            assert env.exec(f"timeout 3 wget -q -O - http://{up.addr}:8001/hello", timeout=30).exit_code != 0
+            gw = env.net.gateway
+            assert env.exec(f"timeout 3 wget -q -O - http://{gw}:8000/", timeout=30).exit_code != 0  # the node
+        finally:
+            env.destroy()
+        assert not runtime.env_dir("g-net").exists() and runtime.find_leftovers().empty()
+        assert runtime.network.owned(f"{runtime.root}:") == []
+    finally:
+        up.close()
 
 
 def test_no_network_under_gvisor(gvisor_env):

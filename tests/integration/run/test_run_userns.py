@@ -82,8 +82,40 @@ def test_userns_with_an_allow_policy(open_runtime, busybox_lower, tmp_path):
         up.close()
 
 
-def test_unreachable_root_is_a_clear_error_and_creates_nothing(runtime, busybox_lower):
-    # pytest's tmp dirs are 0700: the mapped root could not reach the environment's root
-    with pytest.raises(RuntimeFailure, match=r"^security.userns: .* not searchable"):
-        runtime.create("u-closed", [busybox_lower], SpecParams("u-closed"), userns=True)
-    assert not runtime.env_dir("u-closed").exists()
+def test_default_is_on_even_under_a_closed_root(runtime, busybox_lower):
+    """No `userns` argument: on (this kernel supports it). pytest's tmp dirs are 0700, which
+    the mapped root cannot walk: runc then gets a bind of the rootfs under /run/rollstack-userns,
+    removed again on destroy. The files API creates files owned by the mapped root and reports
+    owners as seen inside."""
+    env = runtime.create("u-default", [busybox_lower], SpecParams("u-default"))
+    public = userns.public_rootfs(env.dir)
+    try:
+        assert env.meta()["userns"] is True
+        assert os.path.ismount(public)
+        assert env.exec("cat /proc/self/uid_map").stdout.split() == [b"0", b"100000", b"65536"]
+        env.files.write_file("/work/from-api/hello.txt", b"hi\n")
+        assert os.stat(env.upper / "work/from-api/hello.txt").st_uid == userns.HOST_BASE
+        assert os.stat(env.upper / "work/from-api").st_uid == userns.HOST_BASE
+        r = env.exec("stat -c '%u' /work/from-api/hello.txt && echo more >> /work/from-api/hello.txt"
+                     " && chown 1000 /work/from-api/hello.txt && echo ok")
+        assert r.stdout.split() == [b"0", b"ok"], r
+        from rollstack.run.fsops import TreeRoot
+
+        tree = TreeRoot(env.rootfs, userns.HOST_BASE)
+        assert (tree.entry("/work/from-api/hello.txt").uid, tree.entry("/bin/busybox").uid) == (1000, 0)
+    finally:
+        env.destroy()
+    assert not public.exists() and not env.dir.exists()
+    assert runtime.find_leftovers().empty()
+
+
+def test_opt_out_and_insisting(runtime, busybox_lower):
+    env = runtime.create("u-off", [busybox_lower], SpecParams("u-off"), userns=False)
+    try:
+        assert env.meta()["userns"] is False
+        assert env.exec("cat /proc/self/uid_map").stdout.split() == [b"0", b"0", b"4294967295"]
+    finally:
+        env.destroy()
+    with pytest.raises(RuntimeFailure, match=r"^security.userns: not available with runtime: runsc"):
+        runtime.create("u-sc", [busybox_lower], SpecParams("u-sc"), runtime="runsc", userns=True)
+    assert not runtime.env_dir("u-sc").exists()

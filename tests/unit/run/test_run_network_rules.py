@@ -67,6 +67,35 @@ def test_resolve_spec_endpoints_and_errors():
         resolve_spec("allow", [parse_allow("host:1"), parse_allow("no-such.invalid:1")], [])
 
 
+def test_allowed_names_become_hosts_entries(monkeypatch, tmp_path):
+    import socket
+
+    from rollstack.run.files import SafeRoot
+    from rollstack.run.network import HOSTS_MARK, add_hosts
+
+    answers = {"model.internal": ["10.9.0.7", "10.9.0.8"], "pypi.internal": ["10.9.1.1"]}
+    monkeypatch.setattr(socket, "getaddrinfo", lambda name, port, *a: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", (addr, port)) for addr in answers[name]])
+    spec = resolve_spec("allow", [parse_allow(e) for e in
+                                  ("model.internal:30000", "pypi.internal:443", "model.internal:8000")], [])
+    assert spec.hosts == (("10.9.0.7", "model.internal"), ("10.9.0.8", "model.internal"),
+                          ("10.9.1.1", "pypi.internal"))
+    assert spec.endpoints == ("10.9.0.7:30000", "10.9.1.1:443", "10.9.0.7:8000")
+    root = tmp_path / "rootfs"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/hosts").write_text("127.0.0.1 localhost")  # no final newline
+    add_hosts(SafeRoot(root), spec)
+    assert (root / "etc/hosts").read_text() == (
+        f"127.0.0.1 localhost\n{HOSTS_MARK}\n10.9.0.7\tmodel.internal\n10.9.0.8\tmodel.internal\n"
+        "10.9.1.1\tpypi.internal\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    add_hosts(SafeRoot(empty), spec)  # no /etc/hosts in the image: one is made
+    assert (empty / "etc/hosts").read_text().startswith("127.0.0.1\tlocalhost\n" + HOSTS_MARK)
+    add_hosts(SafeRoot(empty / "none"), resolve_spec("allow", [parse_allow("10.1.2.3:1")], []))  # nothing to add
+    assert not (empty / "none").exists()
+
+
 def test_pool_slots_and_addresses(tmp_path):
     mgr = NetworkManager(pool="10.77.0.0/28", state_dir=tmp_path)
     assert mgr.slots == 4
