@@ -54,7 +54,7 @@ def test_bench_prefetch_fetches_the_probed_trace_by_every_plan(tmp_path: Path) -
     trees = build_busybox_trees(tmp_path / "trees")
     layout = tmp_path / "img"
     write_single_layer_layout(trees["os"], layout)
-    doc = run(f"oci:{layout}:latest", "ls -R / >/dev/null && cat /bin/busybox >/dev/null", rounds=1,
+    doc = run(f"oci:{layout}:latest", "ls -R /bin /etc >/dev/null && cat /bin/busybox >/dev/null", rounds=1,
               work=Path("/var/cache/rollstack/bench-prefetch-test"), plans=list(PLANS), log=lambda m: None)
     assert doc["trace_chunks"] > 0 and set(doc["summary"]) == set(PLANS)
     for plan, s in doc["summary"].items():
