@@ -71,6 +71,15 @@ class NodeConfig(BaseModel):
     network_warm: int = Field(default=4, ge=0)
     """Network slots (netns + veth + a drop-all table) kept prepared once the first create asks
     for a network, so later ones only load their rules; 0: each is built during its create."""
+    warm_pool: int = Field(default=0, ge=0)
+    """Started sandboxes kept per layer stack and handed out at create (rollstack.node.warm;
+    docs/node.md, "Warm pool"); 0: off, every create starts its container."""
+    warm_pool_max: int = Field(default=64, ge=1)
+    """Warm sandboxes on the node in all (never more than max_environments minus live ones)."""
+    warm_stacks: int = Field(default=4, ge=1)
+    """Stacks with a warm pool (least recently used dropped first)."""
+    warm_cpu_share: float = Field(default=0.5, gt=0, le=1)
+    """Fraction of the time the refill thread may spend starting sandboxes."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
 
