@@ -14,6 +14,7 @@ it there) and the diff code compares one upper against the lowers.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -57,15 +58,13 @@ def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateRe
         _release(service, recs)
         raise
     prepare_s = time.perf_counter() - t0
-    with ThreadPoolExecutor(max_workers=min(count, START_WORKERS),
-                            thread_name_prefix="rollstack-fanout") as pool:
-        futures = [pool.submit(service._create, plan, False, rec, prepared) for rec in recs]
-        outcomes = []
-        for f in futures:
-            try:
-                outcomes.append(f.result())
-            except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
-                outcomes.append(exc)
+    futures = [_pool().submit(service._create, plan, False, rec, prepared) for rec in recs]
+    outcomes = []
+    for f in futures:
+        try:
+            outcomes.append(f.result())
+        except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
+            outcomes.append(exc)
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     if errors:
         for o in outcomes:
@@ -77,6 +76,20 @@ def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateRe
         c.timings.resolve, c.timings.toc = shared.resolve, round(shared.toc + c.timings.toc, 6)
         c.timings.total = round(c.timings.total + prepare_s, 6)
     return created
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The node's group builders, kept between calls (starting 16 threads per group cost more
+    than a warm sandbox's handout on a busy node). Shared by concurrent groups."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=START_WORKERS, thread_name_prefix="rollstack-fanout")
+        return _POOL
 
 
 def _release(service: "NodeService", recs: list[Any]) -> None:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_FETCH_KEYS = ("fetched_bytes", "from_cache_bytes", "from_peer_bytes")
 DIFF_BASE = "/"
 """The diff names paths from the environment root (the evaluator applies it the same way)."""
 
@@ -281,7 +282,7 @@ class Stages:
 
             env = warm
             timings.warm = True
-            env.timings["mutation"] = handout(env, plan, dict(params.env))
+            env.timings = {"mutation": handout(env, plan, dict(params.env))}  # mount, start: before
             if self.provisioner is None:  # register below applies them otherwise
                 env.update(cpu=plan.resources.cpu, memory=plan.resources.memory)
         else:
@@ -298,7 +299,8 @@ class Stages:
             self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
         if self.materializer is not None:
             self.materializer.used(refs)
-        fetch = self._fetch_stats(rec.id)
+        # a warm sandbox's start read under another id: nothing was read under this one yet
+        fetch = self._fetch_stats(rec.id) if warm is None else dict.fromkeys(_FETCH_KEYS, 0)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
         h = env.net
         network = None if h is None else {
@@ -332,8 +334,7 @@ class Stages:
         except Exception:  # noqa: BLE001 - statistics must never fail a create
             log.exception("env_stats(%s) failed", env_id)
             doc = {}
-        keys = ("fetched_bytes", "from_cache_bytes", "from_peer_bytes")
-        return {k: int(doc.get(k, 0) or 0) for k in keys}
+        return {k: int(doc.get(k, 0) or 0) for k in _FETCH_KEYS}
 
     def release(self, rec: EnvRecord) -> None:
         """The cheap, immediate part of an asynchronous destroy: leave the provisioner (its

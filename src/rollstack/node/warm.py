@@ -89,6 +89,7 @@ class WarmPool:
         self.room = room or (lambda: max_total)
         self._pools: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
         self._discard: list["Environment"] = []
+        self._destroying = 0
         self._cond = threading.Condition()
         self._stopped = False
         self.counters = {"hits": 0, "misses": 0, "started": 0, "start_failures": 0,
@@ -135,14 +136,14 @@ class WarmPool:
             return sum(len(s.ready) for s in self._pools.values())
 
     def wait_full(self, timeout: float) -> bool:
-        """Until every stack's pool is full (or nothing can be started): True if full."""
+        """Until the refill has nothing left to do (every stack full, or as full as the caps
+        allow, and stale sandboxes destroyed); False on timeout."""
         end = time.monotonic() + timeout
         with self._cond:
             while not self._stopped:
-                if all(len(s.ready) >= self.size for s in self._pools.values()) and not self._discard:
+                busy = self._discard or self._destroying or any(s.starting for s in self._pools.values())
+                if not busy and self._plan()[0] is None:
                     return True
-                if self._total() >= min(self.max_total, self.room()):
-                    return False
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
@@ -154,6 +155,8 @@ class WarmPool:
             out = {f"warm_{k}_total": float(v) for k, v in self.counters.items()}
             out["warm_ready"] = float(sum(len(s.ready) for s in self._pools.values()))
             out["warm_stacks"] = float(len(self._pools))
+            last = next(reversed(self._pools.values()), None)
+            out["warm_latest_ready"] = float(len(last.ready) if last is not None else 0)  # MRU stack
         return out
 
     def stop(self) -> None:
@@ -183,31 +186,55 @@ class WarmPool:
                 self.counters["discarded"] += 1
                 surplus -= 1
 
+    def _plan(self) -> "tuple[_Stack | None, _Stack | None]":
+        """(the stack to start a sandbox for, the stack that gives up a ready one to make room
+        or None); (None, None): nothing to do. The most recently used stack below its size goes
+        first; at the pool's cap, a less recently used stack's ready sandbox makes the room, but
+        never past the node's own room. No side effects."""
+        want = next((st for st in reversed(self._pools.values())
+                     if len(st.ready) + st.starting < self.size), None)
+        if want is None:
+            return None, None
+        room = self.room()
+        if self._total() < min(self.max_total, room):
+            return want, None
+        if self._total() >= room:
+            return None, None
+        for old in self._pools.values():  # least recently used first
+            if old is want:
+                break
+            if old.ready:
+                return want, old
+        return None, None
+
     def _next(self) -> "_Stack | None":
-        """The most recently used stack below its size, if the node has room."""
-        if self._total() >= min(self.max_total, self.room()):
-            return None
-        for stack in reversed(self._pools.values()):
-            if len(stack.ready) + stack.starting < self.size:
-                return stack
-        return None
+        want, victim = self._plan()
+        if victim is not None:
+            self._discard.append(victim.ready.pop())
+            self.counters["discarded"] += 1
+        return want
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopped and not self._discard and self._next() is None:
+                while not self._stopped and not self._discard and self._plan()[0] is None:
                     self._trim()
                     if self._discard:
                         break
                     self._cond.wait(1.0)
                 if self._stopped:
                     return
-                discard, self._discard = self._discard, []
-                stack = self._next()
+                stack = self._next()  # may move a victim to the discard list: destroyed first
                 if stack is not None:
                     stack.starting += 1
+                discard, self._discard = self._discard, []
+                self._destroying += len(discard)
             for env in discard:
                 _destroy(env)
+            if discard:
+                with self._cond:
+                    self._destroying -= len(discard)
+                    self._cond.notify_all()
             if stack is None:
                 continue
             t = time.monotonic()
