@@ -155,7 +155,8 @@ def _leftovers(root: Path, ids: set[str]) -> dict[str, int]:
     return {"mounts": mounts, "env_dirs": env_dirs, "runc_state": runc_state, "cgroups": cgroups, "processes": procs}
 
 
-def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = False) -> dict[str, Any]:
+def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = False,
+              warm: int = 0) -> dict[str, Any]:
     from rollstack.bench.report import current_command, machine_facts, summarize
     from rollstack.client import Client
     from rollstack.node import agent
@@ -164,7 +165,7 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
 
     base = Path(tempfile.mkdtemp(prefix="rollstack-bench-env-", dir="/var/tmp"))
     config = NodeConfig(root=base / "node", listen=f"127.0.0.1:{free_port()}",
-                        store=None, max_environments=max(concurrent + 8, 16))
+                        store=None, max_environments=max(concurrent + 8, 16), warm_pool=warm)
     ids: set[str] = set()
     try:
         _log("publishing the busybox corpus")
@@ -209,6 +210,9 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
             from rollstack.bench.node import wait_destroys_drained
 
             wait_destroys_drained(client)  # destroys finish in the background (docs/node.md)
+            left = _leftovers(config.root, ids) if not warm else {}
+        if warm:  # ready warm sandboxes are containers until the agent stops: look after it
+            agent.stop(config)
             left = _leftovers(config.root, ids)
         return {
             "warm_create_to_first_exec": summarize(first_exec),
@@ -216,7 +220,7 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
             "exec_true_http": summarize(exec_true),
             "concurrent": conc,
             "agent_rss_idle_bytes": rss_idle,
-            "cycles": {"count": cycles, "seconds": round(cycle_s, 3), "leftovers": left,
+            "cycles": {"count": cycles, "seconds": round(cycle_s, 3), "leftovers": left, "warm_pool": warm,
                        "clean": not any(left.values())},
             "targets": {
                 "warm_create_to_first_exec_p50_s": 0.3, "exec_true_p50_s": 0.040,
@@ -284,8 +288,9 @@ def register(app: typer.Typer) -> None:
         concurrent: Annotated[int, typer.Option("--concurrent", help="environments alive at once")] = 64,
         cycles: Annotated[int, typer.Option("--cycles", help="create/exec/destroy cycles for the leak check")] = 100,
         keep: Annotated[bool, typer.Option("--keep", help="keep the temporary root")] = False,
+        warm: Annotated[int, typer.Option("--warm", help="the node's warm pool per stack (0: off)")] = 0,
     ) -> None:
         """Node agent costs: warm create->first exec, exec latency, concurrency + RSS, leaks."""
         from rollstack.cli.output import emit
 
-        emit(run_bench(n, execs, concurrent, cycles, keep), as_json, _human)
+        emit(run_bench(n, execs, concurrent, cycles, keep, warm), as_json, _human)

@@ -86,7 +86,7 @@ class WarmPool:
             raise ValueError("warm pool: size, max_total, stacks >= 1 and 0 < cpu_share <= 1")
         self.runtime, self.size, self.max_total = runtime, size, max_total
         self.stacks, self.cpu_share = stacks, cpu_share
-        self.room = room or (lambda: max_total)
+        self.room = room or (lambda: 1 << 30)  # containers the node allows besides live envs
         self._pools: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
         self._discard: list["Environment"] = []
         self._destroying = 0
