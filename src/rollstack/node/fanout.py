@@ -8,7 +8,9 @@ If any of them fails, the ones already built are destroyed and the first error i
 Each environment still gets its own overlay upper with the mutation applied (a few ms on the
 corpus tasks): stacking one shared, pre-mutated task layer under the uppers was not done,
 because an environment's diff must stay relative to the unmutated stack (the evaluator applies
-it there) and the diff code compares one upper against the lowers.
+it there) and the diff code compares one upper against the lowers. With the node's warm pool
+(rollstack.node.warm) the group's environments are handed out already started; what is left
+per environment is the lazy store's `begin_env`, the mutation, the quotas and the record.
 """
 
 from __future__ import annotations
