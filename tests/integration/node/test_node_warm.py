@@ -149,8 +149,13 @@ def test_a_dead_sandbox_is_skipped_and_the_create_still_works(node) -> None:
     _create(service, root, p)
     _fill(service)
     victims = _ready_ids(service)
-    for env_id in victims:  # PID 1 of every ready sandbox dies while it waits
-        os.kill(int((root / "envs" / env_id / "bundle" / "init.pid").read_text()), 9)
+    with service.stages.warm._cond:
+        ready = [e for st in service.stages.warm._pools.values() for e in st.ready]
+    for env in ready:  # PID 1 of every ready sandbox dies while it waits
+        os.kill(int((root / "envs" / env.id / "bundle" / "init.pid").read_text()), 9)
+    end = time.monotonic() + 10  # a SIGKILLed process still has to run to its exit
+    while any(e.init_alive() for e in ready) and time.monotonic() < end:
+        time.sleep(0.01)
     env_id, was_warm = _create(service, root, p)
     assert not was_warm and service.stages.warm.counters["dead"] == 2
     assert _run(service, env_id, "cat hello.txt").stdout == "bug\n"
