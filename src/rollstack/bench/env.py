@@ -210,6 +210,8 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
             from rollstack.bench.node import wait_destroys_drained
 
             wait_destroys_drained(client)  # destroys finish in the background (docs/node.md)
+            warm_hits = next((float(x.split()[1]) for x in client._service.metrics_text().splitlines()
+                              if x.startswith("rollstack_warm_hits_total ")), 0.0)
             left = _leftovers(config.root, ids) if not warm else {}
         if warm:  # ready warm sandboxes are containers until the agent stops: look after it
             agent.stop(config)
@@ -221,6 +223,7 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
             "concurrent": conc,
             "agent_rss_idle_bytes": rss_idle,
             "cycles": {"count": cycles, "seconds": round(cycle_s, 3), "leftovers": left, "warm_pool": warm,
+                       "warm_hits": int(warm_hits),
                        "clean": not any(left.values())},
             "targets": {
                 "warm_create_to_first_exec_p50_s": 0.3, "exec_true_p50_s": 0.040,
