@@ -173,7 +173,8 @@ def cycles_line(cy: dict[str, Any], what: str) -> str:
             f" -> {'clean' if cy['clean'] else 'LEAKED'}")
 
 
-def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = False) -> dict[str, Any]:
+def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = False,
+              warm: int = 0) -> dict[str, Any]:
     from rollstack.bench.report import current_command, machine_facts, summarize
     from rollstack.client import Client
     from rollstack.node import agent
@@ -182,7 +183,7 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
 
     base = Path(tempfile.mkdtemp(prefix="rollstack-bench-env-", dir="/var/tmp"))
     config = NodeConfig(root=base / "node", listen=f"127.0.0.1:{free_port()}",
-                        store=None, max_environments=max(concurrent + 8, 16))
+                        store=None, max_environments=max(concurrent + 8, 16), warm_pool=warm)
     ids: set[str] = set()
     try:
         _log("publishing the busybox corpus")
@@ -227,6 +228,11 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
             from rollstack.bench.node import wait_destroys_drained
 
             wait_destroys_drained(client)  # destroys finish in the background (docs/node.md)
+            warm_hits = next((float(x.split()[1]) for x in client._service.metrics_text().splitlines()
+                              if x.startswith("rollstack_warm_hits_total ")), 0.0)
+            cycles_doc = leak_check(config.root, ids, cycles, cycle_s) if not warm else {}
+        if warm:  # ready warm sandboxes are containers until the agent stops: look after it
+            agent.stop(config)
             cycles_doc = leak_check(config.root, ids, cycles, cycle_s)
         return {
             "warm_create_to_first_exec": summarize(first_exec),
@@ -234,7 +240,7 @@ def run_bench(n: int, execs: int, concurrent: int, cycles: int, keep: bool = Fal
             "exec_true_http": summarize(exec_true),
             "concurrent": conc,
             "agent_rss_idle_bytes": rss_idle,
-            "cycles": cycles_doc,
+            "cycles": {**cycles_doc, "warm_pool": warm, "warm_hits": int(warm_hits)},
             "targets": {
                 "warm_create_to_first_exec_p50_s": 0.3, "exec_true_p50_s": 0.040,
                 "concurrent_envs": 64, "agent_rss_bytes": 300 << 20,
@@ -299,8 +305,9 @@ def register(app: typer.Typer) -> None:
         concurrent: Annotated[int, typer.Option("--concurrent", help="environments alive at once")] = 64,
         cycles: Annotated[int, typer.Option("--cycles", help="create/exec/destroy cycles for the leak check")] = 100,
         keep: Annotated[bool, typer.Option("--keep", help="keep the temporary root")] = False,
+        warm: Annotated[int, typer.Option("--warm", help="the node's warm pool per stack (0: off)")] = 0,
     ) -> None:
         """Node agent costs: warm create->first exec, exec latency, concurrency + RSS, leaks."""
         from rollstack.cli.output import emit
 
-        emit(run_bench(n, execs, concurrent, cycles, keep), as_json, _human)
+        emit(run_bench(n, execs, concurrent, cycles, keep, warm), as_json, _human)

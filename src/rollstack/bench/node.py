@@ -107,8 +107,9 @@ def _throughput(client: Any, plan: dict[str, Any], callers: int, seconds: float)
     return {"callers": callers, "execs": sum(counts), "execs_per_s": round(sum(counts) / wall, 1)}
 
 
-def _fanout(client: Any, plan: dict[str, Any], count: int, rounds: int) -> dict[str, Any]:
+def _fanout(client: Any, plan: dict[str, Any], count: int, rounds: int, warm: int = 0) -> dict[str, Any]:
     def group(n: int) -> float:
+        settle(client, warm)
         t = time.perf_counter()
         envs = client.create(plan, count=n) if n > 1 else [client.create(plan)]
         with ThreadPoolExecutor(max_workers=n) as pool:
@@ -160,9 +161,30 @@ def wait_destroys_drained(client: Any, timeout: float = 600.0) -> None:
         time.sleep(0.05)
 
 
-def _drained_burst(client: Any, plan: dict[str, Any], size: int) -> dict[str, Any]:
+def _metric(client: Any, name: str) -> float:
+    for line in client._service.metrics_text().splitlines():
+        if line.startswith(f"rollstack_{name} "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def settle(client: Any, warm: int, timeout: float = 300.0) -> float:
+    """Until the node is idle again: background destroys done and, with a warm pool, the pool
+    refilled (the idle time between two GRPO iterations). Returns the seconds waited."""
+    t = time.perf_counter()
+    wait_destroys_drained(client, timeout)
+    end = time.monotonic() + timeout
+    while warm and _metric(client, "warm_latest_ready") < warm and time.monotonic() < end:
+        time.sleep(0.05)
+    return round(time.perf_counter() - t, 3)
+
+
+def _drained_burst(client: Any, plan: dict[str, Any], size: int, warm: int = 0) -> dict[str, Any]:
     """A burst, then the wait until the node's background destroys of it are done: the burst's
-    environments/s as the caller sees them, and counting the cleanup (what `ctr run --rm` pays)."""
+    environments/s as the caller sees them, and counting the cleanup (what `ctr run --rm` pays).
+    With a warm pool, the node is first given the time to refill it (`settle_seconds`)."""
+    settled = settle(client, warm)
+    hits = _metric(client, "warm_hits_total")
     t = time.perf_counter()
     doc = _burst(_rollstack_burst(client, plan), size)
     doc["destroys_pending_at_end"] = _pending_destroys(client)
@@ -170,6 +192,7 @@ def _drained_burst(client: Any, plan: dict[str, Any], size: int) -> dict[str, An
     wall = time.perf_counter() - t
     doc["drained_seconds"] = round(wall, 3)
     doc["drained_envs_per_s"] = round(doc["first_exec"]["n"] / wall, 2)
+    doc["settle_seconds"], doc["warm_hits"] = settled, int(_metric(client, "warm_hits_total") - hits)
     return doc
 
 
@@ -203,62 +226,10 @@ def _admitted(client: Any, plan: dict[str, Any], limit: int) -> int:
             e.destroy()
 
 
-# -- containerd --------------------------------------------------------------------------------
-
-def _containerd_pids(state: Path) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if str(state).encode() in cmd or b"containerd-shim" in cmd and b"rs-bench" in cmd:
-                out.append(int(d.name))
-    return out
-
-
-def _containerd(base: Path, tree: Path, execs: int, burst: int, bursts: int) -> dict[str, Any]:
-    from rollstack.bench.systems.containerd import PrivateContainerd, available, oci_archive
-
-    why = available()
-    if why:
-        return {"skipped": why}
-    state = Path(tempfile.mkdtemp(prefix="rs-ctrd-", dir="/tmp"))
-    try:
-        with PrivateContainerd(state) as ctr:
-            archive = base / "busybox-oci.tar"
-            oci_archive(tree, archive, IMAGE)
-            ctr.run("images", "import", "--snapshotter", "overlayfs", str(archive))
-            ctr.run("run", "-d", "--snapshotter", "overlayfs", IMAGE, "rs-exec", "sleep", "100000")
-            lat = []
-            pids = _containerd_pids(state)
-            cpu0 = _cpu(pids) + _cpu([os.getpid()])
-            for i in range(execs):
-                t = time.perf_counter()
-                ctr.run("tasks", "exec", "--exec-id", f"x{i}", "rs-exec", "true")
-                lat.append(time.perf_counter() - t)
-            cpu = _cpu(pids) + _cpu([os.getpid()]) - cpu0  # ctr clients are our reaped children
-            ctr.run("tasks", "kill", "-s", "SIGKILL", "rs-exec", check=False)
-            ctr.delete("rs-exec")
-
-            def one(i: int) -> float:
-                t = time.perf_counter()
-                cid = f"b{i}-{time.monotonic_ns()}"
-                ctr.run("run", "--rm", "--snapshotter", "overlayfs", IMAGE, cid, "true")
-                return time.perf_counter() - t
-
-            runs = [_burst(one, burst) for _ in range(bursts)]
-            return {"exec_true": {**_lat(lat), "cpu_per_exec_s": round(cpu / execs, 6)},
-                    "bursts": runs}
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-
-
 # -- the benchmark -----------------------------------------------------------------------------
 
 def run_bench(execs: int, callers: int, seconds: float, fanout: int, burst: int, bursts: int,
-              containerd: bool) -> dict[str, Any]:
+              containerd: bool, warm: int = 0, image: str | None = None) -> dict[str, Any]:
     from rollstack.bench.env import build_busybox_trees, busybox_plan, publish_busybox_corpus
     from rollstack.bench.report import current_command, machine_facts
     from rollstack.client import Client
@@ -272,7 +243,13 @@ def run_bench(execs: int, callers: int, seconds: float, fanout: int, burst: int,
         spec = publish_busybox_corpus(base / "store", base / "build")
         plan = busybox_plan(resources=SMALL)  # bursts, fan-out, admission: agent-sized
         busy = busybox_plan()  # exec latency/throughput: 0.5 core (a 0.1-core env is throttled)
-        for mode, extra in (("agent", {}), ("runc", {"exec_agent": False})):
+        if image:
+            from rollstack.bench import node_image
+
+            _log(f"importing {image}")
+            doc["image"] = node_image.import_group(image, spec, base)
+        pool = {"warm_pool": warm, "warm_pool_max": max(64, warm)} if warm else {}
+        for mode, extra in (("agent", pool), ("runc", {"exec_agent": False})):
             config, pid = _node(base, f"node-{mode}", spec, **extra)
             configs.append(config)
             with Client(config.url(), token=config.token_path.read_text().strip()) as client:
@@ -283,9 +260,20 @@ def run_bench(execs: int, callers: int, seconds: float, fanout: int, burst: int,
                     _log(f"throughput: {callers} callers for {seconds}s")
                     part["throughput"] = _throughput(client, busy, callers, seconds)
                     _log(f"fan-out of {fanout}")
-                    part["fanout"] = _fanout(client, plan, fanout, rounds=5)
+                    part["fanout"] = _fanout(client, plan, fanout, rounds=5, warm=warm)
                     _log(f"{bursts} bursts of {burst}")
-                    part["bursts"] = [_drained_burst(client, plan, burst) for _ in range(bursts)]
+                    part["bursts"] = [_drained_burst(client, plan, burst, warm) for _ in range(bursts)]
+                    if image:
+                        from rollstack.bench.node_image import image_plan
+
+                        _log(f"image: fan-out of {fanout}, {bursts} bursts of {burst}")
+                        iplan = image_plan(SMALL)
+                        client.create(iplan).destroy()
+                        settle(client, 0)
+                        doc["image"]["fanout"] = _fanout(client, iplan, fanout, rounds=5, warm=warm)
+                        doc["image"]["bursts"] = [_drained_burst(client, iplan, burst, warm)
+                                                  for _ in range(bursts)]
+                    settle(client, 0)
                     part["admitted_small_envs"] = _admitted(client, plan, limit=96)
             doc[mode] = part
             agent.stop(config)
@@ -293,7 +281,10 @@ def run_bench(execs: int, callers: int, seconds: float, fanout: int, burst: int,
         if containerd:
             _log("containerd: ctr task exec, ctr run --rm bursts")
             tree = build_busybox_trees(base / "ctr-tree")["os"]
-            doc["containerd"] = _containerd(base, tree, min(execs, 100), burst, bursts)
+            from rollstack.bench.node_containerd import measure
+
+            doc["containerd"] = measure(base, tree, min(execs, 100), burst, bursts, image)
+        doc["warm_pool"] = warm
         doc["summary"] = _summary(doc)
         doc["machine"], doc["command"] = machine_facts(), current_command()
         return doc
@@ -321,7 +312,18 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         "burst_failures": sum(b["failures"] for b in a["bursts"]),
         "admitted_small_envs": a["admitted_small_envs"],
     }
+    out["warm_pool"] = doc.get("warm_pool", 0)
     c = doc.get("containerd") or {}
+    img = doc.get("image") or {}
+    if img.get("bursts"):
+        mine = [b["envs_per_s"] for b in img["bursts"]]
+        out["image_fanout_ratio"] = img["fanout"]["ratio"]
+        out["image_burst_envs_per_s_p50"] = _pct(mine, 50)
+        out["image_burst_failures"] = sum(b["failures"] for b in img["bursts"])
+        if c.get("image_bursts"):
+            theirs = [b["envs_per_s"] for b in c["image_bursts"]]
+            out["containerd_image_burst_envs_per_s_p50"] = _pct(theirs, 50)
+            out["image_burst_vs_containerd"] = round(_pct(mine, 50) / _pct(theirs, 50), 2)
     if c.get("bursts"):
         theirs = [b["envs_per_s"] for b in c["bursts"]]
         out["containerd_burst_envs_per_s_p50"] = _pct(theirs, 50)
@@ -347,7 +349,13 @@ def _human(doc: dict[str, Any]) -> None:
           f"{s['burst_p99_over_p50']}, failures {s['burst_failures']}"
           + (f"; containerd {s['containerd_burst_envs_per_s_p50']} envs/s -> "
              f"{s['burst_vs_containerd']}x" if "burst_vs_containerd" in s else ""))
-    print(f"admitted small environments (0.1 core, 64 MiB): {s['admitted_small_envs']}")
+    print(f"admitted small environments (0.1 core, 64 MiB): {s['admitted_small_envs']}; warm pool "
+          f"{s['warm_pool'] or 'off'}")
+    if "image_burst_envs_per_s_p50" in s:
+        print(f"image {doc['image']['ref']}: fan-out {s['image_fanout_ratio']}x one; bursts "
+              f"{s['image_burst_envs_per_s_p50']} envs/s, failures {s['image_burst_failures']}"
+              + (f"; containerd {s['containerd_image_burst_envs_per_s_p50']} envs/s -> "
+                 f"{s['image_burst_vs_containerd']}x" if "image_burst_vs_containerd" in s else ""))
 
 
 def register(app: typer.Typer) -> None:
@@ -362,8 +370,13 @@ def register(app: typer.Typer) -> None:
         bursts: Annotated[int, typer.Option("--bursts", help="bursts per system")] = 3,
         containerd: Annotated[bool, typer.Option("--containerd/--no-containerd",
                                                  help="measure containerd (ctr) too")] = True,
+        warm: Annotated[int, typer.Option("--warm", help="the node's warm pool per stack "
+                                          "(NodeConfig.warm_pool; 0: off), refilled between bursts")] = 0,
+        image: Annotated[str | None, typer.Option("--image", help="also fan-out and bursts on this "
+                                                  "image (oci:DIR[:TAG] or a registry ref), imported as a group")] = None,
     ) -> None:
         """Node throughput: exec latency/CPU, execs/s, fan-out, bursts, admission; vs containerd."""
         from rollstack.cli.output import emit
 
-        emit(run_bench(execs, callers, seconds, fanout, burst, bursts, containerd), as_json, _human)
+        emit(run_bench(execs, callers, seconds, fanout, burst, bursts, containerd, warm, image),
+             as_json, _human)

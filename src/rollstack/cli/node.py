@@ -37,6 +37,7 @@ def start(
     listen: ListenOpt = None,
     token_file: Annotated[Optional[Path], typer.Option("--token-file", help="bearer token file [default: ROOT/token]")] = None,
     max_environments: Annotated[Optional[int], typer.Option("--max-environments", help="admission limit")] = None,
+    warm_pool: Annotated[Optional[int], typer.Option("--warm-pool", help="started sandboxes kept per stack [default: 0, off]")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", help="stay attached")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -49,6 +50,7 @@ def start(
         store=store,
         token_file=token_file.absolute() if token_file else None,
         max_environments=max_environments,
+        warm_pool=warm_pool,
     )
     if foreground:
         agent.serve(config)

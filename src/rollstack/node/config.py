@@ -76,6 +76,15 @@ class NodeConfig(BaseModel):
     network_uplinks: list[str] = Field(default_factory=list)
     """The node's uplink interfaces (e.g. ["eth0"]): `outbound`/`allow` environments' replies
     are forwarded from them, so their per-interface forwarding is switched on (nothing else)."""
+    warm_pool: int = Field(default=0, ge=0)
+    """Started sandboxes kept per layer stack and handed out at create (rollstack.node.warm;
+    docs/node.md, "Warm pool"); 0: off, every create starts its container."""
+    warm_pool_max: int = Field(default=64, ge=1)
+    """Warm sandboxes on the node in all (never more than max_environments minus live ones)."""
+    warm_stacks: int = Field(default=4, ge=1)
+    """Stacks with a warm pool (least recently used dropped first)."""
+    warm_cpu_share: float = Field(default=0.5, gt=0, le=1)
+    """Fraction of the time the refill thread may spend starting sandboxes."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
 

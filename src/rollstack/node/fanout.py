@@ -8,12 +8,15 @@ If any of them fails, the ones already built are destroyed and the first error i
 Each environment still gets its own overlay upper with the mutation applied (a few ms on the
 corpus tasks): stacking one shared, pre-mutated task layer under the uppers was not done,
 because an environment's diff must stay relative to the unmutated stack (the evaluator applies
-it there) and the diff code compares one upper against the lowers.
+it there) and the diff code compares one upper against the lowers. With the node's warm pool
+(rollstack.node.warm) the group's environments are handed out already started; what is left
+per environment is the lazy store's `begin_env`, the mutation, the quotas and the record.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -57,15 +60,13 @@ def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateRe
         _release(service, recs)
         raise
     prepare_s = time.perf_counter() - t0
-    with ThreadPoolExecutor(max_workers=min(count, START_WORKERS),
-                            thread_name_prefix="rollstack-fanout") as pool:
-        futures = [pool.submit(service._create, plan, False, rec, prepared) for rec in recs]
-        outcomes = []
-        for f in futures:
-            try:
-                outcomes.append(f.result())
-            except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
-                outcomes.append(exc)
+    futures = [_pool().submit(service._create, plan, False, rec, prepared) for rec in recs]
+    outcomes = []
+    for f in futures:
+        try:
+            outcomes.append(f.result())
+        except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
+            outcomes.append(exc)
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     if errors:
         for o in outcomes:
@@ -77,6 +78,20 @@ def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateRe
         c.timings.resolve, c.timings.toc = shared.resolve, round(shared.toc + c.timings.toc, 6)
         c.timings.total = round(c.timings.total + prepare_s, 6)
     return created
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The node's group builders, kept between calls (starting 16 threads per group cost more
+    than a warm sandbox's handout on a busy node). Shared by concurrent groups."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=START_WORKERS, thread_name_prefix="rollstack-fanout")
+        return _POOL
 
 
 def _release(service: "NodeService", recs: list[Any]) -> None:

@@ -36,6 +36,8 @@ class Timings(_Wire):
     mutation: float = 0.0
     start: float = 0.0
     total: float = 0.0
+    warm: bool = False
+    """A warm sandbox was handed out (rollstack.node.warm): mount and start happened before."""
 
 
 class FetchStats(_Wire):

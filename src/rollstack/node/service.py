@@ -85,6 +85,9 @@ class NodeService:
         self.stages = Stages.start(self.config, on_terminate=self._on_terminate)
         for env, doc in self.stages.adopted:
             self._adopt(env, doc)
+        from rollstack.node.warm import attach
+
+        attach(self)  # NodeConfig.warm_pool: started sandboxes handed out at create
         self._reaper = threading.Thread(target=self._reap_loop, name="rollstack-reaper", daemon=True)
         self._reaper.start()
 
@@ -205,6 +208,17 @@ class NodeService:
             self._stages().admit(env_id, plan)  # raises InsufficientCapacity
             self._envs[env_id] = rec
         return rec
+
+    def rekey(self, rec: EnvRecord, env_id: str) -> None:
+        """Rename an admitted record before its id is returned (a warm sandbox's id, node.warm)."""
+        with self._lock:
+            self._envs.pop(rec.id, None)
+            rec.id = env_id
+            self._envs[env_id] = rec
+
+    def live_count(self) -> int:
+        with self._lock:
+            return sum(1 for r in self._envs.values() if r.state in st.LIVE_STATES)
 
     # -- destroy ------------------------------------------------------------------------------
 

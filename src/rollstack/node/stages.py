@@ -41,9 +41,11 @@ if TYPE_CHECKING:
     from rollstack.run.execpump import ExecControl, ExecResult, OnOutput
     from rollstack.run.environment import Environment, EnvironmentRuntime, Leftovers
     from rollstack.store.base import ArtifactStore
+    from rollstack.node.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
+_FETCH_KEYS = ("fetched_bytes", "from_cache_bytes", "from_peer_bytes")
 DIFF_BASE = "/"
 """The diff names paths from the environment root (the evaluator applies it the same way)."""
 
@@ -77,6 +79,10 @@ class Stages:
         self.materializer: Materializer | None = None
         self.recovered: Leftovers | None = None
         self.adopted: list[tuple[Environment, dict[str, Any]]] = []
+        self.warm: WarmPool | None = None
+        """Started sandboxes handed out at create (rollstack.node.warm.attach sets it)."""
+        self.rekey: Callable[[EnvRecord, str], None] | None = None
+        """Renames an admitted record to a warm sandbox's id (the service's map is keyed by it)."""
 
     @classmethod
     def start(cls, config: NodeConfig, on_terminate: Callable[..., None]) -> "Stages":
@@ -196,6 +202,9 @@ class Stages:
         return Provisioner(detect_backend(), policy, capacity, on_terminate=on_terminate).start()
 
     def stop(self) -> None:
+        if self.warm is not None:  # its sandboxes stack the lazy store's dirs: before it stops
+            self.warm.stop()
+            self.warm = None
         adopted_daemon = self.lazy is not None and getattr(self.lazy, "process", None) is None
         for name in ("provisioner", "materializer", "lazy"):
             part = getattr(self, name)
@@ -254,6 +263,7 @@ class Stages:
         token = new_token() if net.needs_netns else ""
         shared = prepared or self.prepare(plan, timings)
         stack, refs, lowers = shared.stack, shared.refs, shared.lowers
+        warm = self._take_warm(rec, plan, net, refs, lowers)
         t = time.perf_counter()
         trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
         self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
@@ -267,8 +277,17 @@ class Stages:
             cpu=plan.resources.cpu,
             memory=plan.resources.memory,
         )
-        env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net,
-                                  runtime=plan.runtime, userns=plan.security.userns)
+        if warm is not None:
+            from rollstack.node.warm import handout
+
+            env = warm
+            timings.warm = True
+            env.timings = {"mutation": handout(env, plan, dict(params.env))}  # mount, start: before
+            if self.provisioner is None:  # register below applies them otherwise
+                env.update(cpu=plan.resources.cpu, memory=plan.resources.memory)
+        else:
+            env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net,
+                                      runtime=plan.runtime, userns=plan.security.userns)
         timings.mount = round(env.timings.get("mount", 0.0), 6)
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)
         timings.start = round(env.timings.get("start", 0.0), 6)
@@ -280,7 +299,8 @@ class Stages:
             self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
         if self.materializer is not None:
             self.materializer.used(refs)
-        fetch = self._fetch_stats(rec.id)
+        # a warm sandbox's start read under another id: nothing was read under this one yet
+        fetch = self._fetch_stats(rec.id) if warm is None else dict.fromkeys(_FETCH_KEYS, 0)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
         h = env.net
         network = None if h is None else {
@@ -289,6 +309,19 @@ class Stages:
             "expose": list(net.expose)}
         return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch,
                      network=network)
+
+    def _take_warm(self, rec: EnvRecord, plan: Plan, net: Any, refs: list[Any],
+                   lowers: list[Path]) -> Environment | None:
+        """A warm sandbox for this plan (the record takes its id), or None: create cold."""
+        from rollstack.node.warm import eligible
+
+        if self.warm is None or self.rekey is None or not eligible(plan, net):
+            return None
+        env = self.warm.take([r.digest for r in refs], lowers)
+        if env is not None:
+            self.rekey(rec, env.id)
+            rec.runtime = env  # a failing handout tears it down with the record
+        return env
 
     def _lower(self, digest: str) -> Path:
         """The layer's local copy when it has one (`node.materialize`), else its FUSE directory."""
@@ -301,8 +334,7 @@ class Stages:
         except Exception:  # noqa: BLE001 - statistics must never fail a create
             log.exception("env_stats(%s) failed", env_id)
             doc = {}
-        keys = ("fetched_bytes", "from_cache_bytes", "from_peer_bytes")
-        return {k: int(doc.get(k, 0) or 0) for k in keys}
+        return {k: int(doc.get(k, 0) or 0) for k in _FETCH_KEYS}
 
     def release(self, rec: EnvRecord) -> None:
         """The cheap, immediate part of an asynchronous destroy: leave the provisioner (its
@@ -419,6 +451,8 @@ class Stages:
         if self.materializer is not None:
             for key, value in _flatten(self.materializer.stats(), "materialized"):
                 out[key] = value
+        if self.warm is not None:
+            out.update(self.warm.stats())
         out["agent_rss_bytes"] = float(_rss())
         return out
 

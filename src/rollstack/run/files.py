@@ -241,6 +241,16 @@ class SafeRoot:
             for d in stack:
                 os.close(d)
 
+    def makedirs(self, path: str) -> None:
+        """Create a directory and its missing parents (0755), like `mkdir -p`."""
+        stack, last = self._walk(split_request(path), create_dirs=True)
+        try:
+            if last is not None:
+                stack.append(self._open_dir(stack[-1], last, True))
+        finally:
+            for d in stack:
+                os.close(d)
+
     def exists(self, path: str) -> bool:
         try:
             self.stat(path)

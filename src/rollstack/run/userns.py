@@ -212,10 +212,12 @@ def layer_view(lower: Path) -> Path | None:
     return Path(twin) if twin is not None else None
 
 
-def shift_upper(upper: Path) -> int:
+def shift_upper(upper: Path, via: Path | None = None) -> int:
     """Give what the node wrote into `upper` as host root (the task mutation) the owners a
     user-namespaced root sees as its own: host id u -> BASE + u for ids outside the range
-    (ids already inside it, e.g. copied-up layer files, stay). Returns entries changed."""
+    (ids already inside it, e.g. copied-up layer files, stay). Returns entries changed.
+    `via`: the mounted merged root; the entries found in `upper` are changed through it (an
+    upper must not be written behind a mounted overlay: a started warm sandbox)."""
     changed = 0
     lo, hi = HOST_BASE, HOST_BASE + SIZE
 
@@ -234,7 +236,8 @@ def shift_upper(upper: Path) -> int:
 
     for dirpath, dirnames, filenames in os.walk(upper):
         for name in dirnames + filenames:
-            fix(os.path.join(dirpath, name))
+            path = os.path.join(dirpath, name)
+            fix(path if via is None else os.path.join(via, os.path.relpath(path, upper)))
     return changed
 
 

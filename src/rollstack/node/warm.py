@@ -1,0 +1,329 @@
+"""Warm pool: started sandboxes per layer stack, handed out at create (`NodeConfig.warm_pool`).
+
+Most of a create's CPU is starting the container: `runc run` (~13 ms of CPU on this node) and
+`runc init` inside it (~9 ms), against ~1 ms for the overlay mount and ~2 ms for a mutation
+(docs/runtime.md, "Warm pool"). So the node keeps, per stack that creates ask for, a few
+sandboxes already started: a fresh overlay (empty upper) over the stack's lowers, PID 1
+rollstack-execd running with its exec socket, the cgroup made, a loopback-only network
+namespace; nothing else runs in them. A create whose plan fits takes one and only:
+
+1. takes its id (the node re-keys the admitted record: `Stages.rekey`), so container, cgroup and
+   state dir are named as if it had been created for this record;
+2. applies the plan's start quotas to the existing cgroup (the provisioner's `register`, as for
+   any create; `runc update` when the node runs without a provisioner);
+3. applies the task mutation through the host-side merged view (`<env>/rootfs`, the overlay
+   mount the container runs on; never into the upper dir, which the mount owns) and creates the
+   plan's workdir there if it is missing (what runc does for a spec's cwd);
+4. records the plan's workdir and env as the defaults of every exec (`Environment.
+   set_exec_defaults`): PID 1's own env and cwd are generic, each command gets the plan's.
+
+Isolation is the same as a cold create's: the sandbox's spec is `build_spec` with the same
+namespaces, capabilities, seccomp profile, no_new_privileges, rlimits, pids limit and devices;
+only cwd, env (per exec instead) and the start quotas (set at handout) differ.
+
+Which plans: `runtime: runc`, no user namespace, no network namespace (`network` none); others
+are created cold. Key: the stack's layer digests; a pool also remembers the lower dirs its
+sandboxes stack, and when a create resolves the same digests to other dirs (a layer was
+materialized, `node.materialize`) or a tag resolves to other digests, the stale sandboxes are
+destroyed and new ones started on the new stack. At most `warm_stacks` stacks have a pool
+(least recently used dropped first).
+
+Refill: one background thread starts one sandbox at a time, then sleeps so that it is busy at
+most `warm_cpu_share` of the time (and never while `room()` says the node has no space for
+another container). A create that finds the pool empty is a cold create and wakes the refill.
+
+Accounting: a warm sandbox is a container but not an environment: it is not admitted, holds no
+provisioner quota and is not listed. It uses ~1 MiB (execd's RSS, kernel objects) and no CPU
+while it waits. The pool never starts one while live environments + warm sandboxes would exceed
+`max_environments`, and at most `warm_pool_max` exist in all. Leftover sandboxes of a crashed
+agent have no record and are destroyed by recovery like any unrecorded environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from rollstack.run.environment import Environment, EnvironmentRuntime
+
+log = logging.getLogger(__name__)
+
+WARM_CPU = 1.0
+"""Cores of a sandbox's cgroup until handout (runc init runs under it: a small quota would
+throttle the start); idle, it uses none."""
+WARM_MEMORY = 128 << 20
+"""Memory limit of a sandbox's cgroup until handout."""
+
+
+def new_env_id() -> str:
+    """An environment id in the node's format (`NodeService._admit`)."""
+    return f"e{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class _Stack:
+    digests: tuple[str, ...]
+    lowers: tuple[str, ...]
+    ready: list["Environment"] = field(default_factory=list)
+    starting: int = 0
+    used: float = field(default_factory=time.monotonic)
+
+
+class WarmPool:
+    """Per-stack pools of started sandboxes with one refill thread."""
+
+    def __init__(self, runtime: "EnvironmentRuntime", size: int, max_total: int = 64,
+                 stacks: int = 4, cpu_share: float = 0.5,
+                 room: Callable[[], int] | None = None) -> None:
+        if size < 1 or max_total < 1 or stacks < 1 or not 0 < cpu_share <= 1:
+            raise ValueError("warm pool: size, max_total, stacks >= 1 and 0 < cpu_share <= 1")
+        self.runtime, self.size, self.max_total = runtime, size, max_total
+        self.stacks, self.cpu_share = stacks, cpu_share
+        self.room = room or (lambda: 1 << 30)  # containers the node allows besides live envs
+        self._pools: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
+        self._discard: list["Environment"] = []
+        self._destroying = 0
+        self._cond = threading.Condition()
+        self._stopped = False
+        self.counters = {"hits": 0, "misses": 0, "started": 0, "start_failures": 0,
+                         "discarded": 0, "dead": 0}
+        self._thread = threading.Thread(target=self._loop, name="rollstack-warm", daemon=True)
+        self._thread.start()
+
+    # -- handout --------------------------------------------------------------------------------
+
+    def take(self, digests: Sequence[str], lowers: Sequence[Path]) -> "Environment | None":
+        """A started sandbox on exactly these lowers, or None (the create goes cold). Either way
+        the stack's pool is (re)targeted to `size` and the refill woken."""
+        digests, low = tuple(digests), tuple(str(p) for p in lowers)
+        with self._cond:
+            if self._stopped:
+                return None
+            stack = self._pools.get(digests)
+            if stack is not None and stack.lowers != low:  # same layers, other dirs: stale
+                self._discard += stack.ready
+                self.counters["discarded"] += len(stack.ready)
+                stack.ready, stack.lowers = [], low
+            if stack is None:
+                stack = self._pools[digests] = _Stack(digests, low)
+                while len(self._pools) > self.stacks:  # least recently used stack goes
+                    _, old = self._pools.popitem(last=False)
+                    self._discard += old.ready
+                    self.counters["discarded"] += len(old.ready)
+            self._pools.move_to_end(digests)
+            stack.used = time.monotonic()
+            env = None
+            while stack.ready:
+                cand = stack.ready.pop(0)
+                if cand.init_alive():
+                    env = cand
+                    break
+                self._discard.append(cand)  # its PID 1 died while it waited
+                self.counters["dead"] += 1
+            self.counters["hits" if env is not None else "misses"] += 1
+            self._cond.notify_all()
+        return env
+
+    def ready(self) -> int:
+        with self._cond:
+            return sum(len(s.ready) for s in self._pools.values())
+
+    def wait_full(self, timeout: float) -> bool:
+        """Until the refill has nothing left to do (every stack full, or as full as the caps
+        allow, and stale sandboxes destroyed); False on timeout."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while not self._stopped:
+                busy = self._discard or self._destroying or any(s.starting for s in self._pools.values())
+                if not busy and self._plan()[0] is None:
+                    return True
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return False
+
+    def stats(self) -> dict[str, float]:
+        with self._cond:
+            out = {f"warm_{k}_total": float(v) for k, v in self.counters.items()}
+            out["warm_ready"] = float(sum(len(s.ready) for s in self._pools.values()))
+            out["warm_stacks"] = float(len(self._pools))
+            last = next(reversed(self._pools.values()), None)
+            out["warm_latest_ready"] = float(len(last.ready) if last is not None else 0)  # MRU stack
+        return out
+
+    def stop(self) -> None:
+        """Stop refilling and destroy every sandbox not handed out."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+        with self._cond:
+            envs = self._discard + [e for s in self._pools.values() for e in s.ready]
+            self._discard, self._pools = [], OrderedDict()
+        for env in envs:
+            _destroy(env)
+
+    # -- refill ---------------------------------------------------------------------------------
+
+    def _total(self) -> int:
+        return sum(len(s.ready) + s.starting for s in self._pools.values())
+
+    def _trim(self) -> None:
+        """Live environments grew into the room warm sandboxes hold: give some back (least
+        recently used stacks first)."""
+        surplus = self._total() - max(0, self.room())
+        for stack in self._pools.values():
+            while surplus > 0 and stack.ready:
+                self._discard.append(stack.ready.pop())
+                self.counters["discarded"] += 1
+                surplus -= 1
+
+    def _plan(self) -> "tuple[_Stack | None, _Stack | None]":
+        """(the stack to start a sandbox for, the stack that gives up a ready one to make room
+        or None); (None, None): nothing to do. The most recently used stack below its size goes
+        first; at the pool's cap, a less recently used stack's ready sandbox makes the room, but
+        never past the node's own room. No side effects."""
+        want = next((st for st in reversed(self._pools.values())
+                     if len(st.ready) + st.starting < self.size), None)
+        if want is None:
+            return None, None
+        room = self.room()
+        if self._total() < min(self.max_total, room):
+            return want, None
+        if self._total() >= room:
+            return None, None
+        for old in self._pools.values():  # least recently used first
+            if old is want:
+                break
+            if old.ready:
+                return want, old
+        return None, None
+
+    def _next(self) -> "_Stack | None":
+        want, victim = self._plan()
+        if victim is not None:
+            self._discard.append(victim.ready.pop())
+            self.counters["discarded"] += 1
+        return want
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and not self._discard and self._plan()[0] is None:
+                    self._trim()
+                    if self._discard:
+                        break
+                    self._cond.wait(1.0)
+                if self._stopped:
+                    return
+                stack = self._next()  # may move a victim to the discard list: destroyed first
+                if stack is not None:
+                    stack.starting += 1
+                discard, self._discard = self._discard, []
+                self._destroying += len(discard)
+            for env in discard:
+                _destroy(env)
+            if discard:
+                with self._cond:
+                    self._destroying -= len(discard)
+                    self._cond.notify_all()
+            if stack is None:
+                continue
+            t = time.monotonic()
+            env = self._start(stack)
+            busy = time.monotonic() - t
+            with self._cond:
+                stack.starting -= 1
+                if env is not None and self._pools.get(stack.digests) is stack \
+                        and stack.lowers == env.warm_lowers and not self._stopped:
+                    stack.ready.append(env)
+                elif env is not None:
+                    self._discard.append(env)  # the stack went stale while it started
+                self._cond.notify_all()
+                # bounded CPU share: idle (1 - share) / share of the time just spent starting
+                self._cond.wait_for(lambda: self._stopped, busy * (1 - self.cpu_share) / self.cpu_share)
+
+    def _start(self, stack: _Stack) -> "Environment | None":
+        from rollstack.run.ocispec import SpecParams
+
+        env_id = new_env_id()
+        try:
+            env = self.runtime.create(env_id, [Path(p) for p in stack.lowers],
+                                      SpecParams(env_id=env_id, cwd="/", cpu=WARM_CPU,
+                                                 memory=WARM_MEMORY))
+        except Exception:  # noqa: BLE001 - a create that needs it goes cold; logged, counted
+            log.exception("starting a warm sandbox on %s failed", stack.lowers)
+            with self._cond:
+                self.counters["start_failures"] += 1
+            time.sleep(1.0)  # a broken stack must not spin
+            return None
+        env.warm_lowers = stack.lowers  # type: ignore[attr-defined]
+        with self._cond:
+            self.counters["started"] += 1
+        return env
+
+
+def _destroy(env: "Environment") -> None:
+    try:
+        env.destroy()
+    except Exception:  # noqa: BLE001 - the next start's recovery reclaims what is left
+        log.exception("destroying warm sandbox %s failed", env.id)
+
+
+def handout(env: "Environment", plan: Any, exec_env: dict[str, str]) -> float:
+    """Make a taken sandbox the plan's environment (quotas are the caller's: the provisioner's
+    register): mutation through the merged view, the workdir, exec defaults. Returns the
+    seconds the mutation took."""
+    from rollstack.errors import UnsafePath
+    from rollstack.run.ocispec import SpecParams, build_spec
+
+    # the checks a spec built from the plan would have made (cwd absolute, env names/values)
+    build_spec(str(env.rootfs), SpecParams(env_id=env.id, cwd=plan.workdir, env=exec_env))
+    t = time.monotonic()
+    if plan.mutation_text:
+        from rollstack.plan.mutation import apply_mutation
+
+        apply_mutation(env.rootfs, plan.mutation_text, workdir=plan.workdir)
+        if env.meta().get("userns"):  # what the node wrote as host root, as a cold create does
+            from rollstack.run import userns
+
+            userns.shift_upper(env.upper, via=env.rootfs)
+    mutation = time.monotonic() - t
+    try:
+        env.files.makedirs(plan.workdir)
+    except UnsafePath:
+        pass  # an absolute symlink on the way: the command's chdir resolves it in the sandbox
+    env.set_exec_defaults(plan.workdir, exec_env)
+    return mutation
+
+
+def eligible(plan: Any, net: Any) -> bool:
+    """Plans a warm sandbox can serve: runc, the node's default user-namespace choice (the
+    sandboxes are started with it; an explicit `security.userns` goes cold), no network."""
+    return plan.runtime == "runc" and plan.security.userns is None and not net.needs_netns
+
+
+def attach(service: Any) -> None:
+    """Give a started `NodeService` a warm pool when its config asks for one."""
+    cfg = service.config
+    stages = service.stages
+    if cfg.warm_pool <= 0 or stages is None or stages.runtime is None:
+        return
+    if not stages.runtime.uses_agent:  # a sandbox's exec defaults work on both paths, but
+        log.info("warm pool off: no exec agent")  # catatonit has no agent to keep ready
+        return
+
+    def room() -> int:  # containers the node allows besides its live environments
+        return cfg.max_environments - service.live_count()
+
+    stages.rekey = service.rekey
+    stages.warm = WarmPool(stages.runtime, cfg.warm_pool, max_total=cfg.warm_pool_max,
+                           stacks=cfg.warm_stacks, cpu_share=cfg.warm_cpu_share, room=room)

@@ -1,0 +1,196 @@
+"""`Environment`: one environment's handle (exec, files, diff, quotas, status, teardown).
+
+Cheap to construct: all state is on disk (`<root>/envs/<id>/`, see rollstack.run.environment)
+and in runc. Teardown is rollstack.run.teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
+from rollstack.run import agent, cgroupfs, overlay, teardown
+from rollstack.run import userns as uns
+from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
+from rollstack.run.execpump import ExecControl, check_request
+from rollstack.run.files import SafeRoot
+from rollstack.run.network import NetHandle
+from rollstack.run.ocispec import ENV_ID_RE
+from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
+
+if TYPE_CHECKING:
+    from rollstack.run.runtime import EnvironmentRuntime
+
+
+class Environment:
+    """One environment's handle; cheap to construct, all state is on disk and in runc."""
+
+    def __init__(self, runtime: EnvironmentRuntime, env_id: str) -> None:
+        if not isinstance(env_id, str) or not ENV_ID_RE.fullmatch(env_id):
+            # ids become paths (state dir, cgroups): never let one climb out of the root
+            raise InvalidRequest(f"invalid environment id {env_id!r}")
+        self.runtime, self.id = runtime, env_id
+        self.dir = runtime.env_dir(env_id)
+        self.upper, self.work = self.dir / "upper", self.dir / "work"
+        self.rootfs, self.bundle = self.dir / "rootfs", self.dir / "bundle"
+        self.meta_path = self.dir / "meta.json"
+        self.timings: dict[str, float] = {}
+        self.pid: int | None = None
+        self._exec_meta: tuple[str, str | None, dict[str, str]] | None = None
+
+    def _write_meta(self, meta: dict) -> None:
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, self.meta_path)
+        self._exec_meta = None
+
+    def set_exec_defaults(self, cwd: str, env: Mapping[str, str]) -> None:
+        """The working directory and variables every exec gets unless it sets its own (kept in
+        meta.json). For environments whose PID 1 was started before their plan was known (a
+        warm sandbox, rollstack.node.warm): the spec's cwd and env are then generic, and these
+        make each command see what a spec built from the plan would have given it."""
+        self._write_meta({**self.meta(), "exec_cwd": cwd, "exec_env": dict(env)})
+
+    def _exec_info(self) -> tuple[str, str | None, dict[str, str]]:
+        """(runtime name, default cwd, default env) from meta.json, read once per handle."""
+        if self._exec_meta is None:
+            try:
+                doc = json.loads(self.meta_path.read_text())
+            except (OSError, ValueError):
+                return self.runtime_name, None, {}
+            self._exec_meta = (str(doc.get("runtime") or "runc"), doc.get("exec_cwd"),
+                               dict(doc.get("exec_env") or {}))
+        return self._exec_meta
+
+    def init_alive(self) -> bool:
+        """PID 1 is running (not a zombie) and still in this environment's cgroup; no runc."""
+        pid = self._init_pid()
+        if pid is None:
+            return False
+        try:
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X") and \
+            f"/{self.runtime.config.cgroup_parent.strip('/')}/{self.id}" in cgroup
+
+    def _init_pid(self) -> int | None:
+        try:
+            return int((self.bundle / "init.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def meta(self) -> dict:
+        try:
+            return json.loads(self.meta_path.read_text())
+        except (OSError, ValueError) as e:
+            raise EnvironmentGone(f"environment {self.id} has no readable state") from e
+
+    @property
+    def runtime_name(self) -> str:
+        """"runc" or "runsc" (what created it; read from meta.json)."""
+        try:
+            return str(json.loads(self.meta_path.read_text()).get("runtime") or "runc")
+        except (OSError, ValueError):
+            has_runsc = (self.runtime.root / "runsc").is_dir() and self.runtime.runsc.has_state(self.id)
+            return "runsc" if has_runsc else "runc"
+
+    @property
+    def engine(self) -> Runc:
+        return self.runtime.engine(self.runtime_name)
+
+    @property
+    def net(self) -> NetHandle | None:
+        """The environment's network namespace, veth and table (None: loopback only)."""
+        try:
+            doc = json.loads(self.meta_path.read_text()).get("net")
+        except (OSError, ValueError):
+            return None
+        return NetHandle.from_dict(doc) if doc else None
+
+    @property
+    def lowers(self) -> list[Path]:
+        return [Path(p) for p in self.meta()["lowers"]]
+
+    # -- use ---------------------------------------------------------------------------------
+
+    def exec(self, cmd: Sequence[str] | str, *, cwd: str | None = None,
+             env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+             timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
+             on_output: OnOutput | None = None, control: ExecControl | None = None) -> ExecResult:
+        """Run argv (or a shell string through `/bin/sh -c`) in the environment: through its
+        exec agent (PID 1) when it has one, else (or when the agent is unreachable) `runc exec`.
+
+        `control`: a handle the caller keeps while it runs (open stdin, signals, pid); such an
+        exec always goes through `runc exec` (the agent protocol has no open stdin or signals)."""
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        engine, default_cwd, default_env = self._exec_info()
+        cwd = cwd or default_cwd
+        if default_env:
+            env = {**default_env, **(env or {})}
+        if self.runtime.config.exec_agent and control is None and engine == "runc":
+            check_request(argv, cwd, env, timeout, output_limit)
+            pump = agent.AgentPump(agent.socket_path(self.dir), argv, cwd, env, stdin, timeout,
+                                   output_limit, on_output, 0.2, self.id)
+            try:
+                return pump.run()
+            except agent.AgentUnavailable as e:
+                if not self.meta_path.exists():
+                    raise EnvironmentGone(f"environment {self.id} has no state") from e
+                # no agent (catatonit init, made before the agent) or it is not listening
+                # (the container is gone: runc exec says so precisely)
+            except RuntimeFailure as e:
+                # the shim dies with everything else when PID 1 is killed (destroy, OOM end)
+                init = self._init_pid()
+                if init is None or teardown.wait_exit(init, [], timeout=0.5) or self.status() != "running":
+                    raise EnvironmentGone(f"environment {self.id} is not running: {e}") from e
+                raise
+        return self.engine.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
+                                      timeout=timeout, output_limit=output_limit,
+                                      on_output=on_output, control=control)
+
+    @property
+    def files(self) -> SafeRoot:
+        """Read/write access to the merged root that never escapes it."""
+        if not overlay.is_mounted(self.rootfs):
+            raise EnvironmentGone(f"environment {self.id} has no mounted root")
+        return SafeRoot(self.rootfs, uns.HOST_BASE if self.meta().get("userns") else 0)
+
+    def diff(self, base: str = "/", excludes: Sequence[str] = DEFAULT_EXCLUDES,
+             binary: str = "name") -> str:
+        """The environment's changes as a git-style unified diff, paths relative to `base`.
+
+        `binary`: "name" (binary files only named) or "patch" (git binary patches)."""
+        if not self.upper.is_dir():
+            raise EnvironmentGone(f"environment {self.id} has no upper dir")
+        return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes,
+                          binary=binary)
+
+    def update(self, cpu: float | None = None, memory: int | None = None) -> None:
+        self.engine.update(self.id, cpu=cpu, memory=memory)
+
+    def status(self) -> str:
+        """runc's status (running, stopped, ...) or "missing"."""
+        try:
+            return self.engine.state(self.id).status
+        except RuntimeFailure:
+            return "missing"
+
+    def oom_kills(self) -> int:
+        return cgroupfs.oom_kills(self.id, self.runtime.config.cgroup_parent)
+
+    # -- teardown (rollstack.run.teardown) -----------------------------------------------------
+
+    def kill_init(self) -> bool:
+        """SIGKILL PID 1 through a pidfd if it is still in this environment's cgroup (the kernel
+        then ends its whole pid namespace); cheap, for asynchronous destroys. True if sent."""
+        return teardown.kill_init(self)
+
+    def destroy(self) -> None:
+        """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""
+        teardown.destroy(self)
+

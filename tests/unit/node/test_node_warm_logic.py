@@ -1,0 +1,139 @@
+"""The warm pool's bookkeeping (rollstack.node.warm.WarmPool) over a stand-in runtime: which
+stack is refilled, caps, trading room between stacks, stale lowers, dead sandboxes, trimming.
+The real sandboxes are tests/integration/node/test_node_warm.py."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from rollstack.node.warm import WarmPool
+
+
+class FakeEnv:
+    def __init__(self, env_id: str, lowers: list[Path]) -> None:
+        self.id, self.lowers, self.alive, self.destroyed = env_id, [str(p) for p in lowers], True, False
+
+    def init_alive(self) -> bool:
+        return self.alive
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.made: list[FakeEnv] = []
+        self.lock = threading.Lock()
+
+    def create(self, env_id, lowers, params):  # noqa: ANN001 - the runtime's signature
+        assert params.env_id == env_id and params.cwd == "/"
+        env = FakeEnv(env_id, lowers)
+        with self.lock:
+            self.made.append(env)
+        return env
+
+
+def _pool(**kw) -> tuple[WarmPool, FakeRuntime]:
+    rt = FakeRuntime()
+    return WarmPool(rt, **{"size": 2, "max_total": 8, "cpu_share": 1.0, **kw}), rt  # type: ignore[arg-type]
+
+
+def _ready(pool: WarmPool) -> list[int]:
+    with pool._cond:
+        return [len(s.ready) for s in pool._pools.values()]
+
+
+def test_first_take_misses_then_fills_then_hits() -> None:
+    pool, rt = _pool()
+    try:
+        assert pool.take(["a"], [Path("/l/a")]) is None
+        assert pool.wait_full(10) and _ready(pool) == [2]
+        env = pool.take(["a"], [Path("/l/a")])
+        assert env is not None and env.lowers == ["/l/a"]
+        assert pool.wait_full(10) and _ready(pool) == [2]
+        assert pool.counters["hits"] == 1 and pool.counters["misses"] == 1
+        assert pool.counters["started"] == 3
+    finally:
+        pool.stop()
+    assert all(e.destroyed for e in rt.made if e is not env)  # stop destroys what was not taken
+    assert not env.destroyed
+
+
+def test_other_lowers_for_the_same_layers_drop_the_stale_sandboxes() -> None:
+    pool, rt = _pool()
+    try:
+        pool.take(["a"], [Path("/fuse/a")])
+        assert pool.wait_full(10)
+        stale = list(rt.made)
+        assert pool.take(["a"], [Path("/local/a")]) is None
+        assert pool.wait_full(10)
+        assert all(e.destroyed for e in stale)
+        assert pool.take(["a"], [Path("/local/a")]).lowers == ["/local/a"]
+    finally:
+        pool.stop()
+
+
+def test_a_dead_sandbox_is_discarded_not_handed_out() -> None:
+    pool, rt = _pool()
+    try:
+        pool.take(["a"], [Path("/l")])
+        assert pool.wait_full(10)
+        rt.made[0].alive = False
+        env = pool.take(["a"], [Path("/l")])
+        assert env is rt.made[1] and pool.counters["dead"] == 1
+        assert pool.wait_full(10) and rt.made[0].destroyed
+    finally:
+        pool.stop()
+
+
+def test_at_the_cap_the_latest_stack_takes_room_from_older_ones() -> None:
+    pool, rt = _pool(max_total=2)
+    try:
+        pool.take(["a"], [Path("/a")])
+        assert pool.wait_full(10) and _ready(pool) == [2]
+        pool.take(["b"], [Path("/b")])
+        assert pool.wait_full(10) and _ready(pool) == [0, 2]
+        assert pool.counters["discarded"] == 2
+    finally:
+        pool.stop()
+
+
+def test_least_recently_used_stacks_beyond_the_limit_are_dropped() -> None:
+    pool, rt = _pool(stacks=2)
+    try:
+        for name in ("a", "b", "c"):
+            pool.take([name], [Path(f"/{name}")])
+            assert pool.wait_full(10)
+        with pool._cond:
+            assert list(pool._pools) == [("b",), ("c",)]
+        assert all(e.destroyed for e in rt.made if e.lowers == ["/a"])
+    finally:
+        pool.stop()
+
+
+def test_no_room_on_the_node_means_no_refill_and_a_trim() -> None:
+    room = {"n": 8}
+    pool, rt = _pool(room=lambda: room["n"])
+    try:
+        pool.take(["a"], [Path("/a")])
+        assert pool.wait_full(10) and _ready(pool) == [2]
+        room["n"] = 1  # live environments grew: one sandbox must go
+        with pool._cond:
+            pool._cond.notify_all()
+        for _ in range(200):
+            if _ready(pool) == [1] and sum(e.destroyed for e in rt.made) == 1:
+                break
+            threading.Event().wait(0.01)
+        assert _ready(pool) == [1] and sum(e.destroyed for e in rt.made) == 1
+    finally:
+        pool.stop()
+
+
+@pytest.mark.parametrize("kw", [{"size": 0}, {"max_total": 0}, {"stacks": 0}, {"cpu_share": 0},
+                                {"cpu_share": 1.5}])
+def test_bad_sizes_are_refused(kw) -> None:
+    with pytest.raises(ValueError):
+        WarmPool(FakeRuntime(), **{"size": 2, **kw})  # type: ignore[arg-type]
