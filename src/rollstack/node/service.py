@@ -11,7 +11,7 @@ guards only the id -> record map and admission counting (never held across I/O);
 its own lock that destroy holds, so creates, execs and destroys of different environments run in
 parallel, and an exec never holds a lock (a long command must not block destroy).
 
-Size (~440 lines): one class whose methods are the node API's operations, each a short
+Size (~550 lines): one class whose methods are the node API's operations, each a short
 orchestration over `Stages`; splitting it would split the one place the stages meet.
 """
 

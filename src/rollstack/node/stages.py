@@ -9,7 +9,7 @@ Start order is recovery first (a previous run's environments are destroyed befor
 mounts over their paths), then the lazy store, then the provisioner. Stop is the reverse.
 The stages' types are `node.seams` (protocols) and the stages' own classes.
 
-Size (~430 lines): one class, one method per call the service makes into a stage; the seam is
+Size (~520 lines): one class, one method per call the service makes into a stage; the seam is
 kept in one file so every cross-stage call is visible in one place.
 """
 

@@ -4,6 +4,9 @@
 command's stdio travels as runc's preserved fds 3/4/5); this module runs it: spawn runc with
 posix_spawn (fds placed exactly, thread-safe), select over the pipes and a pidfd of runc,
 cap and stream output, kill the command's whole tree on timeout.
+
+Size (~400 lines): the request checks, the spawn and the pump loop share one set of fds and
+one deadline; the stdin write loop is shared with the exec agent's pump (`write_pending`).
 """
 
 from __future__ import annotations

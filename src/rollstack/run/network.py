@@ -4,6 +4,10 @@ Why veth + nftables (measured, docs/runtime.md "Security"): setup is two `ip` pr
 nftables transaction (in-process through libnftables), a 100 MB download through the policy runs
 near the link's speed; `pasta` needs a process per environment and ~25 ms just to spawn.
 
+Size (~430 lines): one concept, a network slot's whole life: the plan's spec resolved, the
+policy rendered (`ruleset`, pure), the slot pool, setup, uplinks, teardown; the host commands
+and leftovers scan are `run.nettools`.
+
 An environment with `network: none` and no `expose` gets nothing from here: runc makes it a
 fresh netns holding only `lo` (as before). Anything else gets, for slot N of the node's pool
 (default 10.213.0.0/16, one /30 per environment):
