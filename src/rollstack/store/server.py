@@ -201,8 +201,16 @@ class RegistryServer:
         self.process = None
 
     def wait(self) -> int:
-        """Blocks until the registry exits (foreground `rollstack registry serve`)."""
-        return self.process.wait() if self.process is not None else 0
+        """Blocks until the registry exits (foreground `rollstack registry serve`). Polls rather
+        than blocking in `Popen.wait`: a Ctrl-C that lands inside `wait` can leave the Popen's
+        internal waitpid lock held, and the `stop()` after it then waits on that lock forever
+        (seen once in CI: `registry serve` did not exit 15 s after SIGINT)."""
+        proc = self.process
+        if proc is None:
+            return 0
+        while (code := proc.poll()) is None:
+            time.sleep(0.1)
+        return code
 
     def _log_tail(self, n: int = 2000) -> str:
         try:
