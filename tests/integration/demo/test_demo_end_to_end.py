@@ -11,17 +11,16 @@ left behind.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from components import require_root
+from corpus_helpers import CACHE, published_corpus
 from rollstack.demo.config import DemoConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-CACHE = Path(os.environ.get("ROLLSTACK_DEMO_TEST_CACHE", "/var/cache/rollstack/demo-test"))
 
 
 def _log(msg: str) -> None:
@@ -31,19 +30,8 @@ def _log(msg: str) -> None:
 @pytest.fixture(scope="module")
 def published() -> tuple[object, str]:
     """The small corpus, built (cached) and published to the test store (cached)."""
-    from rollstack.corpus.cache import ensure_corpus
-    from rollstack.corpus.publish import publish_corpus_groups
-    from rollstack.store import open_store
-
     require_root()  # the demo needs debootstrap, FUSE, overlayfs, runc, cgroups
-    corpus = ensure_corpus(None, True, _log)
-    spec = f"oci:{CACHE / 'store'}"
-    store = open_store(spec)
-    try:
-        publish_corpus_groups(corpus, store, spec, CACHE / "published.json", CACHE / "scratch", _log)
-    finally:
-        store.close()
-    return corpus, spec
+    return published_corpus(_log)
 
 
 def test_demo_runs_rollouts_that_really_fail_then_pass(published: tuple[object, str], tmp_path: Path) -> None:

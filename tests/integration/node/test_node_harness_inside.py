@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from components import require_root
+from corpus_helpers import published_corpus
 from rollstack.bench.netlab import Upstream, serve_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-CACHE = Path(os.environ.get("ROLLSTACK_DEMO_TEST_CACHE", "/var/cache/rollstack/demo-test"))
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mini_inside_env.py"
 PORT = 30000
 
@@ -43,19 +42,10 @@ def example():
 def corpus_node(tmp_path_factory: pytest.TempPathFactory):
     """The small corpus (built/published once, cached) and a local node over it."""
     from rollstack.client.local import Node
-    from rollstack.corpus.cache import ensure_corpus
     from rollstack.corpus.plans import stack_groups
-    from rollstack.corpus.publish import publish_corpus_groups
-    from rollstack.store import open_store
 
     require_root()
-    corpus = ensure_corpus(None, True, _log)
-    spec = f"oci:{CACHE / 'store'}"
-    store = open_store(spec)
-    try:
-        publish_corpus_groups(corpus, store, spec, CACHE / "published.json", CACHE / "scratch", _log)
-    finally:
-        store.close()
+    corpus, spec = published_corpus(_log)
     groups = stack_groups(corpus.manifest["components"], harness="mini-swe-agent")
     with Node(store=spec, root=tmp_path_factory.mktemp("harness-node")) as node:
         yield node, corpus.tasks[0], groups

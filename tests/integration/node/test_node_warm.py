@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from proc_helpers import kill_exec_shim
+
 from node_fixtures import leftovers, plan, publish_corpus, remember
 from rollstack import Client, errors
 from rollstack.node.api import create_app
@@ -27,7 +29,7 @@ from rollstack.node.config import NodeConfig
 from rollstack.node.models import ExecRequest
 from rollstack.node.server import BackgroundServer
 from rollstack.node.service import NodeService
-from rollstack.run import procs
+
 
 pytestmark = pytest.mark.integration
 SMALL = {"cpu": 0.2, "memory": "64Mi", "max_cpu": 1, "max_memory": "256Mi"}
@@ -245,17 +247,7 @@ def test_bad_input_on_a_warm_environment(node) -> None:
 
     th = threading.Thread(target=run)
     th.start()
-    shim = None
-    for _ in range(200):
-        kids = [q for q in procs.descendants(init)
-                if b"sleep" not in Path(f"/proc/{q}/cmdline").read_bytes()]
-        if kids:
-            shim = kids[0]
-            break
-        time.sleep(0.02)
-    assert shim is not None
-    time.sleep(0.2)
-    os.kill(shim, 9)
+    kill_exec_shim(init)
     th.join(10)
     assert len(errors_seen) == 1 and isinstance(errors_seen[0], errors.RuntimeFailure), errors_seen
     assert _run(service, env_id, "echo still here").stdout == "still here\n"

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from proc_helpers import kill_exec_shim
+
 from rollstack.errors import EnvironmentGone, RuntimeFailure
-from rollstack.run import agent, procs
+from rollstack.run import agent
 from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 from rollstack.run.ocispec import SpecParams
 
@@ -77,17 +79,7 @@ def test_killed_shim_is_a_runtime_failure_and_the_env_stays_usable(make_env):
 
     th = threading.Thread(target=run)
     th.start()
-    shim = None
-    for _ in range(200):
-        kids = [p for p in procs.descendants(env._init_pid())
-                if b"sleep" not in Path(f"/proc/{p}/cmdline").read_bytes()]
-        if kids:
-            shim = kids[0]
-            break
-        time.sleep(0.02)
-    assert shim is not None
-    time.sleep(0.2)
-    os.kill(shim, 9)
+    kill_exec_shim(env._init_pid())
     th.join(10)
     assert not th.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], RuntimeFailure), errors

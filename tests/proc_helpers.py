@@ -1,0 +1,23 @@
+"""Process helpers for the exec-agent tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def kill_exec_shim(init_pid: int, settle: float = 0.2) -> int:
+    """SIGKILL the exec agent's per-command shim under `init_pid` (its first descendant that is
+    not the `sleep` it runs) once it is running; returns its pid."""
+    from rollstack.run import procs
+
+    for _ in range(200):
+        kids = [q for q in procs.descendants(init_pid) if b"sleep" not in Path(f"/proc/{q}/cmdline").read_bytes()]
+        if kids:
+            time.sleep(settle)
+            os.kill(kids[0], signal.SIGKILL)
+            return kids[0]
+        time.sleep(0.02)
+    raise AssertionError(f"no exec shim appeared under pid {init_pid}")
