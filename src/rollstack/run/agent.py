@@ -150,7 +150,11 @@ class AgentPump:
             for fd in (in_r, out_w, err_w):  # the command holds its own copies now
                 os.close(fd)
                 fds.remove(fd)
-            wstatus, timed_out = self._pump(conn, {out_r: "stdout", err_r: "stderr"}, in_w, start)
+            try:
+                wstatus, timed_out = self._pump(conn, {out_r: "stdout", err_r: "stderr"}, in_w, start)
+            except BaseException:
+                _kill_and_wait(conn)  # the command is gone before the caller sees the error
+                raise
         finally:
             conn.close()  # before the command ended: the shim kills its tree
             for fd in fds:
@@ -247,6 +251,20 @@ class AgentPump:
                 raise RuntimeFailure(f"exec agent of {self.container_id}: {msg}", stderr=msg)
             (status,) = struct.unpack("<i", payload)
         return status
+
+
+def _kill_and_wait(conn: socket.socket) -> None:
+    """An exec that failed on our side (an output callback raised, an interrupt): kill the
+    command's tree and wait, at most KILL_GRACE, until the shim reports or hangs up, so the
+    next exec never sees it still running (seen in CI: `ps` right after still listed it)."""
+    try:
+        conn.setblocking(True)
+        conn.settimeout(KILL_GRACE)
+        _send_kill(conn)
+        while conn.recv(65536):
+            pass
+    except OSError:
+        pass  # gone already, or the grace ran out: the close that follows still kills it
 
 
 def _send_kill(conn: socket.socket) -> None:

@@ -114,7 +114,11 @@ def test_htpasswd_basic_auth(tmp_path, unique_repo):
 def test_registry_serve_cli_runs_in_foreground_and_stops(tmp_path):
     cli = [sys.executable, "-m", "rollstack.cli.main", "registry", "serve",
            "--addr", "127.0.0.1:0", "--root", str(tmp_path / "reg"), "--json"]
-    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child: a suite started in the background (`... &` without job
+    # control) runs with SIGINT ignored, which every child inherits, and then Python installs no
+    # KeyboardInterrupt handler (the CLI is meant to ignore Ctrl-C then, like any background job)
+    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         text = ""
         doc = None
