@@ -18,16 +18,18 @@ over the link.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import typer
 
 from rollstack.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from rollstack.fetch.traces import Trace
 
 PLANS: dict[str, dict[str, Any]] = {
     "fixed-512k": {"first": 512 << 10, "cap": 512 << 10, "prefetch_requests": 6, "prefetch_gap": 128 << 10,
@@ -38,20 +40,7 @@ PLANS: dict[str, dict[str, Any]] = {
 }
 
 
-def load_trace(store: Any, key: str | None) -> tuple[str, list[tuple[str, dict]]]:
-    """(key, entries) of the published trace `key`, or of the only one there is."""
-    from rollstack.fetch import shared_traces
-
-    tags = store.list_tags(shared_traces.REPO) if key is None else [shared_traces.trace_tag(key)]
-    if not tags:
-        raise InvalidRequest("no published trace: import the image with --probe first")
-    manifest = store.get_manifest(shared_traces.REPO, sorted(tags)[0])
-    digest, size = shared_traces.trace_blob_descriptor(manifest.data)
-    doc = json.loads(store.read_blob(shared_traces.REPO, digest, 0, size))
-    return doc["key"], [(d, c) for d, c in doc["chunks"]]
-
-
-def fetch_trace(store: Any, repo: str, entries: list[tuple[str, dict]], plan: dict[str, Any]) -> dict[str, Any]:
+def fetch_trace(store: Any, repo: str, trace: "Trace", plan: dict[str, Any]) -> dict[str, Any]:
     """Fetch every chunk of the trace as the lazy store's trace prefetch does, with `plan`."""
     import trio
 
@@ -59,32 +48,26 @@ def fetch_trace(store: Any, repo: str, entries: list[tuple[str, dict]], plan: di
     from rollstack.fetch.fetcher import ChunkFetcher
     from rollstack.fetch.layer import RemoteLayer
     from rollstack.fetch.memory import MemoryChunkCache
-    from rollstack.fetch.stats import Priority
-    from rollstack.fetch.waves import plan_waves
-    from rollstack.fetch.traces import TraceChunk
+    from rollstack.fetch.waves import prefetch_trace
     from rollstack.store import byteranges
 
     cfg = FetchConfig(prefetch_requests=plan["prefetch_requests"], prefetch_gap=plan["prefetch_gap"])
     layers = {d: RemoteLayer(repo, d, lambda off, n, d=d: store.read_blob(repo, d, off, n),
                              read_ranges=lambda spans, d=d: byteranges.read_ranges(store, repo, d, spans),
                              multi_range=lambda: bool(plan["multi"]))
-              for d in {d for d, _ in entries}}
-    waves = plan_waves(((d, int(c["bs"])) for d, c in entries), first=plan["first"], cap=plan["cap"])
+              for d in {t.layer for t in trace}}
 
-    async def main() -> tuple[float, dict[str, Any]]:
+    async def main() -> tuple[float, int, dict[str, Any]]:
         fetcher = ChunkFetcher(cfg, MemoryChunkCache(4 << 30))
         async with fetcher.running():
             t = time.perf_counter()
-            async with trio.open_nursery() as n:
-                for d, idx in waves:
-                    n.start_soon(fetcher.prefetch, layers[d], [TraceChunk.from_doc(entries[i]).chunk for i in idx],
-                                 None, Priority.PREFETCH)
-            seconds = time.perf_counter() - t
-            return seconds, fetcher.metrics.snapshot()
+            waves = await prefetch_trace(fetcher, [(layers[c.layer], c.chunk) for c in trace],
+                                         first=plan["first"], cap=plan["cap"])
+            return time.perf_counter() - t, waves, fetcher.metrics.snapshot()
 
-    seconds, snap = trio.run(main)
+    seconds, waves, snap = trio.run(main)
     return {"seconds": seconds, "requests": int(snap["requests"].get("registry", 0)),
-            "link_bytes": int(snap["transferred_bytes"].get("registry", 0)), "waves": len(waves)}
+            "link_bytes": int(snap["transferred_bytes"].get("registry", 0)), "waves": waves}
 
 
 def run(image: str, command: str, *, rounds: int, work: Path, plans: list[str],
@@ -92,6 +75,7 @@ def run(image: str, command: str, *, rounds: int, work: Path, plans: list[str],
     from rollstack.bench.init_image import image_name
     from rollstack.bench.systems.rig import BenchRig
     from rollstack.bench.systems.rollstack import forget_shared_traces, work_lock
+    from rollstack.fetch import shared_traces
     from rollstack.node.probe import probe_group
     from rollstack.plan.imports import import_image
     from rollstack.store import open_store
@@ -107,12 +91,17 @@ def run(image: str, command: str, *, rounds: int, work: Path, plans: list[str],
         probe = probe_group(rig.registry.url, [f"{repo}:latest"], command, work=None)
         if probe.get("exit_code") != 0:
             raise InvalidRequest(f"--command failed in the image (exit {probe.get('exit_code')}): {probe.get('output', '')}")
-        key, entries = load_trace(store, None)
-        log(f"trace of {key}: {len(entries)} chunks, {sum(int(c['bs']) for _, c in entries) / 1e6:.1f} MB stored")
+        key = probe.get("trace_key")
+        sizes = {la["digest"]: store.blob_size(repo, la["digest"]) for la in res.layers}
+        trace = shared_traces.lookup(store, key, sizes) if key else None
+        if not trace:
+            raise InvalidRequest(f"the probe published no trace for {key!r}")
+        stored = sum(c.chunk.blob_size for c in trace)
+        log(f"trace of {key}: {len(trace)} chunks, {stored / 1e6:.1f} MB stored")
         samples: dict[str, list[dict[str, Any]]] = {p: [] for p in plans}
         for rnd in range(rounds):
             for p in plans:
-                got = fetch_trace(store, repo, entries, PLANS[p])
+                got = fetch_trace(store, repo, trace, PLANS[p])
                 got["load"] = os.getloadavg()[0]
                 samples[p].append(got)
                 log(f"round {rnd} {p}: {got['seconds']:.3f}s, {got['requests']} GETs, {got['link_bytes'] / 1e6:.1f} MB "
@@ -121,8 +110,8 @@ def run(image: str, command: str, *, rounds: int, work: Path, plans: list[str],
     summary = {p: {"p50_s": statistics.median(s["seconds"] for s in v), "min_s": min(s["seconds"] for s in v),
                    "max_s": max(s["seconds"] for s in v), "requests": v[0]["requests"],
                    "link_mb": v[0]["link_bytes"] / 1e6} for p, v in samples.items()}
-    return {"image": image, "command": command, "layers": len(res.layers), "trace_chunks": len(entries),
-            "trace_stored_mb": sum(int(c["bs"]) for _, c in entries) / 1e6, "plans": {p: PLANS[p] for p in plans},
+    return {"image": image, "command": command, "layers": len(res.layers), "trace_chunks": len(trace),
+            "trace_stored_mb": stored / 1e6, "plans": {p: PLANS[p] for p in plans},
             "summary": summary, "samples": samples, "link": link}
 
 

@@ -18,12 +18,11 @@ from typing import Any, Callable, Mapping
 
 import trio
 
-from rollstack.fetch import ChunkFetcher, Priority, Trace, TraceRecorder, TraceStore
+from rollstack.fetch import ChunkFetcher, Trace, TraceRecorder, TraceStore
 from rollstack.fetch import shared_traces
 from rollstack.fetch.stats import Account
-from rollstack.fetch.waves import plan_waves
-from rollstack.format.toc import Chunk
-from rollstack.mount.layers import LayerTable, LoadedLayer
+from rollstack.fetch.waves import prefetch_trace
+from rollstack.mount.layers import LayerTable
 
 log = logging.getLogger("rollstack.mount.traces")
 
@@ -73,17 +72,9 @@ class TraceBook:
 
     # -- prefetch ----------------------------------------------------------------------------
     async def prefetch(self, trace: Trace, account: Account | None) -> None:
-        """Fetch a trace in growing waves (`fetch.waves`), in first-read order: every wave is
-        claimed at once (reads join its flights) and the prefetch limiter (FIFO) issues the
-        waves' requests roughly in the order the previous environment needed them."""
+        """Fetch a trace's chunks of this node's layers in growing waves (`fetch.waves.prefetch_trace`)."""
         known = [(self.layers.get(t.layer.partition(":")[2]), t) for t in trace]
-        known = [(layer, t) for layer, t in known if layer is not None]
-        waves: list[tuple[LoadedLayer, list[Chunk]]] = [
-            (known[idx[0]][0], [known[i][1].chunk for i in idx])
-            for _, idx in plan_waves((t.layer, t.chunk.blob_size) for _, t in known)]
-        async with trio.open_nursery() as n:
-            for layer, chunks in waves:
-                n.start_soon(self.fetcher.prefetch, layer.remote, chunks, account, Priority.PREFETCH)
+        await prefetch_trace(self.fetcher, [(layer.remote, t.chunk) for layer, t in known if layer is not None], account)
 
     # -- saving ------------------------------------------------------------------------------
     async def save(self, rec: TraceRecorder, also: str | None = None) -> None:
