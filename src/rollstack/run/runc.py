@@ -173,7 +173,11 @@ class Runc:
              control: ExecControl | None = None) -> ExecResult:
         """Run `argv` in the container (see the module docstring for tree/timeout/output rules)."""
         check_request(argv, cwd, env, timeout, output_limit)
-        args = ["exec", "--preserve-fds", "3"]
+        # tini's warnings (e.g. "Child was dead when forwarding signal", when runc forwards a
+        # signal after the command ended) would land in the command's stderr: muted. Its fatal
+        # errors (a command that cannot be exec'd) still print. The variable is visible to the
+        # command; a caller's own TINI_VERBOSITY (set below) wins.
+        args = ["exec", "--preserve-fds", "3", "--env", "TINI_VERBOSITY=0"]
         if cwd:
             args += ["--cwd", cwd]
         for k, v in (env or {}).items():

@@ -67,3 +67,14 @@ def test_stdin_is_buffer_or_stream_not_both(make_env):
     env = make_env()
     with pytest.raises(InvalidRequest):
         env.exec(["cat"], stdin=b"x", control=ExecControl(open_stdin=True))
+
+
+def test_the_exec_wrapper_prints_no_warnings_into_the_commands_stderr(make_env):
+    # runc forwards signals it receives to tini, also after the command ended; tini would then
+    # print "[WARN tini] Child was dead when forwarding signal" into the command's stderr (seen
+    # in CI). Its warnings are muted for every runc-path exec; its fatal errors still print.
+    env = make_env()
+    r = env.exec("echo ${TINI_VERBOSITY-unset}", control=ExecControl())
+    assert (r.exit_code, r.stdout, r.stderr) == (0, b"0\n", b"")
+    r = env.exec(["/no/such/binary"], control=ExecControl())
+    assert r.exit_code == 127 and b"exec /no/such/binary failed" in r.stderr
