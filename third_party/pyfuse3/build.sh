@@ -12,7 +12,9 @@
 #   - level 3: `set_no_xattr_ranges(ranges, xattr_inodes)`: getxattr/listxattr of inodes declared
 #     to have no xattrs are answered ENODATA / empty in C (overlayfs probes trusted.overlay.* on
 #     every lower inode of every new overlay mount), then the next queued requests are processed
-#     without a trip through trio while they are answered synchronously; `fast_path_stats()`.
+#     without a trip through trio while they are answered synchronously; `fast_path_stats()`;
+#   - level 4: `set_fast_linger(us)`: after a request answered in C, the next one is waited for
+#     up to `us` microseconds (a walker's next probe comes a few microseconds after the reply).
 # rollstack works on an unpatched pyfuse3 too (it checks `pyfuse3.ROLLSTACK_PATCH`), with three
 # FUSE requests more per opened file and no handover. docs/lazy-store.md has the measurements.
 set -euo pipefail

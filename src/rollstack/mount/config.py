@@ -54,6 +54,13 @@ class LazyStoreSettings(BaseModel):
         default_factory=lambda: os.environ.get("ROLLSTACK_FUSE_PRIORITY", "rr"))
     """CPU priority of the thread serving FUSE: rr | nice | normal (mount/priority.py; default
     $ROLLSTACK_FUSE_PRIORITY, else rr)."""
+    fuse_linger_us: int = Field(
+        default_factory=lambda: int(os.environ.get("ROLLSTACK_FUSE_LINGER_US", "100")), ge=0, le=10_000)
+    """After a request answered in C (the xattr fast path), microseconds to wait for the next
+    one before returning to the event loop (patched pyfuse3 level 4; 0: do not wait; default
+    $ROLLSTACK_FUSE_LINGER_US, else 100). A new overlay mount probes every lower inode it meets
+    once, one synchronous request after another: waiting for the next probe is cheaper than a
+    trip through trio (docs/lazy-store.md)."""
 
 
 class DaemonConfig(LazyStoreSettings):
