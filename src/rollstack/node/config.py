@@ -48,6 +48,9 @@ class NodeConfig(BaseModel):
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     materialize_min_free: int = 8 << 30
     """No layer is materialized while the node's filesystem has less than this free."""
+    materialize_cpu: float = Field(default=0.5, ge=0)
+    """Cores the materializer's extraction may use at most (its cgroup's CFS quota, beside its
+    SCHED_IDLE priority; host.background); 0 = no cap."""
     lazy: LazyStoreSettings = Field(default_factory=lambda: LazyStoreSettings(fetch=FetchConfig(disk_budget=20 << 30)))
     """The lazy store daemon's settings (mount/config.py): `fetch` (its chunk data path; here
     with a 20 GiB disk chunk cache, `fetch.disk_budget`), `peers` (peer nodes' chunk endpoints,

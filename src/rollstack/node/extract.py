@@ -10,7 +10,8 @@ like the lazy store's reads (`decode_chunk`). No byte goes through FUSE or the l
 
 The node runs it as its own process (`python -m rollstack.node.extract ...`, see
 `spawn_args`): single-threaded (so at most one core), at nice 19 in the SCHED_IDLE class and
-the idle I/O class, so running environments always go first. The result equals the FUSE view of
+the idle I/O class, in the node's background cgroup (host.background: a CPU cap, default half a
+core, and the lowest share), so running environments always go first. The result equals the FUSE view of
 the layer entry by entry (tests/integration/node/test_node_extract.py).
 """
 
@@ -244,11 +245,16 @@ def lower_priority() -> None:
         pass
 
 
-def spawn_args(store: str, repo: str, digest: str, dst: Path, chunk_cache: Path | None) -> list[str]:
+def spawn_args(store: str, repo: str, digest: str, dst: Path, chunk_cache: Path | None,
+               cgroups: "list[Path] | tuple[Path, ...]" = ()) -> list[str]:
+    """The extraction's command line; `cgroups`: the node's background cgroup dirs
+    (host.background), joined before any work."""
     argv = [sys.executable, "-m", "rollstack.node.extract", "--store", store, "--repo", repo,
             "--digest", digest, "--dst", str(dst)]
     if chunk_cache is not None:
         argv += ["--chunk-cache", str(chunk_cache)]
+    for cg in cgroups:
+        argv += ["--cgroup", str(cg)]
     return argv
 
 
@@ -264,7 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dst", required=True, type=Path)
     ap.add_argument("--chunk-cache", type=Path)
     ap.add_argument("--no-lower-priority", action="store_true")
+    ap.add_argument("--cgroup", type=Path, action="append", default=[],
+                    help="a background cgroup dir to join first (repeatable)")
     args = ap.parse_args(argv)
+    if args.cgroup:
+        from rollstack.host.background import join
+
+        join(args.cgroup)
     if not args.no_lower_priority:
         lower_priority()
     store = open_store(args.store)

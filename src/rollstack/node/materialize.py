@@ -8,8 +8,9 @@ environments of a stack that is the price of starting from metadata alone. Once 
 node passes), the materializer runs `rollstack.node.extract` in its own process after a `grace`
 period: the blob is streamed once, in blob order, and decoded straight into `<root>/<hex>.tmp`
 (chunks the node's disk cache holds are taken from there), single-threaded at SCHED_IDLE /
-nice 19 and the idle I/O class, so it uses at most one core and only what running environments
-leave; the lazy store daemon does no work for it. Without a store (the old path, kept for
+nice 19 and the idle I/O class, in the node's background cgroup (`cpu` cores at most, default
+0.5, and the lowest CPU share: host.background), so it uses at most half a core and only what
+running environments leave; the lazy store daemon does no work for it. Without a store (the old path, kept for
 tests), it fetches the layer through the daemon (`fetch_all(background=True)`) and copies the
 FUSE view with `cp -a`. The directory is renamed to `<root>/<hex>` when complete. New
 environments stack the local directory instead of the FUSE one; running ones keep theirs.
@@ -92,8 +93,12 @@ class LayerMaterializer:
                  copier: Copier = copy_tree, retry_after: float = 300.0,
                  in_use: Callable[[], str] = mounted_paths, grace: float = 5.0,
                  min_free: int = 8 << 30, disk_free: Callable[[Path], int] | None = None,
-                 store: str | None = None, chunk_cache: Path | None = None) -> None:
+                 store: str | None = None, chunk_cache: Path | None = None,
+                 cpu: float = 0.5, cgroup_tag: str | None = None) -> None:
         self.root = root
+        self.cpu = cpu  # cores the extraction may use at most (host.background); 0: uncapped
+        self.cgroup_tag = cgroup_tag
+        self.cgroups: list[Path] = []
         self.store = store  # set: extract blobs straight into directories (node.extract)
         self.chunk_cache = chunk_cache
         self._proc: subprocess.Popen[str] | None = None
@@ -137,6 +142,10 @@ class LayerMaterializer:
                 self._last_used[digest] = p.stat().st_mtime
             elif p.suffix == SIZE_SUFFIX and not p.with_suffix("").is_dir():
                 p.unlink(missing_ok=True)  # the size of a copy that is gone
+        if self.store is not None and self.cgroup_tag:
+            from rollstack.host import background
+
+            self.cgroups = background.create(self.cgroup_tag, self.cpu)
         self._thread = threading.Thread(target=self._run, name="materializer", daemon=True)
         self._thread.start()
         return self
@@ -150,8 +159,22 @@ class LayerMaterializer:
                 proc.terminate()
             self._thread.join(timeout=60)
             self._thread = None
+        if self.cgroups:
+            from rollstack.host import background
+
+            background.remove(self.cgroups)
+            self.cgroups = []
 
     # -- the node's calls -----------------------------------------------------------------
+    def extract_argv(self, repo: str, digest: str, dst: Path) -> list[str]:
+        """The extraction of one layer into `dst` as this node runs it (its own process, in the
+        node's background cgroup); `bench materialize` runs the same."""
+        from rollstack.node.extract import spawn_args
+
+        if self.store is None:
+            raise RuntimeError("a materializer without a store copies through FUSE")
+        return spawn_args(self.store, repo, digest, dst, self.chunk_cache, self.cgroups)
+
     def lower_for(self, digest: str) -> Path | None:
         """The local directory of `digest` if it is complete, else None (use the FUSE one)."""
         with self._lock:
@@ -248,9 +271,7 @@ class LayerMaterializer:
         """`python -m rollstack.node.extract` into `tmp`, its own low-priority process."""
         import json
 
-        from rollstack.node.extract import spawn_args
-
-        argv = spawn_args(self.store, ref.repo, ref.digest, tmp, self.chunk_cache)
+        argv = self.extract_argv(ref.repo, ref.digest, tmp)
         with self._lock:
             if self._stopping.is_set():
                 raise RuntimeError("materializer stopping")

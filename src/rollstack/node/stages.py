@@ -128,7 +128,9 @@ class Stages:
             self.materializer = LayerMaterializer(cfg.materialized_dir, self.lazy, after=cfg.materialize_after,
                                                   budget=cfg.materialize_budget,
                                                   min_free=cfg.materialize_min_free, store=spec,
-                                                  chunk_cache=cfg.lazy_dir / "state" / "chunks").start()
+                                                  chunk_cache=cfg.lazy_dir / "state" / "chunks",
+                                                  cpu=cfg.materialize_cpu,
+                                                  cgroup_tag=_node_tag(cfg.root)).start()
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)
             for env, doc in self.adopted:
@@ -517,3 +519,8 @@ def _rss() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
+
+
+def _node_tag(root: Path) -> str:
+    """A short name for this node's host resources (its background cgroup), from its root."""
+    return hashlib.sha256(os.fsencode(str(Path(root).resolve()))).hexdigest()[:12]

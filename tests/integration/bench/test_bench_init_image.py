@@ -60,3 +60,23 @@ def test_bench_prefetch_fetches_the_probed_trace_by_every_plan(tmp_path: Path) -
     for plan, s in doc["summary"].items():
         assert s["requests"] >= 1 and s["link_mb"] * 1e6 >= doc["trace_stored_mb"] * 1e6 - 1, plan
     assert doc["summary"]["multi-range"]["requests"] <= doc["summary"]["growing"]["requests"]
+
+
+def test_bench_materialize_runs_the_command_beside_the_nodes_extraction(tmp_path: Path) -> None:
+    """`bench materialize`: an environment on FUSE lowers runs the command idle and while the
+    node's own extraction (in its background cgroup) runs; the trees are removed afterwards."""
+    require_root()
+    from rollstack.bench.env import build_busybox_trees
+    from rollstack.bench.images import write_single_layer_layout
+    from rollstack.bench.materialize import run
+
+    trees = build_busybox_trees(tmp_path / "trees")
+    layout = tmp_path / "img"
+    write_single_layer_layout(trees["os"], layout)
+    work = Path("/var/cache/rollstack/bench-materialize-test")
+    doc = run(f"oci:{layout}:latest", "true", rounds=1, runs=3, work=work, source="registry", cpu=0.5,
+              log=lambda m: None)
+    s = doc["summary"]
+    assert s["runs_idle"] == 3 and 1 <= s["runs_extracting"] <= 3 and s["extract_wall_s"] > 0
+    assert s["ratio"] > 0 and doc["materialize_cpu"] == 0.5
+    assert not list(work.glob("rs-bench-mat-*"))  # every extracted tree removed

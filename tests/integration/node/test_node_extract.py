@@ -108,3 +108,28 @@ def test_the_extract_process_and_the_materializer(tmp_path, oci_store, lazy):
         assert not list((tmp_path / "layers2").iterdir())
     finally:
         bad.stop()
+
+
+def test_the_materializers_extraction_runs_in_its_capped_background_cgroup(tmp_path, oci_store, lazy):
+    """The extraction joins the node's background cgroup before any work: the cgroup's CFS
+    accounting sees it run under the quota, and the cgroup is gone after stop()."""
+    low = publish(oci_store, lower_tree(tmp_path / "low"), tmp_path / "low.blob", "test/ex-low")
+    lazy.add_layers([low])
+    m = LayerMaterializer(tmp_path / "layers", lazy, after=1, grace=0.0, min_free=0, store=oci_store.url,
+                          chunk_cache=tmp_path / "state" / "chunks", cpu=0.25,
+                          cgroup_tag=f"t{os.getpid()}").start()
+    try:
+        assert m.cgroups, "no background cgroup was made (cpu controller missing?)"
+        cpu_dirs = [cg for cg in m.cgroups if (cg / "cpu.cfs_quota_us").exists() or (cg / "cpu.max").exists()]
+        for cg in cpu_dirs:
+            quota = (cg / "cpu.cfs_quota_us").read_text().strip() if (cg / "cpu.cfs_quota_us").exists() \
+                else (cg / "cpu.max").read_text().split()[0]
+            assert quota == "25000"
+        m.used([low])
+        assert m.wait_idle(60) and m.stats()["failures"] == 0 and m.lower_for(low.digest) is not None
+        stat = dict(line.split() for line in (cpu_dirs[0] / "cpu.stat").read_text().splitlines())
+        assert int(stat.get("nr_periods", 0)) > 0  # a task of the cgroup ran under its quota
+    finally:
+        dirs = list(m.cgroups)
+        m.stop()
+    assert dirs and not any(cg.exists() for cg in dirs)
