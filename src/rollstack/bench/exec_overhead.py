@@ -62,8 +62,8 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     for (system, cmd), ts in sorted(by.items()):
         out.setdefault(system, {})[cmd] = {"p50": statistics.median(ts), "min": min(ts), "max": max(ts), "n": len(ts)}
     base = out.get("docker-equivalent")
-    for system in ("rollstack", "rollstack-untuned"):
-        if system in out and base:
+    for system in [k for k in out if k.startswith("rollstack")]:
+        if base:
             key = "ratio" if system == "rollstack" else f"ratio_{system.removeprefix('rollstack-')}"
             out[key] = {c: out[system][c]["p50"] / base[c]["p50"] for c in out[system] if c in base and base[c]["p50"] > 0}
     return out
@@ -79,6 +79,8 @@ class ExecConfig:
     work: Path = Path("/var/cache/rollstack/bench-init")
     only: list[str] = field(default_factory=list)
     baseline: bool = True
+    nolinger: bool = False
+    """also a node whose FUSE fast path does not wait for the next request (fuse_linger_us 0)"""
     log: Callable[[str], None] = _log
 
 
@@ -123,6 +125,8 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
         variants = {"rollstack": {}}
         if cfg.baseline:  # the same node without this pass's FUSE changes, side by side
             variants["rollstack-untuned"] = {"ROLLSTACK_FUSE_PRIORITY": "normal", "ROLLSTACK_XATTR_FAST": "0"}
+        if cfg.nolinger:  # the same node with the fast path's wait for the next request off
+            variants["rollstack-nolinger"] = {"ROLLSTACK_FUSE_LINGER_US": "0"}
         nodes: dict[str, Any] = {}
         plan = rollstack_plan(task, groups, 0)
         try:
@@ -229,6 +233,7 @@ def register(app: typer.Typer) -> None:
         only: Annotated[str, typer.Option("--only", help="comma-separated command names")] = "",
         baseline: Annotated[bool, typer.Option("--untuned/--no-untuned",
                                                help="also a node with the FUSE fast path off and normal priority")] = True,
+        nolinger: Annotated[bool, typer.Option("--nolinger", help="also a node with fuse_linger_us 0")] = False,
         corpus: Annotated[Path | None, typer.Option("--corpus")] = None,
         work: Annotated[Path, typer.Option("--work")] = Path("/var/cache/rollstack/bench-init"),
         profile: Annotated[str, typer.Option("--profile")] = "dc",
@@ -240,7 +245,8 @@ def register(app: typer.Typer) -> None:
         from rollstack.cli.output import emit
 
         cfg = ExecConfig(corpus=corpus or default_corpus(True), reps=reps, concurrency=concurrency, lowers=lowers,
-                         profile=profile, work=work, only=[s for s in only.split(",") if s], baseline=baseline)
+                         profile=profile, work=work, only=[s for s in only.split(",") if s], baseline=baseline,
+                         nolinger=nolinger)
         doc = run_exec(cfg)
         doc["machine"] = machine_facts()
 

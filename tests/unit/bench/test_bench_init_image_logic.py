@@ -31,6 +31,10 @@ def test_exec_summary_ratio():
     out = summarize([{"system": "rollstack", "commands": {"a": 1.2}}, {"system": "rollstack", "commands": {"a": 1.4}},
                      {"system": "docker-equivalent", "commands": {"a": 1.0}}])
     assert out["rollstack"]["a"]["p50"] == pytest.approx(1.3) and out["ratio"]["a"] == pytest.approx(1.3)
+    out = summarize([{"system": "rollstack", "commands": {"a": 1.2}},
+                     {"system": "rollstack-nolinger", "commands": {"a": 1.5}},
+                     {"system": "docker-equivalent", "commands": {"a": 1.0}}])
+    assert out["ratio"]["a"] == pytest.approx(1.2) and out["ratio_nolinger"]["a"] == pytest.approx(1.5)
 
 
 def test_fuse_priority_rejects_unknown_modes():
