@@ -202,6 +202,15 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="results directory")] = DEFAULT_OUT,
         work: Annotated[Path, typer.Option("--work", help="registry/containerd/node state")] = Path("/var/cache/rollstack/bench-init"),
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+        image: Annotated[list[str] | None, typer.Option("--image", help="iterate on this OCI image instead of the "
+                                                        "corpus (oci:DIR[:TAG] or HOST/NAME:TAG; repeatable)")] = None,
+        command: Annotated[list[str] | None, typer.Option("--command", help="with --image: the image's command (sh -c; "
+                                                          "once, or once per --image; default: bench.images')")] = None,
+        task_command: Annotated[list[str] | None, typer.Option("--task-command", help="with --image: an agent step "
+                                                               "(repeatable; default: walk, --command, read, cpu)")] = None,
+        eval_command: Annotated[str | None, typer.Option("--eval-command", help="with --image: run in the evaluator "
+                                                         "after the answer check (default: --command)")] = None,
+        modes: Annotated[str, typer.Option("--modes", help="with --image: cold,warm (comma-separated)")] = "cold,warm",
     ) -> None:
         """A GRPO-style iteration per system: init / exec / eval timeline, share of init."""
         from rollstack.bench.init import default_corpus
@@ -211,6 +220,22 @@ def register(app: typer.Typer) -> None:
         if quick:
             tasks, rollouts = min(tasks, 2), min(rollouts, 2)
         names = [s.strip() for s in systems.split(",") if s.strip()]
+        if image:
+            from rollstack.bench.iteration.image_run import ImageIterConfig, human, run_image_iteration, write_image_report
+            from rollstack.interrupts import sigterm_as_interrupt
+
+            icfg = ImageIterConfig(images=list(image), commands=list(command or []), task_commands=list(task_command or []),
+                                   eval_command=eval_command, tasks=tasks, rollouts=rollouts,
+                                   concurrency=concurrency or default_concurrency(), systems=names,
+                                   modes=[m.strip() for m in modes.split(",") if m.strip()], profile=profile,
+                                   work=work if work != Path("/var/cache/rollstack/bench-init")
+                                   else Path("/var/cache/rollstack/bench-iteration-image"), log=_log)
+            with sigterm_as_interrupt():
+                doc = run_image_iteration(icfg)
+            doc["machine"], doc["command"] = machine_facts(), current_command()
+            doc["written"] = write_image_report(doc, out if out != DEFAULT_OUT else DEFAULT_OUT.with_name("iteration-image"))
+            emit(_json_safe(doc), as_json, human)
+            return
         cfg = IterConfig(corpus=corpus or default_corpus(quick), tasks=tasks, rollouts=rollouts,
                          concurrency=concurrency or default_concurrency(), systems=names, profile=profile, work=work)
         from rollstack.interrupts import sigterm_as_interrupt

@@ -72,15 +72,32 @@ def rollstack_plan(task: dict[str, Any], groups: Any, k: int) -> dict[str, Any]:
 
 # -- docker-equivalent ---------------------------------------------------------------------------
 
-class ContainerdRollouts:
-    """docker-equivalent rollouts on the bench rig's containerd (see the module docstring)."""
+class CtrRollouts:
+    """What every docker-equivalent rollout does on the bench rig's containerd: pull an image once
+    (concurrent rollouts wait for it), run a command in a running container, tear containers down."""
 
     _ids = itertools.count()
 
-    def __init__(self, ctr: Any, images: dict[str, Any], stacks: dict[str, Any], eval_dir: Path) -> None:
-        self.ctr, self.images, self.stacks, self.eval_dir = ctr, images, stacks, eval_dir
+    def __init__(self, ctr: Any) -> None:
+        self.ctr = ctr
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+
+    def _names(self) -> tuple[str, str]:
+        """(rollout container, evaluator container) names, unique in this process."""
+        n = next(self._ids)
+        return f"rsi-{os.getpid()}-{n}", f"rsi-{os.getpid()}-{n}-eval"
+
+    def _start_idle(self, ref: str, cid: str) -> None:
+        """A long-running container (`sleep infinity`) of `ref` to exec the agent's steps in."""
+        self._ensure_image(ref)
+        self.ctr.create(ref, cid, ["sleep", "infinity"])
+        self.ctr.run("tasks", "start", "-d", cid)
+
+    def _destroy(self, *cids: str) -> None:
+        for c in cids:
+            self.ctr.run("tasks", "kill", "-s", "SIGKILL", c, check=False)
+            self.ctr.delete(c)
 
     def _ensure_image(self, ref: str) -> None:
         with self._guard:
@@ -94,19 +111,24 @@ class ContainerdRollouts:
         argv = self.ctr._cmd("tasks", "exec", "--exec-id", f"x{next(self._ids)}", cid, "/bin/sh", "-c", script)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
+
+class ContainerdRollouts(CtrRollouts):
+    """docker-equivalent rollouts of corpus tasks (see the package docstring)."""
+
+    def __init__(self, ctr: Any, images: dict[str, Any], stacks: dict[str, Any], eval_dir: Path) -> None:
+        super().__init__(ctr)
+        self.images, self.stacks, self.eval_dir = images, stacks, eval_dir
+
     def rollout(self, task: dict[str, Any], k: int, entry: str, t0: float) -> Rollout:
         rec = Rollout("docker-equivalent", task["instance_id"], k)
         clock = PhaseClock(rec, t0)
         stack = self.stacks[task["repo"]]
         ref = self.images[stack.name].bundled
-        n = next(self._ids)
-        cid, eval_cid = f"rsi-{os.getpid()}-{n}", f"rsi-{os.getpid()}-{n}-eval"
+        cid, eval_cid = self._names()
         wd = task["workdir"]
         try:
             def init() -> None:
-                self._ensure_image(ref)
-                self.ctr.create(ref, cid, ["sleep", "infinity"])
-                self.ctr.run("tasks", "start", "-d", cid)
+                self._start_idle(ref, cid)
                 p = self._exec(cid, wd, "git apply -", task["patch"])
                 if p.returncode != 0:
                     raise RuntimeError(f"mutation failed: {p.stderr[-300:]}")
@@ -133,10 +155,5 @@ class ContainerdRollouts:
         except Exception as exc:  # noqa: BLE001 - recorded; the run reports errors
             rec.error = f"{type(exc).__name__}: {str(exc)[-300:]}"
         finally:
-            def destroy() -> None:
-                for c in (cid, eval_cid):
-                    self.ctr.run("tasks", "kill", "-s", "SIGKILL", c, check=False)
-                    self.ctr.delete(c)
-
-            clock.run("destroy", destroy)
+            clock.run("destroy", lambda: self._destroy(cid, eval_cid))
         return rec
