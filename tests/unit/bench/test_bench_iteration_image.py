@@ -33,7 +33,7 @@ def test_tasks_mutation_creates_the_task_file(tmp_path: Path) -> None:
 def test_steps_and_commands() -> None:
     tasks = make_tasks([PY, NODE], [], 1)
     py, node = tasks[0], tasks[1]
-    assert [s for s, _ in py["steps"]] == ["walk", "command", "read", "cpu", "write"]
+    assert [s for s, _ in py["steps"]] == ["noop", "walk", "command", "read", "cpu", "write"]
     assert "import pytest" in dict(py["steps"])["command"] and "require('express')" in dict(node["steps"])["command"]
     assert py["steps"][-1] == WRITE_STEP and f"sha256sum -c {RESULT_FILE}" in py["eval"]
     assert py["eval"].endswith(dict(py["steps"])["command"])  # eval reruns the image's command
@@ -83,6 +83,12 @@ def test_medians_and_ratios() -> None:
     r = ratios({**m, "iteration_s": 10.0}, {**c, "iteration_s": 20.0})
     assert r["iteration_s"] == 0.5 and r["init_p50"] == pytest.approx(0.15) and r["exec_p50"] == pytest.approx(2.0)
     assert r["steps"] == {"python-project:cpu": pytest.approx(1.0), "python-project:walk": pytest.approx(2.0)}
+    assert "steps_net" in r and r["steps_net"] == {}  # no noop step measured
+    net = ratios({"steps_p50": {"p:noop": 0.01, "p:walk": 0.51, "p:cpu": 0.005}},
+                 {"steps_p50": {"p:noop": 0.11, "p:walk": 0.36, "p:cpu": 0.2}})
+    assert net["steps"]["p:walk"] == pytest.approx(0.51 / 0.36)
+    assert net["steps_net"]["p:walk"] == pytest.approx(0.5 / 0.25) and math.isnan(net["steps_net"]["p:cpu"])
+    assert "p:noop" not in net["steps_net"]
     assert math.isnan(ratios({"exec_p50": 1.0}, {"exec_p50": 0.0})["exec_p50"])
     assert math.isnan(phase_medians([])["exec_p50"])
 

@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Sequence
 
 import typer
 
@@ -160,7 +160,8 @@ def _drive(work_list: list[tuple[dict[str, Any], int]], fn: Callable[[Any, float
 
 # -- report + CLI ----------------------------------------------------------------------------------
 
-def write_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
+def write_report(doc: dict[str, Any], out: Path, *, title: str = "bench iteration",
+                 columns: Sequence[tuple[str, str, str]] = COLUMNS, notes: Sequence[str] = ()) -> dict[str, str]:
     from rollstack.bench.report import plot_timeline, write_results
 
     out.mkdir(parents=True, exist_ok=True)
@@ -168,21 +169,23 @@ def write_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
     for name, rs in doc["rollouts"].items():
         p = plot_timeline(rs, out / f"iteration_timeline_{name}.png", title=f"iteration timeline: {name}")
         plots[name] = str(p)
-    notes = [f"![{n} timeline]({Path(p).name})" for n, p in plots.items()]
+    notes = [*notes, *(f"![{n} timeline]({Path(p).name})" for n, p in plots.items())]
     for key, t in doc.get("targets", {}).items():
         v = t["value"]
         notes.append(f"target {key}: {'-' if v != v else f'{v:.1%}'} (target <= {t['target']:.0%}) -> "
                      f"{ {True: 'met', False: 'MISSED', None: 'not measured'}[t['met']] }")
-    written = write_results(out, doc, title="bench iteration", columns=COLUMNS, notes=notes)
+    written = write_results(out, doc, title=title, columns=columns, notes=notes)
     written.update({f"timeline_{n}": p for n, p in plots.items()})
     return written
 
 
-def _human(doc: dict[str, Any]) -> None:
+def _human(doc: dict[str, Any], columns: Sequence[tuple[str, str, str]] = COLUMNS, lines: Sequence[str] = ()) -> None:
     from rollstack.bench.report import markdown_table
 
     print(f"command: {doc['command']}")
-    print(markdown_table(doc["systems"], COLUMNS))
+    print(markdown_table(doc["systems"], columns))
+    for line in lines:
+        print(line)
     for key, t in doc.get("targets", {}).items():
         print(f"target {key}: {t['value']} (target {t['target']}) -> {t['met']}")
     for kind, path in doc.get("written", {}).items():

@@ -22,7 +22,6 @@ evaluator's command. Phase timestamps per rollout as in the corpus iteration.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +29,10 @@ from typing import Any, Callable
 
 from rollstack.bench.iteration.image_tasks import (TASK_DIR, TASK_FILE, in_task_dir, make_tasks, phase_medians,
                                                    ratios)
-from rollstack.bench.iteration.rollout import PhaseClock, Rollout, default_concurrency, iteration_summary, jobs
-from rollstack.bench.iteration.systems import CtrRollouts, retry_capacity
-from rollstack.errors import InvalidRequest, RollstackError
+from rollstack.bench.iteration.rollout import (PhaseClock, Rollout, default_concurrency, heredoc,
+                                              iteration_summary, jobs)
+from rollstack.bench.iteration.systems import CtrRollouts, run_rollout
+from rollstack.errors import InvalidRequest
 
 MODES = ("cold", "warm")
 SYSTEMS = ("rollstack", "docker-equivalent")
@@ -65,37 +65,8 @@ def image_plan(task: dict[str, Any], group: str, k: int) -> dict[str, Any]:
 
 
 def rollstack_image_rollout(node: Any, group: str, task: dict[str, Any], k: int, t0: float) -> Rollout:
-    rec = Rollout("rollstack", task["instance_id"], k)
-    clock = PhaseClock(rec, t0)
-    env = None
-    try:
-        env = clock.run("init", lambda: retry_capacity(lambda: node.create(image_plan(task, group, k))))
-        rec.fetched_bytes = int(env.created.fetch.fetched_bytes)
-
-        def agent() -> None:
-            for name, cmd in task["steps"]:
-                t = time.perf_counter()
-                rec.steps[name] = env.exec(in_task_dir(cmd), timeout=600).exit_code
-                rec.step_s[name] = time.perf_counter() - t
-
-        clock.run("exec", agent)
-        ev = clock.run("eval", lambda: retry_capacity(env.evaluate))
-        rec.reward = float(ev.reward)
-        rec.eval_env_init_s = float(ev.timings.get("create", 0.0))
-        rec.eval_cmd_s = float(ev.timings.get("run", 0.0))
-        if ev.reward != 1.0:
-            rec.error = f"evaluation failed (exit {ev.exit_code}): {ev.output[-300:]}"
-    except RollstackError as exc:
-        rec.error = f"{exc.code}: {exc.message or exc.code}"
-    except Exception as exc:  # noqa: BLE001 - recorded; the run reports errors
-        rec.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if env is not None:
-            try:
-                clock.run("destroy", env.destroy)
-            except Exception as exc:  # noqa: BLE001
-                rec.error = rec.error or f"destroy_failed: {exc}"
-    return rec
+    steps = [(name, in_task_dir(cmd), None) for name, cmd in task["steps"]]
+    return run_rollout(node, image_plan(task, group, k), task["instance_id"], k, steps, t0, failed_eval_is_error=True)
 
 
 class CtrImageRollouts(CtrRollouts):
@@ -110,47 +81,31 @@ class CtrImageRollouts(CtrRollouts):
         clock = PhaseClock(rec, t0)
         ref = self.refs[task["image"]]
         cid, eval_cid = self._names()
-        try:
-            def init() -> None:
-                self._start_idle(ref, cid)
-                p = self._exec(cid, "/", f"mkdir -p {TASK_DIR} && cat > {TASK_DIR}/{TASK_FILE}", task["text"])
-                if p.returncode != 0:
-                    raise RuntimeError(f"mutation failed: {p.stderr[-300:]}")
 
-            clock.run("init", init)
+        def init() -> None:
+            self._start_idle(ref, cid)
+            p = self._exec(cid, "/", f"mkdir -p {TASK_DIR} && cat > {TASK_DIR}/{TASK_FILE}", task["text"])
+            if p.returncode != 0:
+                raise RuntimeError(f"mutation failed: {p.stderr[-300:]}")
 
-            def agent() -> None:
-                for name, cmd in task["steps"]:
-                    t = time.perf_counter()
-                    rec.steps[name] = self._exec(cid, TASK_DIR, cmd).returncode
-                    rec.step_s[name] = time.perf_counter() - t
+        def evaluate() -> float:
+            packed = self._exec(cid, "/", f"tar -cf - {TASK_DIR.lstrip('/')} | base64")
+            if packed.returncode != 0:
+                raise RuntimeError(f"packing the rollout's changes failed: {packed.stderr[-300:]}")
+            # the group reads the here-document (on a pipeline it would feed only the last command)
+            script = heredoc("{ base64 -d | tar -C / -xf -; }", packed.stdout) + task["eval"] + "\n"
+            t = time.perf_counter()
+            self.ctr.create(ref, eval_cid, ["/bin/sh", "-c", script])
+            rec.eval_env_init_s = time.perf_counter() - t
+            t = time.perf_counter()
+            proc = self.ctr.start(eval_cid)
+            rec.eval_cmd_s = time.perf_counter() - t
+            if proc.returncode != 0:
+                rec.error = f"evaluation failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-300:]}"
+            return 1.0 if proc.returncode == 0 else 0.0
 
-            clock.run("exec", agent)
-
-            def evaluate() -> float:
-                packed = self._exec(cid, "/", f"tar -cf - {TASK_DIR.lstrip('/')} | base64")
-                if packed.returncode != 0:
-                    raise RuntimeError(f"packing the rollout's changes failed: {packed.stderr[-300:]}")
-                from rollstack.bench.iteration.rollout import heredoc
-
-                # the group reads the here-document (on a pipeline it would feed only the last command)
-                script = heredoc("{ base64 -d | tar -C / -xf -; }", packed.stdout) + task["eval"] + "\n"
-                t = time.perf_counter()
-                self.ctr.create(ref, eval_cid, ["/bin/sh", "-c", script])
-                rec.eval_env_init_s = time.perf_counter() - t
-                t = time.perf_counter()
-                proc = self.ctr.start(eval_cid)
-                rec.eval_cmd_s = time.perf_counter() - t
-                if proc.returncode != 0:
-                    rec.error = f"evaluation failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-300:]}"
-                return 1.0 if proc.returncode == 0 else 0.0
-
-            rec.reward = clock.run("eval", evaluate)
-        except Exception as exc:  # noqa: BLE001 - recorded; the run reports errors
-            rec.error = f"{type(exc).__name__}: {str(exc)[-300:]}"
-        finally:
-            clock.run("destroy", lambda: self._destroy(cid, eval_cid))
-        return rec
+        steps = [(name, cmd, None) for name, cmd in task["steps"]]
+        return self._phases(rec, clock, init, lambda: self._steps(rec, cid, TASK_DIR, steps), evaluate, (cid, eval_cid))
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -250,27 +205,19 @@ def ratio_lines(doc: dict[str, Any]) -> list[str]:
                                                                            "eval_p50", "eval_cmd_p50"))
         out.append(f"{mode}: rollstack / docker-equivalent: {head}")
         out.append("  per command (p50): " + ", ".join(f"{k} {v:.2f}x" for k, v in r["steps"].items()))
+        if r.get("steps_net"):
+            out.append("  per command net of the exec path (p50 - noop p50): "
+                       + ", ".join(f"{k} {v:.2f}x" for k, v in r["steps_net"].items()))
     return out
 
 
 def write_image_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
-    from rollstack.bench.report import plot_timeline, write_results
+    from rollstack.bench.iteration import write_report
 
-    out.mkdir(parents=True, exist_ok=True)
-    plots = {n: str(plot_timeline(rs, out / f"iteration_timeline_{n}.png", title=f"iteration timeline: {n}"))
-             for n, rs in doc["rollouts"].items()}
-    notes = ratio_lines(doc) + [f"![{n} timeline]({Path(p).name})" for n, p in plots.items()]
-    written = write_results(out, doc, title="bench iteration --image", columns=COLUMNS, notes=notes)
-    written.update({f"timeline_{n}": p for n, p in plots.items()})
-    return written
+    return write_report(doc, out, title="bench iteration --image", columns=COLUMNS, notes=ratio_lines(doc))
 
 
 def human(doc: dict[str, Any]) -> None:
-    from rollstack.bench.report import markdown_table
+    from rollstack.bench.iteration import _human
 
-    print(f"command: {doc.get('command', '')}")
-    print(markdown_table(doc["systems"], COLUMNS))
-    for line in ratio_lines(doc):
-        print(line)
-    for kind, path in doc.get("written", {}).items():
-        print(f"{kind}: {path}")
+    _human(doc, COLUMNS, ratio_lines(doc))

@@ -3,7 +3,7 @@ report's math (per-phase and per-command medians, rollstack / containerd ratios)
 
 A task is the image plus a small mutation: a generated file `TASK_DIR/task.txt` (a new-file diff,
 what the rollout's environment starts with). A rollout runs the agent-like steps in TASK_DIR —
-by default a file walk (`find /usr -xdev | wc -l`), the image's command (`--command`: imports of
+by default `true` (the exec path alone), a file walk (`find /usr -xdev | wc -l`), the image's command (`--command`: imports of
 its packages, its tests), reading a few thousand source files, a CPU-bound step — and always
 ends with the write the evaluation checks (`sha256sum task.txt > result.sha256`). The evaluation
 runs in a second, clean environment of the image with the rollout's changes carried over:
@@ -27,7 +27,11 @@ RESULT_FILE = "result.sha256"
 WRITE_STEP = ("write", f"sha256sum {TASK_FILE} > {RESULT_FILE}")
 """the last step of every rollout: the answer the evaluation checks"""
 
+NOOP_STEP = "noop"
+"""`true`: the exec path alone (rollstack's exec API vs a `ctr tasks exec` client), which every
+other step's time includes; `ratios` also gives each step's ratio net of it"""
 DEFAULT_STEPS: tuple[tuple[str, str], ...] = (
+    (NOOP_STEP, "true"),
     ("walk", "find /usr -xdev | wc -l"),
     ("command", ""),  # the image's --command
     ("read", "find /usr -xdev -type f \\( -name '*.py' -o -name '*.js' -o -name '*.h' \\) 2>/dev/null "
@@ -170,8 +174,18 @@ RATIO_KEYS = ("iteration_s", "init_p50", "exec_p50", "eval_p50", "eval_cmd_p50")
 
 def ratios(rs: Mapping[str, Any], ctd: Mapping[str, Any]) -> dict[str, Any]:
     """rollstack / containerd for the iteration wall, the phase medians and each step's median
-    (< 1: rollstack faster)."""
+    (< 1: rollstack faster); `steps_net`: each step's median minus its image's `noop` median on
+    both sides (the command without the exec path), where both differences are positive."""
     out: dict[str, Any] = {k: _ratio(rs.get(k), ctd.get(k)) for k in RATIO_KEYS}
     a, b = rs.get("steps_p50", {}), ctd.get("steps_p50", {})
-    out["steps"] = {k: _ratio(a[k], b[k]) for k in sorted(set(a) & set(b))}
+    common = sorted(set(a) & set(b))
+    out["steps"] = {k: _ratio(a[k], b[k]) for k in common}
+    net = {}
+    for k in common:
+        label, step = k.rsplit(":", 1)
+        noop = f"{label}:{NOOP_STEP}"
+        if step != NOOP_STEP and noop in a and noop in b:
+            da, db = a[k] - a[noop], b[k] - b[noop]
+            net[k] = _ratio(da, db) if da > 0 else float("nan")
+    out["steps_net"] = net
     return out
