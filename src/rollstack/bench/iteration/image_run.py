@@ -197,17 +197,21 @@ COLUMNS = [
 ]
 
 
+def _x(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:.2f}x"
+
+
 def ratio_lines(doc: dict[str, Any]) -> list[str]:
     """The rollstack / containerd ratios as markdown (per mode: phases, then each step)."""
     out = []
     for mode, r in doc.get("ratios", {}).items():
-        head = ", ".join(f"{k.removesuffix('_p50')} {r[k]:.2f}x" for k in ("iteration_s", "init_p50", "exec_p50",
-                                                                           "eval_p50", "eval_cmd_p50"))
+        head = ", ".join(f"{k.removesuffix('_p50')} {_x(r[k])}" for k in ("iteration_s", "init_p50", "exec_p50",
+                                                                         "eval_p50", "eval_cmd_p50"))
         out.append(f"{mode}: rollstack / docker-equivalent: {head}")
-        out.append("  per command (p50): " + ", ".join(f"{k} {v:.2f}x" for k, v in r["steps"].items()))
+        out.append("  per command (p50): " + ", ".join(f"{k} {_x(v)}" for k, v in r["steps"].items()))
         if r.get("steps_net"):
             out.append("  per command net of the exec path (p50 - noop p50): "
-                       + ", ".join(f"{k} {v:.2f}x" for k, v in r["steps_net"].items()))
+                       + ", ".join(f"{k} {_x(v)}" for k, v in r["steps_net"].items()))
     return out
 
 
