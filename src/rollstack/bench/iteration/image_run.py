@@ -193,7 +193,7 @@ COLUMNS = [
     ("iteration_s", "iteration wall (s)", ".1f"), ("rollouts", "rollouts", "d"), ("ok", "reward 1.0", "d"),
     ("init_share", "init share", ".1%"), ("env_init_share", "init share incl. evaluator env", ".1%"),
     ("init_p50", "init p50 (s)", ".2f"), ("exec_p50", "exec p50 (s)", ".2f"), ("eval_p50", "eval p50 (s)", ".2f"),
-    ("eval_cmd_p50", "eval command p50 (s)", ".2f"),
+    ("eval_cmd_p50", "eval command p50 (s)", ".2f"), ("fuse_lowers", "rollouts on FUSE lowers", "d"),
 ]
 
 

@@ -145,7 +145,8 @@ def _median(xs: Iterable[float]) -> float:
 
 def phase_medians(rollouts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Medians (s) over rollouts without an error: init, exec and eval phases, the evaluator's
-    environment init and command, and each step keyed `<image>:<step>` (the task id's image)."""
+    environment init and command, and each step keyed `<image>:<step>` (the task id's image);
+    `fuse_lowers`: how many of them ran on FUSE lowers (rollstack)."""
     ok = [r for r in rollouts if not r.get("error")]
 
     def dur(r: Mapping[str, Any], name: str) -> float:
@@ -156,7 +157,8 @@ def phase_medians(rollouts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         label = str(r["task"]).rsplit("-", 1)[0]
         for name, s in r.get("step_s", {}).items():
             steps.setdefault(f"{label}:{name}", []).append(float(s))
-    return {"init_p50": _median(dur(r, "init") for r in ok), "exec_p50": _median(dur(r, "exec") for r in ok),
+    return {"fuse_lowers": sum(1 for r in ok if r.get("fuse_lowers")),
+            "init_p50": _median(dur(r, "init") for r in ok), "exec_p50": _median(dur(r, "exec") for r in ok),
             "eval_p50": _median(dur(r, "eval") for r in ok),
             "eval_env_init_p50": _median(float(r.get("eval_env_init_s", 0.0)) for r in ok),
             "eval_cmd_p50": _median(float(r.get("eval_cmd_s", 0.0)) for r in ok),

@@ -34,6 +34,8 @@ class Rollout:
     """seconds of each agent step (bench iteration --image)"""
     eval_cmd_s: float = 0.0
     """seconds of the eval phase spent running the evaluator's command (bench iteration --image)"""
+    fuse_lowers: bool | None = None
+    """rollstack: the rollout's environment stacked FUSE lowers (a layer not materialized yet)"""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "label": f"{self.task}#{self.rollout}"}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rollstack.bench.iteration.rollout import PhaseClock, Rollout, agent_steps, heredoc
+from rollstack.bench.systems.rollstack import on_fuse_lowers
 from rollstack.errors import RollstackError
 
 EVAL_DIR = "/opt/rollstack-eval"
@@ -48,6 +49,7 @@ def run_rollout(node: Any, plan: dict[str, Any], task_id: str, k: int, steps: li
     try:
         env = clock.run("init", lambda: retry_capacity(lambda: node.create(plan)))
         rec.fetched_bytes = int(env.created.fetch.fetched_bytes)
+        rec.fuse_lowers = on_fuse_lowers(env.id)
 
         def agent() -> None:
             for name, cmd, stdin in steps:
