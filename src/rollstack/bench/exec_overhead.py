@@ -194,13 +194,14 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
 
 def _rollstack_rep(vname: str, system: Any, lazy: Any, plan: dict[str, Any], cmds: dict[str, str], cfg: ExecConfig,
        rep: int, load: float, samples: list[dict[str, Any]]) -> None:
+    from rollstack.bench.systems.rollstack import on_fuse_lowers
+
     dpid = lazy.process.pid
     envs = [system.node.create(plan) for _ in range(cfg.concurrency)]
     try:
         ops0, cpu0 = dict(lazy.stats().get("fuse_ops", {})), proc_cpu(dpid)
         mounts = Path("/proc/self/mountinfo").read_text()
-        fuse_lowers = [("lazy/mnt" in next((l for l in mounts.splitlines() if f"envs/{e.id}" in l
-                                            and " overlay " in l), "")) for e in envs]
+        fuse_lowers = [on_fuse_lowers(e.id, mounts) for e in envs]
 
         def rs_one(env: Any) -> dict[str, float]:
             out = {}

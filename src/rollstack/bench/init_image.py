@@ -82,58 +82,89 @@ def targets(s: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class BenchImage:
+    """An image as both systems of a bench run get it: the imported layer group (rollstack) and
+    the image pushed unchanged to the bench registry (containerd)."""
+
+    image: str
+    group: str
+    """NAME:TAG of the imported layer group"""
+    ctr_ref: str
+    """what containerd pulls"""
+    import_doc: dict[str, Any]
+
+
+def import_bench_image(rig: Any, image: str, work: Path, *, fresh_import: bool = True, reimport: bool = True,
+                       log: Callable[[str], None] = print) -> BenchImage:
+    """Import `image` as a layer group into the rig's registry (timed; `reimport`: once more,
+    unchanged) and push it there as it is for containerd."""
+    import shutil
+
+    from rollstack.bench.systems.oci import push
+    from rollstack.plan.imports import _open_source, import_image
+    from rollstack.store import open_store
+
+    repo = image_name(image)  # the image as it is, for containerd
+    group = repo.replace("bench-image/", "bench-group/", 1) + ":latest"  # the imported layer group
+    store = open_store(rig.registry.url)
+    cache = work / "import-cache" / repo.rsplit("/", 1)[-1]
+    if fresh_import:
+        shutil.rmtree(cache, ignore_errors=True)
+    try:
+        t = time.perf_counter()
+        res = import_image(image, group, store, cache_dir=cache, work_dir=work)
+        import_s = time.perf_counter() - t
+        again = None
+        if reimport:
+            t = time.perf_counter()
+            again = import_image(image, group, store, cache_dir=cache, work_dir=work)
+            reimport_s = time.perf_counter() - t
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+    doc = {"seconds": import_s, "unpacked_bytes": res.payload_bytes,
+           "source_bytes": sum(la.size for la in _open_source(image, False).layers),
+           "mb_per_s": res.payload_bytes / import_s / 1e6 if import_s else None,
+           "converted": res.converted, "uploaded_bytes": res.uploaded_bytes,
+           "transfer": res.transfer, "layers": len(res.layers)}
+    msg = f"import {image}: {res.payload_bytes / 1e6:.0f} MB unpacked in {import_s:.1f}s ({doc['mb_per_s']:.0f} MB/s)"
+    if again is not None:
+        doc.update(reimport_seconds=reimport_s, reimport_converted=again.converted)
+        msg += f"; re-import {reimport_s:.2f}s"
+    log(msg)
+    layout, tag = _layout_of(image, work / "sources" / repo.rsplit("/", 1)[-1])  # one copy per image
+    t = time.perf_counter()
+    push(layout, tag, rig.registry.address, repo)
+    log(f"pushed for containerd in {time.perf_counter() - t:.1f}s")
+    return BenchImage(image, group, f"{rig.registry.address}/{repo}:{tag}", doc)
+
+
 def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
     from rollstack.bench.systems.rig import BenchRig
     from rollstack.bench.systems.containerd import drop_page_cache
-    from rollstack.bench.systems.oci import push
     from rollstack.bench.systems.rollstack import RollstackSystem, forget_shared_traces, work_lock
-    from rollstack.plan.imports import _open_source, import_image
-    from rollstack.store import open_store
 
     if not cfg.command.strip():
         raise InvalidRequest("--command: give the command to run in the image")
     log = cfg.log
-    repo = image_name(cfg.image)  # the image as it is, for containerd
-    group = repo.replace("bench-image/", "bench-group/", 1)  # the imported layer group
     cmd = ["/bin/sh", "-c", cfg.command]
     samples: list[dict[str, Any]] = []
-    doc: dict[str, Any] = {"image": cfg.image, "command": cfg.command, "group": f"{group}:latest"}
+    doc: dict[str, Any] = {"image": cfg.image, "command": cfg.command}
     with work_lock(cfg.work), BenchRig(cfg.work, cfg.profile) as rig:
-        store = open_store(rig.registry.url)
-        cache = cfg.work / "import-cache"
-        if cfg.fresh_import:
-            import shutil
-
-            shutil.rmtree(cache, ignore_errors=True)
-        t = time.perf_counter()
-        res = import_image(cfg.image, f"{group}:latest", store, cache_dir=cache, work_dir=cfg.work)
-        import_s = time.perf_counter() - t
-        t = time.perf_counter()
-        again = import_image(cfg.image, f"{group}:latest", store, cache_dir=cache, work_dir=cfg.work)
-        reimport_s = time.perf_counter() - t
-        doc["import"] = {"seconds": import_s, "unpacked_bytes": res.payload_bytes,
-                         "source_bytes": sum(la.size for la in _open_source(cfg.image, False).layers),
-                         "mb_per_s": res.payload_bytes / import_s / 1e6 if import_s else None,
-                         "converted": res.converted, "uploaded_bytes": res.uploaded_bytes,
-                         "transfer": res.transfer, "reimport_seconds": reimport_s, "reimport_converted": again.converted,
-                         "layers": len(res.layers)}
-        log(f"import: {res.payload_bytes / 1e6:.0f} MB unpacked in {import_s:.1f}s "
-            f"({doc['import']['mb_per_s']:.0f} MB/s); re-import {reimport_s:.2f}s")
+        bench_image = import_bench_image(rig, cfg.image, cfg.work, fresh_import=cfg.fresh_import, log=log)
+        group, ref = bench_image.group, bench_image.ctr_ref
+        doc["group"], doc["import"] = group, bench_image.import_doc
         if cfg.probe:
             from rollstack.node.probe import probe_group
 
             forget_shared_traces(rig.registry.root / "data")
             t = time.perf_counter()
-            doc["probe"] = probe_group(rig.registry.url, [f"{group}:latest"], cfg.command, work=None)
+            doc["probe"] = probe_group(rig.registry.url, [group], cfg.command, work=None)
             doc["probe"]["wall_s"] = time.perf_counter() - t
             log(f"probe: exit {doc['probe']['exit_code']}, trace published ({doc['probe']['wall_s']:.1f}s)")
-        # containerd gets the image as it is
-        layout, tag = _layout_of(cfg.image, cfg.work)
-        t = time.perf_counter()
-        push(layout, tag, rig.registry.address, repo)
-        ref = f"{rig.registry.address}/{repo}:{tag}"
-        log(f"pushed for containerd in {time.perf_counter() - t:.1f}s")
-        plan = {"name": "bench-image", "groups": [f"{group}:latest"], "workdir": "/",
+        plan = {"name": "bench-image", "groups": [group], "workdir": "/",
                 "resources": {"cpu": 1.0, "memory": "1Gi", "max_cpu": 2.0, "max_memory": "4Gi"}}
         system = RollstackSystem("rollstack", rig.registry.url, cfg.work / "node", rig.link, max_environments=16)
         ctr = rig.ctr
@@ -214,6 +245,7 @@ def _layout_of(image: str, work: Path) -> tuple[Path, str]:
             path, tag = Path(head), tail
         return path, tag
     dest = work / "source-layout"
+    dest.parent.mkdir(parents=True, exist_ok=True)
     ref = image if image.startswith("docker://") else f"docker://{image}"
     subprocess.run(["skopeo", "copy", "-q", "--src-tls-verify=false", ref, f"oci:{dest}:image"], check=True,
                    capture_output=True)

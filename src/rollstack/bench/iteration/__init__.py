@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Sequence
 
 import typer
 
@@ -160,7 +160,8 @@ def _drive(work_list: list[tuple[dict[str, Any], int]], fn: Callable[[Any, float
 
 # -- report + CLI ----------------------------------------------------------------------------------
 
-def write_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
+def write_report(doc: dict[str, Any], out: Path, *, title: str = "bench iteration",
+                 columns: Sequence[tuple[str, str, str]] = COLUMNS, notes: Sequence[str] = ()) -> dict[str, str]:
     from rollstack.bench.report import plot_timeline, write_results
 
     out.mkdir(parents=True, exist_ok=True)
@@ -168,21 +169,23 @@ def write_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
     for name, rs in doc["rollouts"].items():
         p = plot_timeline(rs, out / f"iteration_timeline_{name}.png", title=f"iteration timeline: {name}")
         plots[name] = str(p)
-    notes = [f"![{n} timeline]({Path(p).name})" for n, p in plots.items()]
+    notes = [*notes, *(f"![{n} timeline]({Path(p).name})" for n, p in plots.items())]
     for key, t in doc.get("targets", {}).items():
         v = t["value"]
         notes.append(f"target {key}: {'-' if v != v else f'{v:.1%}'} (target <= {t['target']:.0%}) -> "
                      f"{ {True: 'met', False: 'MISSED', None: 'not measured'}[t['met']] }")
-    written = write_results(out, doc, title="bench iteration", columns=COLUMNS, notes=notes)
+    written = write_results(out, doc, title=title, columns=columns, notes=notes)
     written.update({f"timeline_{n}": p for n, p in plots.items()})
     return written
 
 
-def _human(doc: dict[str, Any]) -> None:
+def _human(doc: dict[str, Any], columns: Sequence[tuple[str, str, str]] = COLUMNS, lines: Sequence[str] = ()) -> None:
     from rollstack.bench.report import markdown_table
 
     print(f"command: {doc['command']}")
-    print(markdown_table(doc["systems"], COLUMNS))
+    print(markdown_table(doc["systems"], columns))
+    for line in lines:
+        print(line)
     for key, t in doc.get("targets", {}).items():
         print(f"target {key}: {t['value']} (target {t['target']}) -> {t['met']}")
     for kind, path in doc.get("written", {}).items():
@@ -202,6 +205,15 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="results directory")] = DEFAULT_OUT,
         work: Annotated[Path, typer.Option("--work", help="registry/containerd/node state")] = Path("/var/cache/rollstack/bench-init"),
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+        image: Annotated[list[str] | None, typer.Option("--image", help="iterate on this OCI image instead of the "
+                                                        "corpus (oci:DIR[:TAG] or HOST/NAME:TAG; repeatable)")] = None,
+        command: Annotated[list[str] | None, typer.Option("--command", help="with --image: the image's command (sh -c; "
+                                                          "once, or once per --image; default: bench.images')")] = None,
+        task_command: Annotated[list[str] | None, typer.Option("--task-command", help="with --image: an agent step "
+                                                               "(repeatable; default: walk, --command, read, cpu)")] = None,
+        eval_command: Annotated[str | None, typer.Option("--eval-command", help="with --image: run in the evaluator "
+                                                         "after the answer check (default: --command)")] = None,
+        modes: Annotated[str, typer.Option("--modes", help="with --image: cold,warm (comma-separated)")] = "cold,warm",
     ) -> None:
         """A GRPO-style iteration per system: init / exec / eval timeline, share of init."""
         from rollstack.bench.init import default_corpus
@@ -211,6 +223,22 @@ def register(app: typer.Typer) -> None:
         if quick:
             tasks, rollouts = min(tasks, 2), min(rollouts, 2)
         names = [s.strip() for s in systems.split(",") if s.strip()]
+        if image:
+            from rollstack.bench.iteration.image_run import ImageIterConfig, human, run_image_iteration, write_image_report
+            from rollstack.interrupts import sigterm_as_interrupt
+
+            icfg = ImageIterConfig(images=list(image), commands=list(command or []), task_commands=list(task_command or []),
+                                   eval_command=eval_command, tasks=tasks, rollouts=rollouts,
+                                   concurrency=concurrency or default_concurrency(), systems=names,
+                                   modes=[m.strip() for m in modes.split(",") if m.strip()], profile=profile,
+                                   work=work if work != Path("/var/cache/rollstack/bench-init")
+                                   else Path("/var/cache/rollstack/bench-iteration-image"), log=_log)
+            with sigterm_as_interrupt():
+                doc = run_image_iteration(icfg)
+            doc["machine"], doc["command"] = machine_facts(), current_command()
+            doc["written"] = write_image_report(doc, out if out != DEFAULT_OUT else DEFAULT_OUT.with_name("iteration-image"))
+            emit(_json_safe(doc), as_json, human)
+            return
         cfg = IterConfig(corpus=corpus or default_corpus(quick), tasks=tasks, rollouts=rollouts,
                          concurrency=concurrency or default_concurrency(), systems=names, profile=profile, work=work)
         from rollstack.interrupts import sigterm_as_interrupt

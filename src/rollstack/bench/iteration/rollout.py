@@ -30,6 +30,12 @@ class Rollout:
     """exit code of each agent step"""
     eval_env_init_s: float = 0.0
     """seconds of the eval phase spent creating the evaluator environment (environment init too)"""
+    step_s: dict[str, float] = field(default_factory=dict)
+    """seconds of each agent step (bench iteration --image)"""
+    eval_cmd_s: float = 0.0
+    """seconds of the eval phase spent running the evaluator's command (bench iteration --image)"""
+    fuse_lowers: bool | None = None
+    """rollstack: the rollout's environment stacked FUSE lowers (a layer not materialized yet)"""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "label": f"{self.task}#{self.rollout}"}

@@ -125,7 +125,9 @@ class Ctr:
         return ["ctr", "-a", str(self.socket), "-n", NAMESPACE, *args]
 
     def run(self, *args: str, timeout: float = 900.0, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(self._cmd(*args), capture_output=True, text=True, timeout=timeout)
+        # stdin closed: an attached `tasks start` forwards ours, and a command reading it would hang
+        proc = subprocess.run(self._cmd(*args), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
         if check and proc.returncode != 0:
             raise RuntimeFailure(f"ctr {' '.join(args[:3])}: {proc.stderr.strip()[-1500:] or proc.stdout.strip()[-1500:]}")
         return proc

@@ -133,6 +133,14 @@ def seed_layer_cache(mine: Path, other: Path) -> None:
             subprocess.run(["cp", "-al", str(src), str(dst)], check=False, capture_output=True)
 
 
+def on_fuse_lowers(env_id: str, mountinfo: str | None = None) -> bool:
+    """Whether the environment's overlay stacks the lazy store's FUSE directories (some layer not
+    materialized yet); `mountinfo`: a /proc/self/mountinfo text read once for many environments."""
+    text = mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
+    line = next((ln for ln in text.splitlines() if f"envs/{env_id}" in ln and " overlay " in ln), "")
+    return "lazy/mnt" in line
+
+
 # -- the node -----------------------------------------------------------------------------------
 
 class RollstackSystem:
