@@ -9,7 +9,11 @@ background request only when all of these hold:
 - the last foreground request ended at least `quiet` seconds ago (a program importing modules
   misses every few ms: fill waits for the burst to end, not for the gaps inside it);
 - a token bucket refilled at `rate` bytes/s (a configured share of the link) has the request's
-  bytes (`TokenBucket`, pure).
+  bytes (`TokenBucket`, pure);
+- at least `min_idle` cores were idle over the last 0.2 s (`host.cpuidle`): a command that
+  computes without touching FUSE (tests, a build) is foreground work the gate cannot see
+  otherwise, and what fill causes at normal priority (the network stack, a registry or peer on
+  the same node, disk flushes) would take its CPU.
 
 Every wait is counted (`paused`, `throttled`) and so is any request started while foreground
 work was in flight (`started_during_foreground`, which the gate keeps at 0): tests assert the
@@ -21,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import trio
 
@@ -74,9 +78,17 @@ class TokenBucket:
 
 
 class BackgroundGate:
-    def __init__(self, rate: float, quiet: float, burst: float | None = None) -> None:
+    def __init__(self, rate: float, quiet: float, burst: float | None = None, min_idle: float = 0.0,
+                 meter: Any = None) -> None:
         self.bucket = TokenBucket(rate, burst if burst is not None else max(rate * 0.1, 1 << 20))
         self.quiet = quiet
+        self.min_idle = min_idle
+        if min_idle > 0 and meter is None:
+            from rollstack.host.cpuidle import IdleMeter
+
+            meter = IdleMeter()
+        self.meter = meter
+        self.cpu_waits = 0  # admission checks that found the node's CPUs busy
         self.active = 0
         self.last_foreground = float("-inf")
         self._idle = trio.Event()
@@ -121,6 +133,11 @@ class BackgroundGate:
                 waited = True
                 await trio.sleep(self.quiet - since)
                 continue
+            if self.min_idle > 0 and self.meter.idle() < self.min_idle:
+                waited = True
+                self.cpu_waits += 1
+                await trio.sleep(self.meter.window)
+                continue
             delay = self.bucket.wait_for(nbytes, trio.current_time())
             if delay > 0:
                 self.throttled += 1
@@ -136,4 +153,5 @@ class BackgroundGate:
     def snapshot(self) -> dict[str, int | float]:
         return {"admitted": self.admitted, "paused": self.paused, "throttled": self.throttled,
                 "started_during_foreground": self.started_during_foreground,
-                "foreground_active": self.active, "rate_bytes_per_s": self.bucket.rate, "quiet_seconds": self.quiet}
+                "foreground_active": self.active, "rate_bytes_per_s": self.bucket.rate, "quiet_seconds": self.quiet,
+                "cpu_waits": self.cpu_waits, "min_idle_cores": self.min_idle}

@@ -79,6 +79,9 @@ class FetchConfig(BaseModel):
     environment's first command runs on an uncontended node)."""
     background_quiet: float = 0.5
     """Background requests start only this long after the last foreground request ended."""
+    background_min_idle: float = 0.5
+    """Background requests start only while this many cores were idle over the last 0.2 s
+    (/proc/stat; `fetch.background`); 0 = no CPU condition."""
     link_rate: float = 125e6
     """The node's link to the registry, bytes/s (1 Gbit/s): the base of the background share."""
     background_share: float = 0.25

@@ -101,7 +101,8 @@ class ChunkFetcher:
         }
         self._threads = trio.CapacityLimiter(32)
         self.gate = BackgroundGate(config.link_rate * config.background_share, config.background_quiet,
-                                   burst=max(config.background_request, 1 << 20))
+                                   burst=max(config.background_request, 1 << 20),
+                                   min_idle=config.background_min_idle)
         self._nursery: trio.Nursery | None = None
         self._writes: trio.Nursery | None = None
         self._unwritten: dict[str, bytes] = {}  # fetched, verified, not yet in the disk cache

@@ -51,6 +51,10 @@ class NodeConfig(BaseModel):
     materialize_cpu: float = Field(default=0.5, ge=0)
     """Cores the materializer's extraction may use at most (its cgroup's CFS quota, beside its
     SCHED_IDLE priority; host.background); 0 = no cap."""
+    materialize_min_idle: float = Field(default=0.5, ge=0)
+    """Idle cores (over 0.2 s, /proc/stat) the extraction waits for before each read: what it
+    causes at normal priority (the network stack, disk flushes, a registry on the node) waits
+    for running environments too (host.cpuidle); 0 = do not wait."""
     lazy: LazyStoreSettings = Field(default_factory=lambda: LazyStoreSettings(fetch=FetchConfig(disk_budget=20 << 30)))
     """The lazy store daemon's settings (mount/config.py): `fetch` (its chunk data path; here
     with a 20 GiB disk chunk cache, `fetch.disk_budget`), `peers` (peer nodes' chunk endpoints,

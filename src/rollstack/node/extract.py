@@ -46,11 +46,13 @@ class ExtractStats:
     requests: int = 0
     from_cache_bytes: int = 0
     seconds: float = 0.0
+    paced_seconds: float = 0.0
+    """Waited for idle CPU (`pace`) before reading or copying."""
     detail: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in ("files", "entries", "bytes_written", "fetched_bytes", "requests",
-                                              "from_cache_bytes", "seconds")}
+                                              "from_cache_bytes", "seconds", "paced_seconds")}
 
 
 class _RangeSource:
@@ -150,11 +152,22 @@ def _finish_entry(dst: Path, e: TocEntry) -> None:
     os.utime(p, ns=(e.mtime_ns, e.mtime_ns), follow_symlinks=False)
 
 
+PACE_EVERY = 64
+"""Cached chunks copied between two `pace()` calls."""
+
+
 def extract_layer(read_range: Callable[[int, int], bytes], blob_size: int, dst: Path, *,
-                  chunk_cache: Path | None = None, window: int = WINDOW) -> ExtractStats:
-    """Materialize the layer behind `read_range` into `dst` (which must not exist yet)."""
+                  chunk_cache: Path | None = None, window: int = WINDOW,
+                  pace: Callable[[], float] | None = None) -> ExtractStats:
+    """Materialize the layer behind `read_range` into `dst` (which must not exist yet).
+    `pace()` is called before every range read and every `PACE_EVERY` cached chunks, and
+    returns the seconds it waited (the node's: until enough CPU is idle, `idle_pacer`)."""
     t0 = time.perf_counter()
     stats = ExtractStats()
+
+    def paced() -> None:
+        if pace is not None:
+            stats.paced_seconds += pace()
     src = _RangeSource(read_range, blob_size)
     toc = read_toc(src).toc
     entries = toc.entries
@@ -188,7 +201,9 @@ def extract_layer(read_range: Callable[[int, int], bytes], blob_size: int, dst: 
 
     try:
         missing: set[int] = set()
-        for c in chunks:
+        for n, c in enumerate(chunks):
+            if n % PACE_EVERY == 0:
+                paced()
             data = _cached(chunk_cache, c)
             if data is None:
                 missing.add(c.blob_offset)
@@ -198,6 +213,7 @@ def extract_layer(read_range: Callable[[int, int], bytes], blob_size: int, dst: 
         ranges = plan_ranges(chunks, missing, window=window)
         i = 0
         for start, length in ranges:
+            paced()
             buf = read_range(start, length)
             stats.requests += 1
             stats.fetched_bytes += len(buf)
@@ -226,6 +242,25 @@ def extract_layer(read_range: Callable[[int, int], bytes], blob_size: int, dst: 
 
 # -- the node's process --------------------------------------------------------------------------
 
+def idle_pacer(min_idle: float, meter: "object | None" = None, max_wait: float = 60.0,
+               sleep: Callable[[float], None] = time.sleep) -> Callable[[], float]:
+    """A `pace` for `extract_layer`: waits (at most `max_wait` s at a time, so a node that is
+    never idle still materializes) until `min_idle` cores were idle over the meter's window."""
+    from rollstack.host.cpuidle import IdleMeter
+
+    m = meter if meter is not None else IdleMeter()
+
+    def pace() -> float:
+        waited = 0.0
+        while min_idle > 0 and m.idle() < min_idle and waited < max_wait:  # type: ignore[attr-defined]
+            step = m.window  # type: ignore[attr-defined]
+            sleep(step)
+            waited += step
+        return waited
+
+    return pace
+
+
 def lower_priority() -> None:
     """This process yields to everything else: SCHED_IDLE (or nice 19) and the idle I/O class."""
     try:
@@ -246,11 +281,12 @@ def lower_priority() -> None:
 
 
 def spawn_args(store: str, repo: str, digest: str, dst: Path, chunk_cache: Path | None,
-               cgroups: "list[Path] | tuple[Path, ...]" = ()) -> list[str]:
+               cgroups: "list[Path] | tuple[Path, ...]" = (), min_idle: float = 0.0) -> list[str]:
     """The extraction's command line; `cgroups`: the node's background cgroup dirs
-    (host.background), joined before any work."""
+    (host.background), joined before any work; `min_idle`: cores that must be idle before
+    each read (`idle_pacer`)."""
     argv = [sys.executable, "-m", "rollstack.node.extract", "--store", store, "--repo", repo,
-            "--digest", digest, "--dst", str(dst)]
+            "--digest", digest, "--dst", str(dst), "--min-idle", repr(float(min_idle))]
     if chunk_cache is not None:
         argv += ["--chunk-cache", str(chunk_cache)]
     for cg in cgroups:
@@ -272,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-lower-priority", action="store_true")
     ap.add_argument("--cgroup", type=Path, action="append", default=[],
                     help="a background cgroup dir to join first (repeatable)")
+    ap.add_argument("--min-idle", type=float, default=0.0,
+                    help="idle cores to wait for before each read (0: do not wait)")
     args = ap.parse_args(argv)
     if args.cgroup:
         from rollstack.host.background import join
@@ -283,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         size = store.blob_size(args.repo, args.digest)
         stats = extract_layer(lambda o, n: store.read_blob(args.repo, args.digest, o, n), size, args.dst,
-                              chunk_cache=args.chunk_cache)
+                              chunk_cache=args.chunk_cache,
+                              pace=idle_pacer(args.min_idle) if args.min_idle > 0 else None)
     finally:
         store.close()
     print(json.dumps(stats.to_dict()))

@@ -94,8 +94,9 @@ class LayerMaterializer:
                  in_use: Callable[[], str] = mounted_paths, grace: float = 5.0,
                  min_free: int = 8 << 30, disk_free: Callable[[Path], int] | None = None,
                  store: str | None = None, chunk_cache: Path | None = None,
-                 cpu: float = 0.5, cgroup_tag: str | None = None) -> None:
+                 cpu: float = 0.5, cgroup_tag: str | None = None, min_idle: float = 0.0) -> None:
         self.root = root
+        self.min_idle = min_idle  # idle cores the extraction waits for before each read
         self.cpu = cpu  # cores the extraction may use at most (host.background); 0: uncapped
         self.cgroup_tag = cgroup_tag
         self.cgroups: list[Path] = []
@@ -173,7 +174,7 @@ class LayerMaterializer:
 
         if self.store is None:
             raise RuntimeError("a materializer without a store copies through FUSE")
-        return spawn_args(self.store, repo, digest, dst, self.chunk_cache, self.cgroups)
+        return spawn_args(self.store, repo, digest, dst, self.chunk_cache, self.cgroups, self.min_idle)
 
     def lower_for(self, digest: str) -> Path | None:
         """The local directory of `digest` if it is complete, else None (use the FUSE one)."""

@@ -129,7 +129,7 @@ class Stages:
                                                   budget=cfg.materialize_budget,
                                                   min_free=cfg.materialize_min_free, store=spec,
                                                   chunk_cache=cfg.lazy_dir / "state" / "chunks",
-                                                  cpu=cfg.materialize_cpu,
+                                                  cpu=cfg.materialize_cpu, min_idle=cfg.materialize_min_idle,
                                                   cgroup_tag=_node_tag(cfg.root)).start()
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)

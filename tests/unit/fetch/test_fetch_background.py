@@ -124,3 +124,29 @@ def test_background_requests_run_at_idle_cpu_priority_and_demand_reads_do_not(tm
     with idle_thread():
         assert os.getpriority(os.PRIO_PROCESS, 0) == IDLE_NICE
     assert os.getpriority(os.PRIO_PROCESS, 0) == base
+
+
+class _Meter:
+    window = 0.05
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def idle(self):
+        return self.values.pop(0) if len(self.values) > 1 else self.values[0]
+
+
+def test_gate_waits_while_the_nodes_cpus_are_busy():
+    async def main():
+        meter = _Meter([0.1, 0.2, 0.3, 1.5])  # busy three checks, then 1.5 cores idle
+        gate = BackgroundGate(rate=0, quiet=0.0, min_idle=0.5, meter=meter)
+        t0 = trio.current_time()
+        await gate.admit(100)
+        assert gate.cpu_waits == 3 and gate.paused == 1 and gate.admitted == 1
+        assert trio.current_time() - t0 >= 3 * meter.window - 1e-3
+        assert gate.snapshot()["cpu_waits"] == 3
+        free = BackgroundGate(rate=0, quiet=0.0, min_idle=0.0)  # the condition off: no meter
+        await free.admit(100)
+        assert free.cpu_waits == 0 and free.meter is None
+
+    trio.run(main)
