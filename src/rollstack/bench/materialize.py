@@ -20,7 +20,8 @@ competes with here, unlike on a node whose registry is elsewhere. `--source cach
 every chunk into the node's disk cache (what background fill does), so the extraction only
 reads, verifies and writes locally.
 
-Reported: the command's wall time p50 per phase and their ratio, the extraction's wall and CPU
+`--cpu` and `--min-idle` set the node's `materialize_cpu` and `materialize_min_idle` (0 and 0:
+the extraction as it was before either bound). Reported: the command's wall time p50 per phase and their ratio, the extraction's wall and CPU
 seconds (its share of one core), per round and overall. The extracted trees are deleted after
 each round (the node never sees them).
 """
@@ -79,7 +80,7 @@ def _fill_disk_cache(lazy: Any, repo: str, digests: list[str], timeout: float = 
 
 
 def run(image: str, command: str, *, rounds: int, runs: int, work: Path, source: str = "registry",
-        cpu: float = 0.5, log: Callable[[str], None]) -> dict[str, Any]:
+        cpu: float = 0.5, min_idle: float = 0.5, log: Callable[[str], None]) -> dict[str, Any]:
     from rollstack.bench.init_image import image_name
     from rollstack.bench.systems.rig import BenchRig
     from rollstack.bench.systems.rollstack import RollstackSystem, work_lock
@@ -100,7 +101,8 @@ def run(image: str, command: str, *, rounds: int, runs: int, work: Path, source:
         store = open_store(rig.registry.url)
         res = import_image(image, f"{repo}:latest", store, cache_dir=work / "import-cache", work_dir=work)
         system = RollstackSystem("rollstack", rig.registry.url, work / "node-materialize", rig.link,
-                                 max_environments=4, materialize_after=1 << 30, materialize_cpu=cpu)
+                                 max_environments=4, materialize_after=1 << 30, materialize_cpu=cpu,
+                                 materialize_min_idle=min_idle)
         system.start()
         try:
             system.clear()  # fresh node: every layer on FUSE
@@ -160,7 +162,7 @@ def run(image: str, command: str, *, rounds: int, runs: int, work: Path, source:
             system.stop()
         link = rig.link_facts()
     return {"image": image, "command": command, "source": source, "layers": len(res.layers),
-            "materialize_cpu": cpu,
+            "materialize_cpu": cpu, "materialize_min_idle": min_idle,
             "stored_bytes": sum(int(la.get("size", 0)) for la in res.layers), "summary": summarize(idle_all, during_all, walls, cpus),
             "rounds": rows, "link": link}
 
@@ -168,7 +170,8 @@ def run(image: str, command: str, *, rounds: int, runs: int, work: Path, source:
 def _human(doc: dict[str, Any]) -> None:
     s = doc["summary"]
     print(f"{doc['image']}: {doc['stored_bytes'] / 1e6:.0f} MB stored in {doc['layers']} layer(s), "
-          f"extraction from the {doc['source']}, capped at {doc['materialize_cpu']} cores")
+          f"extraction from the {doc['source']}, capped at {doc['materialize_cpu']} cores, "
+          f"waiting for {doc['materialize_min_idle']} idle cores")
     print(f"command p50: idle {s['idle_p50_s']:.3f}s ({s['runs_idle']} runs), while extracting "
           f"{s['extracting_p50_s']:.3f}s ({s['runs_extracting']} runs): {s['ratio']:.2f}x "
           f"(limit {s['limit']:.2f}x: {'met' if s['within_limit'] else 'MISSED'})")
@@ -185,6 +188,7 @@ def register(app: typer.Typer) -> None:
         runs: int = typer.Option(5, min=1, help="command runs per phase and round"),
         source: str = typer.Option("registry", help="where the extraction reads chunks: registry | cache"),
         cpu: float = typer.Option(0.5, min=0, help="the node's materialize_cpu (cores; 0: uncapped)"),
+        min_idle: float = typer.Option(0.5, min=0, help="the node's materialize_min_idle (cores; 0: do not wait)"),
         work: Path = typer.Option(Path("/var/cache/rollstack/bench-init-image"), help="registry/import/node state"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
@@ -192,7 +196,7 @@ def register(app: typer.Typer) -> None:
         from rollstack.bench.report import current_command, machine_facts
         from rollstack.cli.output import emit
 
-        doc = run(image, command, rounds=rounds, runs=runs, work=work, source=source, cpu=cpu,
+        doc = run(image, command, rounds=rounds, runs=runs, work=work, source=source, cpu=cpu, min_idle=min_idle,
                   log=lambda m: typer.echo(f"[bench materialize] {m}", err=True))
         doc["machine"], doc["command_line"] = machine_facts(), current_command()
         emit(doc, as_json, _human)
