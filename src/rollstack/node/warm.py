@@ -102,10 +102,16 @@ class WarmPool:
     def take(self, digests: Sequence[str], lowers: Sequence[Path]) -> "Environment | None":
         """A started sandbox on exactly these lowers, or None (the create goes cold). Either way
         the stack's pool is (re)targeted to `size` and the refill woken."""
+        got = self.take_many(digests, lowers, 1)
+        return got[0] if got else None
+
+    def take_many(self, digests: Sequence[str], lowers: Sequence[Path], n: int) -> "list[Environment]":
+        """Up to `n` started sandboxes on exactly these lowers in one step (a GRPO group; the
+        rest of the group goes cold), under one lock hold."""
         digests, low = tuple(digests), tuple(str(p) for p in lowers)
         with self._cond:
             if self._stopped:
-                return None
+                return []
             stack = self._pools.get(digests)
             if stack is not None and stack.lowers != low:  # same layers, other dirs: stale
                 self._discard += stack.ready
@@ -119,17 +125,18 @@ class WarmPool:
                     self.counters["discarded"] += len(old.ready)
             self._pools.move_to_end(digests)
             stack.used = time.monotonic()
-            env = None
-            while stack.ready:
+            got: list[Environment] = []
+            while stack.ready and len(got) < n:
                 cand = stack.ready.pop(0)
                 if cand.init_alive():
-                    env = cand
-                    break
+                    got.append(cand)
+                    continue
                 self._discard.append(cand)  # its PID 1 died while it waited
                 self.counters["dead"] += 1
-            self.counters["hits" if env is not None else "misses"] += 1
+            self.counters["hits"] += len(got)
+            self.counters["misses"] += n - len(got)
             self._cond.notify_all()
-        return env
+        return got
 
     def ready(self) -> int:
         with self._cond:
@@ -278,27 +285,34 @@ def _destroy(env: "Environment") -> None:
         log.exception("destroying warm sandbox %s failed", env.id)
 
 
-def handout(env: "Environment", plan: Any, exec_env: dict[str, str]) -> float:
+def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
+            mutate: Callable[[Path], None] | None = None) -> float:
     """Make a taken sandbox the plan's environment (quotas are the caller's: the provisioner's
-    register): mutation through the merged view, the workdir, exec defaults. Returns the
-    seconds the mutation took."""
+    register): mutation through the merged view (`mutate(root)`, a GRPO group's planned once,
+    else the plan's applied here), the workdir, exec defaults. Returns the mutation's seconds."""
     from rollstack.errors import UnsafePath
+    from rollstack.run.files import SafeRoot
     from rollstack.run.ocispec import SpecParams, build_spec
+    from rollstack.run.userns import HOST_BASE
 
     # the checks a spec built from the plan would have made (cwd absolute, env names/values)
     build_spec(str(env.rootfs), SpecParams(env_id=env.id, cwd=plan.workdir, env=exec_env))
+    shifted = bool(env.meta().get("userns"))
     t = time.monotonic()
     if plan.mutation_text:
-        from rollstack.plan.mutation import apply_mutation
+        if mutate is None:
+            from rollstack.plan.mutation import apply_mutation
 
-        apply_mutation(env.rootfs, plan.mutation_text, workdir=plan.workdir)
-        if env.meta().get("userns"):  # what the node wrote as host root, as a cold create does
+            apply_mutation(env.rootfs, plan.mutation_text, workdir=plan.workdir)
+        else:
+            mutate(env.rootfs)
+        if shifted:  # what the node wrote as host root, as a cold create does
             from rollstack.run import userns
 
             userns.shift_upper(env.upper, via=env.rootfs)
     mutation = time.monotonic() - t
-    try:
-        env.files.makedirs(plan.workdir)
+    try:  # its PID 1 runs on the root, so it is mounted (`env.files` would parse mountinfo)
+        SafeRoot(env.rootfs, HOST_BASE if shifted else 0).makedirs(plan.workdir)
     except UnsafePath:
         pass  # an absolute symlink on the way: the command's chdir resolves it in the sandbox
     env.set_exec_defaults(plan.workdir, exec_env)
