@@ -11,7 +11,7 @@ group never half-fits the node), then does what the N share once, for all of the
 4. the task mutation is planned once (`Group.mutate`: parse the diff and compute every new
    file from the first environment's merged root) and only written into each environment.
 
-Then the N are built in parallel (`BUILD_WORKERS` threads): per environment what is left is
+Then the N are built in parallel (`START_WORKERS` threads): per environment what is left is
 writing the mutation, the workdir and exec defaults (warm), or mount + mutation + `runc run`
 (cold), the provisioner's quotas and the record. If any fails, the ones already built are
 destroyed, the rest of the admitted records released, and the first error is raised.
@@ -50,10 +50,11 @@ log = logging.getLogger(__name__)
 
 MAX_COUNT = 256
 """Most environments one create call may ask for (the lazy store's `begin_envs` limit too)."""
-BUILD_WORKERS = 4
-"""Environments of one group built at once. On a 2-core node the warm path is Python under one
-GIL (more threads only contend for it) and the cold path is `runc run`, ~2 cores' worth at 4;
-measured in docs/benchmarks.md ("Fan-out"): 4 was as fast as 16 cold and faster warm."""
+START_WORKERS = 16
+"""Environments of one group built at once, shared by concurrent groups. Measured on this
+2-core node (docs/benchmarks.md, "GRPO fan-out: shared work"): 2, 4, 8 and 16 builders gave
+the same warm group within the noise (the warm path is GIL-bound Python plus kernel time of
+the overlay writes), and a cold group of 8 (runc run) was slowest with 2 and 4; so 16."""
 
 
 @dataclass
@@ -179,7 +180,7 @@ def _pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=BUILD_WORKERS, thread_name_prefix="rollstack-fanout")
+            _POOL = ThreadPoolExecutor(max_workers=START_WORKERS, thread_name_prefix="rollstack-fanout")
         return _POOL
 
 
