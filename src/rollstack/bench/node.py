@@ -332,14 +332,11 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fanout_summary(doc: dict[str, Any]) -> dict[str, Any]:
-    """fanout_{warm,cold}_{ratio,create_ratio}: the run's own mode and the other node's."""
-    out: dict[str, Any] = {}
-    for f in (doc["agent"]["fanout"], doc.get("fanout_other")):
-        if f and "create_ratio" in f:
-            mode = "warm" if f["warm_pool"] else "cold"
-            out[f"fanout_{mode}_ratio"], out[f"fanout_{mode}_create_ratio"] = f["ratio"], f["create_ratio"]
-            out[f"fanout_{mode}_cpu_ms_per_extra_env"] = round(f["create_node_cpu_per_extra_env_s"] * 1e3, 2)
-    return out
+    """fanout_{warm,cold}_*: the run's own mode and the other node's (rollstack.bench.node_fanout)."""
+    from rollstack.bench.node_fanout import mode_summary
+
+    return {k: v for f in (doc["agent"]["fanout"], doc.get("fanout_other"))
+            if f and "create_ratio" in f for k, v in mode_summary(f).items()}
 
 
 def _human(doc: dict[str, Any]) -> None:

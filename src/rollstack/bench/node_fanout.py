@@ -23,11 +23,11 @@ WARM_POOL = 16
 
 def measure(client: Any, plan: dict[str, Any], count: int, rounds: int, warm: int,
             pids: list[int]) -> dict[str, Any]:
-    from rollstack.bench.node import _cpu, _pct, settle
+    from rollstack.bench.node import _cpu, settle
 
     with ThreadPoolExecutor(max_workers=count) as pool:
         list(pool.map(lambda _: client.health(), range(count)))  # each caller thread's connection
-        samples: dict[int, list[tuple[float, float, float, float, bool]]] = {1: [], count: []}
+        samples: dict[int, list[Sample]] = {1: [], count: []}
         shared: list[dict[str, float]] = []
 
         def group(n: int) -> None:
@@ -50,11 +50,23 @@ def measure(client: Any, plan: dict[str, Any], count: int, rounds: int, warm: in
         for _ in range(rounds):
             group(1)
             group(count)
-    one, many = samples[1], samples[count]
+    return summarize(samples[1], samples[count], count, warm, shared)
+
+
+Sample = tuple[float, float, float, float, bool]
+"""(create s, create + exec s, node CPU s of the create, of create + exec, every env warm)."""
+
+
+def summarize(one: list[Sample], many: list[Sample], count: int, warm: int,
+              shared: list[dict[str, float]]) -> dict[str, Any]:
+    """The fan-out document from the rounds' samples (pure): medians of the times, means of the
+    CPU (10 ms ticks: a median of ticks would be 0 or 10 ms)."""
+    from rollstack.bench.node import _pct
+
     med = lambda rows, i: _pct([r[i] for r in rows], 50)  # noqa: E731
     mean = lambda rows, i: round(sum(r[i] for r in rows) / len(rows), 6)  # noqa: E731
     doc: dict[str, Any] = {
-        "count": count, "rounds": rounds, "warm_pool": warm,
+        "count": count, "rounds": len(many), "warm_pool": warm,
         "one_s": med(one, 1), "group_s": med(many, 1), "ratio": round(med(many, 1) / med(one, 1), 2),
         "one_create_s": med(one, 0), "group_create_s": med(many, 0),
         "create_ratio": round(med(many, 0) / med(one, 0), 2),
@@ -67,6 +79,13 @@ def measure(client: Any, plan: dict[str, Any], count: int, rounds: int, warm: in
     if shared:
         doc["group_shared_phases_s"] = {k: _pct([s.get(k, 0.0) for s in shared], 50) for k in shared[0]}
     return doc
+
+
+def mode_summary(f: dict[str, Any]) -> dict[str, Any]:
+    """fanout_{warm|cold}_{ratio,create_ratio,cpu_ms_per_extra_env} of one fan-out document."""
+    mode = "warm" if f["warm_pool"] else "cold"
+    return {f"fanout_{mode}_ratio": f["ratio"], f"fanout_{mode}_create_ratio": f["create_ratio"],
+            f"fanout_{mode}_cpu_ms_per_extra_env": round(f["create_node_cpu_per_extra_env_s"] * 1e3, 2)}
 
 
 def node_pids(config: Any, agent_pid: int) -> list[int]:
@@ -113,10 +132,7 @@ def run_fanout_only(count: int, rounds: int, warm: int) -> dict[str, Any]:
         plan = busybox_plan(resources=SMALL)
         modes = {"warm": on_node(base, spec, plan, count, rounds, warm or max(WARM_POOL, 2 * count)),
                  "cold": on_node(base, spec, plan, count, rounds, 0)}
-        summary: dict[str, Any] = {}
-        for mode, f in modes.items():
-            summary[f"fanout_{mode}_ratio"], summary[f"fanout_{mode}_create_ratio"] = f["ratio"], f["create_ratio"]
-            summary[f"fanout_{mode}_cpu_ms_per_extra_env"] = round(f["create_node_cpu_per_extra_env_s"] * 1e3, 2)
+        summary = {k: v for f in modes.values() for k, v in mode_summary(f).items()}
         return {"fanout": modes, "summary": summary, "machine": machine_facts(), "command": current_command()}
     finally:
         shutil.rmtree(base, ignore_errors=True)
