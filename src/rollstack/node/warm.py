@@ -30,7 +30,7 @@ destroyed and new ones started on the new stack. At most `warm_stacks` stacks ha
 
 Refill: one background thread starts one sandbox at a time, then sleeps so that it is busy at
 most `warm_cpu_share` of the time (and never while `room()` says the node has no space for
-another container). A create that finds the pool empty is a cold create and wakes the refill.
+another container, nor within `REFILL_GRACE` of the last handout). A create that finds the pool empty is a cold create and wakes the refill.
 
 Accounting: a warm sandbox is a container but not an environment: it is not admitted, holds no
 provisioner quota and is not listed. It uses ~1 MiB (execd's RSS, kernel objects) and no CPU
@@ -60,6 +60,12 @@ WARM_CPU = 1.0
 throttle the start); idle, it uses none."""
 WARM_MEMORY = 128 << 20
 """Memory limit of a sandbox's cgroup until handout."""
+
+
+REFILL_GRACE = 0.25
+"""Seconds after a handout before the refill starts another sandbox: the creates being handed
+out (a GRPO group's, a burst's) finish first instead of sharing the node's cores with `runc
+run` (docs/benchmarks.md, "GRPO fan-out: shared work")."""
 
 
 def new_env_id() -> str:
@@ -92,6 +98,7 @@ class WarmPool:
         self._destroying = 0
         self._cond = threading.Condition()
         self._stopped = False
+        self._quiet_until = 0.0  # no sandbox is started before (REFILL_GRACE after a handout)
         self.counters = {"hits": 0, "misses": 0, "started": 0, "start_failures": 0,
                          "discarded": 0, "dead": 0}
         self._thread = threading.Thread(target=self._loop, name="rollstack-warm", daemon=True)
@@ -135,6 +142,7 @@ class WarmPool:
                 self.counters["dead"] += 1
             self.counters["hits"] += len(got)
             self.counters["misses"] += n - len(got)
+            self._quiet_until = time.monotonic() + REFILL_GRACE
             self._cond.notify_all()
         return got
 
@@ -231,6 +239,10 @@ class WarmPool:
                     self._cond.wait(1.0)
                 if self._stopped:
                     return
+                quiet = self._quiet_until - time.monotonic()
+                if quiet > 0 and not self._discard:  # creates are being handed out: wait
+                    self._cond.wait(quiet)
+                    continue
                 stack = self._next()  # may move a victim to the discard list: destroyed first
                 if stack is not None:
                     stack.starting += 1
