@@ -42,8 +42,8 @@ class Timings(_Wire):
     """In a `count` create only: the phases done once for the whole group, each in seconds as it
     happened once (`count`, `resolve`, `toc`: layers' TOCs, `begin`: one lazy store request for
     all, `warm_take`, `mutation_plan`, `total`). The fields above are this environment's own view:
-    `resolve` and `toc` are the group's (it waited for them), `mutation` its own write plus, for
-    the one environment that computed it, the plan (rollstack.node.fanout)."""
+    `resolve` and `toc` are the group's (it waited for them), `mutation` its own write plus the
+    group's plan (computed by the first environment, waited for by the others; node/fanout.py)."""
 
 
 class FetchStats(_Wire):
