@@ -107,22 +107,12 @@ def _throughput(client: Any, plan: dict[str, Any], callers: int, seconds: float)
     return {"callers": callers, "execs": sum(counts), "execs_per_s": round(sum(counts) / wall, 1)}
 
 
-def _fanout(client: Any, plan: dict[str, Any], count: int, rounds: int, warm: int = 0) -> dict[str, Any]:
-    def group(n: int) -> float:
-        settle(client, warm)
-        t = time.perf_counter()
-        envs = client.create(plan, count=n) if n > 1 else [client.create(plan)]
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            list(pool.map(lambda e: e.exec(["true"]), envs))
-        wall = time.perf_counter() - t
-        for e in envs:
-            e.destroy()
-        return wall
+def _fanout(client: Any, plan: dict[str, Any], count: int, rounds: int, warm: int = 0,
+            pids: list[int] | None = None) -> dict[str, Any]:
+    """One vs a group of `count`: create only and create + exec (rollstack.bench.node_fanout)."""
+    from rollstack.bench.node_fanout import measure
 
-    one = [group(1) for _ in range(rounds)]
-    many = [group(count) for _ in range(rounds)]
-    return {"count": count, "one_s": _pct(one, 50), "group_s": _pct(many, 50),
-            "ratio": round(_pct(many, 50) / _pct(one, 50), 2)}
+    return measure(client, plan, count, rounds, warm, pids or [])
 
 
 def _burst(one: Callable[[int], float], size: int) -> dict[str, Any]:
@@ -229,7 +219,8 @@ def _admitted(client: Any, plan: dict[str, Any], limit: int) -> int:
 # -- the benchmark -----------------------------------------------------------------------------
 
 def run_bench(execs: int, callers: int, seconds: float, fanout: int, burst: int, bursts: int,
-              containerd: bool, warm: int = 0, image: str | None = None) -> dict[str, Any]:
+              containerd: bool, warm: int = 0, image: str | None = None,
+              fanout_rounds: int = 5) -> dict[str, Any]:
     from rollstack.bench.env import build_busybox_trees, busybox_plan, publish_busybox_corpus
     from rollstack.bench.report import current_command, machine_facts
     from rollstack.client import Client
@@ -259,8 +250,13 @@ def run_bench(execs: int, callers: int, seconds: float, fanout: int, burst: int,
                 if mode == "agent":
                     _log(f"throughput: {callers} callers for {seconds}s")
                     part["throughput"] = _throughput(client, busy, callers, seconds)
+                    from rollstack.bench.node_fanout import node_pids, other_mode
+
                     _log(f"fan-out of {fanout}")
-                    part["fanout"] = _fanout(client, plan, fanout, rounds=5, warm=warm)
+                    part["fanout"] = _fanout(client, plan, fanout, rounds=fanout_rounds, warm=warm,
+                                             pids=node_pids(config, pid))
+                    _log(f"fan-out of {fanout}, warm pool {'off' if warm else 'on'} (a node of its own)")
+                    doc["fanout_other"] = other_mode(base, spec, plan, fanout, fanout_rounds, warm)
                     _log(f"{bursts} bursts of {burst}")
                     part["bursts"] = [_drained_burst(client, plan, burst, warm) for _ in range(bursts)]
                     if image:
@@ -306,6 +302,7 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         "runc_exec_node_cpu_ms": round(doc["runc"]["exec_true"]["node_cpu_per_exec_s"] * 1e3, 2),
         "execs_per_s": a["throughput"]["execs_per_s"],
         "fanout_ratio": a["fanout"]["ratio"],
+        **_fanout_summary(doc),
         "burst_envs_per_s_p50": _pct(ours, 50),
         "burst_p99_over_p50": round(max(b["first_exec"]["p99"] / b["first_exec"]["p50"]
                                         for b in a["bursts"]), 2),
@@ -334,6 +331,14 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _fanout_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """fanout_{warm,cold}_*: the run's own mode and the other node's (rollstack.bench.node_fanout)."""
+    from rollstack.bench.node_fanout import mode_summary
+
+    return {k: v for f in (doc["agent"]["fanout"], doc.get("fanout_other"))
+            if f and "create_ratio" in f for k, v in mode_summary(f).items()}
+
+
 def _human(doc: dict[str, Any]) -> None:
     m, s = doc["machine"], doc["summary"]
     print(f"machine: {m.get('cpu')}, {m.get('cores')} cores, kernel {m.get('kernel')}, cgroup "
@@ -344,6 +349,8 @@ def _human(doc: dict[str, Any]) -> None:
              if "containerd_exec_p50_ms" in s else ""))
     print(f"throughput: {s['execs_per_s']} execs/s; fan-out of {doc['agent']['fanout']['count']}: "
           f"{s['fanout_ratio']}x one")
+    print("fan-out: " + ", ".join(f"{k.removeprefix('fanout_')} {v}" for k, v in s.items()
+                                   if k.startswith(("fanout_warm", "fanout_cold"))))
     print(f"bursts: {s['burst_envs_per_s_p50']} envs/s (p50 of bursts; "
           f"{s['burst_drained_envs_per_s_p50']} counting the background destroys), p99/p50 <= "
           f"{s['burst_p99_over_p50']}, failures {s['burst_failures']}"
@@ -366,6 +373,9 @@ def register(app: typer.Typer) -> None:
         callers: Annotated[int, typer.Option("--callers", help="concurrent exec callers")] = 16,
         seconds: Annotated[float, typer.Option("--seconds", help="throughput run length")] = 5.0,
         fanout: Annotated[int, typer.Option("--fanout", help="GRPO group size")] = 8,
+        fanout_rounds: Annotated[int, typer.Option("--fanout-rounds", help="fan-out rounds per mode")] = 5,
+        only_fanout: Annotated[bool, typer.Option("--only-fanout", help="only the fan-out, warm pool "
+                                                  "on and off (the other options but --fanout* ignored)")] = False,
         burst: Annotated[int, typer.Option("--burst", help="concurrent create->exec->destroy")] = 128,
         bursts: Annotated[int, typer.Option("--bursts", help="bursts per system")] = 3,
         containerd: Annotated[bool, typer.Option("--containerd/--no-containerd",
@@ -378,5 +388,10 @@ def register(app: typer.Typer) -> None:
         """Node throughput: exec latency/CPU, execs/s, fan-out, bursts, admission; vs containerd."""
         from rollstack.cli.output import emit
 
-        emit(run_bench(execs, callers, seconds, fanout, burst, bursts, containerd, warm, image),
-             as_json, _human)
+        if only_fanout:
+            from rollstack.bench.node_fanout import run_fanout_only
+
+            emit(run_fanout_only(fanout, fanout_rounds, warm), as_json, lambda d: print(d["summary"]))
+            return
+        emit(run_bench(execs, callers, seconds, fanout, burst, bursts, containerd, warm, image,
+                       fanout_rounds), as_json, _human)

@@ -4,6 +4,7 @@
     lazy.add_layers([{"repo": "os/base", "digest": "sha256:..."}])    # or plan.LayerRef objects
     lowerdirs = [lazy.layer_dir(d) for d in reversed(stack_digests)]  # top layer first
     lazy.begin_env(env_id, refs, trace_key="stack+task", background=True)
+    lazy.begin_envs([id1, id2, ...], refs, trace_key=...)          # a GRPO group in one request
     ...
     lazy.env_stats(env_id); lazy.end_env(env_id); lazy.stop()
 
@@ -29,7 +30,7 @@ from rollstack.errors import InvalidRequest, NodeUnavailable, RollstackError, fr
 from rollstack.core.httppool import PerThreadClient
 from rollstack.mount.config import DaemonConfig, daemon_argv
 from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
-from rollstack.mount.wire import BeginEnvBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
+from rollstack.mount.wire import BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
 
 
 def _refs(refs: Iterable[Any]) -> list[dict[str, Any]]:
@@ -175,6 +176,14 @@ class LazyStoreClient:
         body = _body(BeginEnvBody, layers=_refs(layer_refs), trace_key=trace_key, background=background,
                      fallback_key=fallback_key)
         return self._call("POST", f"/v1/envs/{env_id}", body)
+
+    def begin_envs(self, env_ids: Sequence[str], layer_refs: Iterable[Any], trace_key: str | None = None,
+                   background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
+        """`begin_env` for the environments of one group in one request (1..256 unique ids):
+        {"layers": ..., "envs": [begin_env's answer per id, in order]}."""
+        body = _body(BeginEnvsBody, ids=list(env_ids), layers=_refs(layer_refs), trace_key=trace_key,
+                     background=background, fallback_key=fallback_key)
+        return self._call("POST", "/v1/envs", body)
 
     def env_stats(self, env_id: str) -> dict[str, Any]:
         """{fetched_bytes, from_cache_bytes, from_peer_bytes, stall_seconds, critical_path_bytes, ...}"""

@@ -8,6 +8,8 @@ does not fit its model is `invalid_request` (400) naming the field.
     POST /v1/layers                    {"layers": [{repo, digest}]} -> add_layers timings
     POST /v1/fetch_all                 {"layers": [...], "background": bool} -> {"seconds", "fetched_bytes", "stack_bytes"}
     POST /v1/envs/<id>                 {"layers": [...], "trace_key": k|null, "fallback_key": k|null, "background": bool}
+    POST /v1/envs                      {"ids": [id, ...], + the fields above} -> begin a group at once
+                                       (1..256 unique ids; layers added and local traces read once)
     GET  /v1/envs/<id>                 env stats
     DELETE /v1/envs/<id>               end env -> final stats
     POST /v1/prefetch                  {"trace_key": k, "env_id": id|null} -> prefetch a stored trace
@@ -39,7 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rollstack.errors import InvalidRequest, NotFound, RollstackError
 from rollstack.fetch.fetcher import leaf_error
 from rollstack.mount.service import LazyStoreService
-from rollstack.mount.wire import BeginEnvBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
+from rollstack.mount.wire import BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
 
 log = logging.getLogger("rollstack.mount.control")
 
@@ -140,6 +142,11 @@ class ControlApi:
         return _json(200, await self.svc.begin_env(req.match.group(1), doc.layers, doc.trace_key, doc.background,
                                                    doc.fallback_key))
 
+    async def begin_envs(self, req: Request) -> Response:
+        doc = req.model(BeginEnvsBody)
+        return _json(200, await self.svc.begin_envs(doc.ids, doc.layers, doc.trace_key, doc.background,
+                                                    doc.fallback_key))
+
     async def env_stats(self, req: Request) -> Response:
         return _json(200, self.svc.env_stats(req.match.group(1)))
 
@@ -159,6 +166,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [(verb, re.compile(path), h
     ("POST", r"/v1/drop_caches", ControlApi.drop_caches),
     ("POST", r"/v1/shutdown", ControlApi.stop),
     ("POST", r"/v1/prefetch", ControlApi.prefetch),
+    ("POST", r"/v1/envs", ControlApi.begin_envs),
     ("POST", _ENV, ControlApi.begin_env),
     ("GET", _ENV, ControlApi.env_stats),
     ("DELETE", _ENV, ControlApi.end_env),

@@ -137,34 +137,54 @@ class Environments:
 
     async def begin(self, env_id: str, refs: Iterable[Any], trace_key: str | None = None,
                     background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
-        if not env_id or "/" in env_id:
-            raise InvalidRequest(f"bad environment id {env_id!r}")
-        added = await self.layers.add(refs)
-        old = self.table.envs.pop(env_id, None)
-        if old is not None:
-            old.end()
-        env = Env(env_id, [d["digest"] for d in added["layers"]], trace_key, fallback_key=fallback_key)
-        self.table.envs[env_id] = env
-        self.table.forget_pids()
-        if trace_key:
-            await self._start_traces(env, {d["digest"]: int(d["blob_size"]) for d in added["layers"]})
-        if background:
-            self.fetcher.spawn(env.run, self._background_fill, env)
-        return {"env_id": env_id, "layers": added, "trace_prefetch_chunks": env.prefetch_chunks,
-                "trace_source": env.trace_source, "trace_lookup": env.trace_lookup}
+        return (await self.begin_many([env_id], refs, trace_key, background, fallback_key))["envs"][0]
 
-    async def _start_traces(self, env: Env, sizes: dict[str, int]) -> None:
-        assert env.trace_key is not None
+    async def begin_many(self, env_ids: list[str], refs: Iterable[Any], trace_key: str | None = None,
+                         background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
+        """Begin environments that share layers and trace keys (a GRPO group): the layers are
+        added and this node's traces of both keys read once; each environment then gets what
+        `begin` gives one (its own account, prefetch or recording, background fill).
+        {"layers": ..., "envs": [begin's answer per id, in order]}."""
+        for env_id in env_ids:
+            if not env_id or "/" in env_id:
+                raise InvalidRequest(f"bad environment id {env_id!r}")
+        if len(set(env_ids)) != len(env_ids):
+            raise InvalidRequest("duplicate environment ids")
+        added = await self.layers.add(refs)
+        found = await self._local_traces(trace_key, fallback_key) if trace_key else {}
+        sizes = {d["digest"]: int(d["blob_size"]) for d in added["layers"]}
+        out = []
+        for env_id in env_ids:
+            old = self.table.envs.pop(env_id, None)
+            if old is not None:
+                old.end()
+            env = Env(env_id, [d["digest"] for d in added["layers"]], trace_key, fallback_key=fallback_key)
+            self.table.envs[env_id] = env
+            if trace_key:
+                self._start_traces(env, sizes, found)
+            if background:
+                self.fetcher.spawn(env.run, self._background_fill, env)
+            out.append({"env_id": env_id, "layers": added, "trace_prefetch_chunks": env.prefetch_chunks,
+                        "trace_source": env.trace_source, "trace_lookup": env.trace_lookup})
+        self.table.forget_pids()
+        return {"layers": added, "envs": out}
+
+    async def _local_traces(self, trace_key: str, fallback_key: str | None) -> dict[str, Trace]:
+        """This node's traces of the task and stack keys, read concurrently."""
         found: dict[str, Trace] = {}
 
         async def local(key: str) -> None:
             found[key] = await self.traces.local(key)
 
         async with trio.open_nursery() as n:
-            n.start_soon(local, env.trace_key)
-            if env.fallback_key:
-                n.start_soon(local, env.fallback_key)
-        if found[env.trace_key]:
+            n.start_soon(local, trace_key)
+            if fallback_key:
+                n.start_soon(local, fallback_key)
+        return found
+
+    def _start_traces(self, env: Env, sizes: dict[str, int], found: dict[str, Trace]) -> None:
+        assert env.trace_key is not None
+        if found.get(env.trace_key):
             self._use(env, found[env.trace_key], "local")
             return
         # no trace of this task here: record one from the first read on

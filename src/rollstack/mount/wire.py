@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 Key = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 """A trace key: a non-empty string of at most 1024 characters."""
@@ -39,6 +39,26 @@ class BeginEnvBody(LayersBody):
     trace_key: Optional[Key] = None
     fallback_key: Optional[Key] = None
     background: bool = True
+
+
+MAX_GROUP = 256
+"""Most environments one `POST /v1/envs` may begin (the node's `count` limit)."""
+EnvId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+"""An environment id as the node makes them (`e<12 hex>`, or a test's own name): no `/`."""
+
+
+class BeginEnvsBody(BeginEnvBody):
+    """POST /v1/envs: begin the environments of one group (same layers and trace keys) at once"""
+
+    ids: Annotated[list[EnvId], Field(min_length=1, max_length=MAX_GROUP)]
+
+    @field_validator("ids")
+    @classmethod
+    def _unique(cls, ids: list[str]) -> list[str]:
+        dup = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
+        if dup:
+            raise ValueError(f"duplicate environment ids {dup[:5]}")
+        return ids
 
 
 class PrefetchBody(_Body):

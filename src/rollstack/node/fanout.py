@@ -1,16 +1,29 @@
 """GRPO fan-out: `count` identical environments of one plan in one call, all or none.
 
 A GRPO group runs N rollouts of the same task side by side. One call admits all N first (so a
-group never half-fits the node), does the work they share once (`Stages.prepare`: resolve, the
-layers' TOCs, the lower dirs), then mounts, mutates and starts the N environments in parallel.
-If any of them fails, the ones already built are destroyed and the first error is raised.
+group never half-fits the node), then does what the N share once, for all of them:
 
-Each environment still gets its own overlay upper with the mutation applied (a few ms on the
-corpus tasks): stacking one shared, pre-mutated task layer under the uppers was not done,
-because an environment's diff must stay relative to the unmutated stack (the evaluator applies
-it there) and the diff code compares one upper against the lowers. With the node's warm pool
-(rollstack.node.warm) the group's environments are handed out already started; what is left
-per environment is the lazy store's `begin_env`, the mutation, the quotas and the record.
+1. `Stages.prepare`: resolve, the layers' TOCs, the lower dirs;
+2. the warm pool's handout of up to N started sandboxes in one step (`WarmPool.take_many`; the
+   records take their ids; the rest of the group is created cold);
+3. one lazy store request that begins all N environments (`begin_envs`, `POST /v1/envs`: the
+   layers are checked and this node's traces read once);
+4. the task mutation is planned once (`Group.mutate`: parse the diff and compute every new
+   file from the first environment's merged root) and only written into each environment.
+
+Then the N are built in parallel (`START_WORKERS` threads): per environment what is left is
+writing the mutation, the workdir and exec defaults (warm), or mount + mutation + `runc run`
+(cold), the provisioner's quotas and the record. If any fails, the ones already built are
+destroyed, the rest of the admitted records released, and the first error is raised.
+
+An environment's diff stays relative to the unmutated stack: each environment still has its
+own upper with the mutation written into it (a shared, pre-mutated task layer under the uppers
+would make the mutation part of the lowers the diff compares against). The plan computed from
+one root is valid for all: the N merged views are identical when it is written (same lowers,
+fresh empty uppers), and its paths are re-resolved and checked inside each root.
+
+Timings: each environment's `timings` are its own view (the group's resolve and TOC phases,
+which it waited for, its own mutation write); `timings.group` has the shared phases once.
 """
 
 from __future__ import annotations
@@ -19,6 +32,8 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollstack.errors import InsufficientCapacity, InvalidRequest
@@ -27,13 +42,49 @@ from rollstack.node.models import CreateResponse, Timings
 
 if TYPE_CHECKING:
     from rollstack.node.service import NodeService
+    from rollstack.node.stages import Stages
+    from rollstack.plan.mutation import MutationPlan
+    from rollstack.run.environment import Environment
 
 log = logging.getLogger(__name__)
 
 MAX_COUNT = 256
-"""Most environments one create call may ask for."""
+"""Most environments one create call may ask for (the lazy store's `begin_envs` limit too)."""
 START_WORKERS = 16
-"""Environments of one group mounted and started at once (runc start is CPU-bound)."""
+"""Environments of one group built at once, shared by concurrent groups. Measured on this
+2-core node (docs/benchmarks.md, "GRPO fan-out: shared work"): 2, 4, 8 and 16 builders gave
+the same warm group within the noise (the warm path is GIL-bound Python plus kernel time of
+the overlay writes), and a cold group of 8 (runc run) was slowest with 2 and 4; so 16."""
+
+
+@dataclass
+class Group:
+    """What a group's environments share beyond `Prepared` (read by `Stages.build`)."""
+
+    plan: Any
+    warm: dict[str, "Environment"] = field(default_factory=dict)
+    """Record id -> the warm sandbox taken for it (popped by the build that uses it)."""
+    begun: set[str] = field(default_factory=set)
+    """Record ids the lazy store already knows (one `begin_envs` request)."""
+    times: dict[str, float] = field(default_factory=dict)
+    _plan: "MutationPlan | None" = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def mutate(self) -> Any:
+        """`fn(root)` writing the group's mutation into one environment's root, or None."""
+        return self._mutate if self.plan.mutation_text else None
+
+    def _mutate(self, root: Path) -> None:
+        from rollstack.plan.mutation import plan_mutation, write_mutation
+
+        with self._lock:  # the first environment plans it from its root; the others wait
+            if self._plan is None:
+                t = time.perf_counter()
+                self._plan = plan_mutation(root, self.plan.mutation_text, workdir=self.plan.workdir)
+                self.times["mutation_plan"] = round(time.perf_counter() - t, 6)
+            plan = self._plan
+        write_mutation(root, plan)
 
 
 def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateResponse]:
@@ -54,8 +105,11 @@ def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateRe
         raise
     t0 = time.perf_counter()
     shared = Timings()
+    group = Group(plan)
     try:
-        prepared = stages.prepare(plan, shared)
+        prepared = replace(stages.prepare(plan, shared), group=group)
+        _take_warm(stages, service, recs, prepared, group)
+        _begin_all(stages, recs, prepared, group)
     except BaseException:
         _release(service, recs)
         raise
@@ -74,10 +128,46 @@ def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateRe
                 service._destroy_quietly(o.id)
         raise errors[0]
     created: list[CreateResponse] = outcomes  # type: ignore[assignment]
-    for c in created:  # every environment reports the shared phases it used
-        c.timings.resolve, c.timings.toc = shared.resolve, round(shared.toc + c.timings.toc, 6)
+    group.times.update(count=float(count), resolve=shared.resolve, toc=shared.toc,
+                       total=round(time.perf_counter() - t0, 6))
+    for c in created:  # every environment reports the shared phases it waited for
+        c.timings.resolve = shared.resolve
+        c.timings.toc = round(shared.toc + group.times["begin"] + c.timings.toc, 6)
         c.timings.total = round(c.timings.total + prepare_s, 6)
+        c.timings.group = dict(group.times)
     return created
+
+
+def _take_warm(stages: "Stages", service: "NodeService", recs: list[Any], prepared: Any, group: Group) -> None:
+    """Up to len(recs) warm sandboxes in one step; each taken one's record takes its id."""
+    from rollstack.node.netplan import network_spec
+    from rollstack.node.warm import eligible
+
+    plan = group.plan
+    if stages.warm is None or not eligible(plan, network_spec(plan, reserved_node_ports=(
+            stages.config.host_port()[1],))):
+        return
+    t = time.perf_counter()
+    envs = stages.warm.take_many([r.digest for r in prepared.refs], prepared.lowers, len(recs))
+    for rec, env in zip(recs, envs):
+        service.rekey(rec, env.id)
+        rec.runtime = env  # a failing build (or release) tears it down with the record
+        group.warm[rec.id] = env
+    group.times["warm_take"] = round(time.perf_counter() - t, 6)
+
+
+def _begin_all(stages: "Stages", recs: list[Any], prepared: Any, group: Group) -> None:
+    """One lazy store request that begins every environment of the group."""
+    from rollstack.node.stages import trace_keys
+
+    plan = group.plan
+    t = time.perf_counter()
+    trace_key, stack_key = trace_keys(getattr(prepared.stack, "stack_digest", None), plan)
+    ids = [r.id for r in recs]
+    stages.lazy.begin_envs(ids, prepared.refs, background=plan.fetch.background and not plan.fetch.eager,
+                           trace_key=trace_key, fallback_key=stack_key)
+    group.begun.update(ids)
+    group.times["begin"] = round(time.perf_counter() - t, 6)
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -85,7 +175,7 @@ _POOL_LOCK = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The node's group builders, kept between calls (starting 16 threads per group cost more
+    """The node's group builders, kept between calls (starting threads per group cost more
     than a warm sandbox's handout on a busy node). Shared by concurrent groups."""
     global _POOL
     with _POOL_LOCK:
@@ -95,7 +185,7 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _release(service: "NodeService", recs: list[Any]) -> None:
-    """Undo the admission of records that were never built."""
+    """Undo the admission of records that were never built (and their taken warm sandboxes)."""
     for rec in recs:
         try:
             service._teardown(rec, final=st.FAILED)

@@ -38,6 +38,12 @@ class Timings(_Wire):
     total: float = 0.0
     warm: bool = False
     """A warm sandbox was handed out (rollstack.node.warm): mount and start happened before."""
+    group: dict[str, float] | None = None
+    """In a `count` create only: the phases done once for the whole group, each in seconds as it
+    happened once (`count`, `resolve`, `toc`: layers' TOCs, `begin`: one lazy store request for
+    all, `warm_take`, `mutation_plan`, `total`). The fields above are this environment's own view:
+    `resolve` and `toc` are the group's (it waited for them), `mutation` its own write plus the
+    group's plan (computed by the first environment, waited for by the others; node/fanout.py)."""
 
 
 class FetchStats(_Wire):

@@ -57,6 +57,8 @@ class Prepared:
     stack: Any
     refs: list[Any]
     lowers: list[Path]
+    group: Any = None
+    """A GRPO group's work done for all its environments at once (rollstack.node.fanout.Group)."""
 
 
 @dataclass
@@ -264,13 +266,16 @@ class Stages:
         net = network_spec(plan, reserved_node_ports=(self.config.host_port()[1],))  # names resolve now
         token = new_token() if net.needs_netns else ""
         shared = prepared or self.prepare(plan, timings)
-        stack, refs, lowers = shared.stack, shared.refs, shared.lowers
-        warm = self._take_warm(rec, plan, net, refs, lowers)
-        t = time.perf_counter()
-        trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
-        self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
-                            trace_key=trace_key, fallback_key=stack_key)
-        timings.toc = round(timings.toc + time.perf_counter() - t, 6)
+        stack, refs, lowers, group = shared.stack, shared.refs, shared.lowers, shared.group
+        # a group took its warm sandboxes and began its environments in the lazy store at once
+        warm = self._take_warm(rec, plan, net, refs, lowers) if group is None else group.warm.pop(rec.id, None)
+        if group is None or rec.id not in group.begun:
+            t = time.perf_counter()
+            trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
+            self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
+                                trace_key=trace_key, fallback_key=stack_key)
+            timings.toc = round(timings.toc + time.perf_counter() - t, 6)
+        mutate = group.mutate if group is not None else _mutator(plan)  # a group's: planned once
 
         params = SpecParams(
             env_id=rec.id,
@@ -284,11 +289,11 @@ class Stages:
 
             env = warm
             timings.warm = True
-            env.timings = {"mutation": handout(env, plan, dict(params.env))}  # mount, start: before
+            env.timings = {"mutation": handout(env, plan, dict(params.env), mutate)}  # mount, start: before
             if self.provisioner is None:  # register below applies them otherwise
                 env.update(cpu=plan.resources.cpu, memory=plan.resources.memory)
         else:
-            env = self.runtime.create(rec.id, lowers, params, before_start=_mutator(plan), network=net,
+            env = self.runtime.create(rec.id, lowers, params, before_start=mutate, network=net,
                                       runtime=plan.runtime, userns=plan.security.userns)
         timings.mount = round(env.timings.get("mount", 0.0), 6)
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)

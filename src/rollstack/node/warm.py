@@ -30,7 +30,7 @@ destroyed and new ones started on the new stack. At most `warm_stacks` stacks ha
 
 Refill: one background thread starts one sandbox at a time, then sleeps so that it is busy at
 most `warm_cpu_share` of the time (and never while `room()` says the node has no space for
-another container). A create that finds the pool empty is a cold create and wakes the refill.
+another container, nor within `REFILL_GRACE` of the last handout). A create that finds the pool empty is a cold create and wakes the refill.
 
 Accounting: a warm sandbox is a container but not an environment: it is not admitted, holds no
 provisioner quota and is not listed. It uses ~1 MiB (execd's RSS, kernel objects) and no CPU
@@ -60,6 +60,12 @@ WARM_CPU = 1.0
 throttle the start); idle, it uses none."""
 WARM_MEMORY = 128 << 20
 """Memory limit of a sandbox's cgroup until handout."""
+
+
+REFILL_GRACE = 0.25
+"""Seconds after a handout before the refill starts another sandbox: the creates being handed
+out (a GRPO group's, a burst's) finish first instead of sharing the node's cores with `runc
+run` (docs/benchmarks.md, "GRPO fan-out: shared work")."""
 
 
 def new_env_id() -> str:
@@ -92,6 +98,7 @@ class WarmPool:
         self._destroying = 0
         self._cond = threading.Condition()
         self._stopped = False
+        self._quiet_until = 0.0  # no sandbox is started before (REFILL_GRACE after a handout)
         self.counters = {"hits": 0, "misses": 0, "started": 0, "start_failures": 0,
                          "discarded": 0, "dead": 0}
         self._thread = threading.Thread(target=self._loop, name="rollstack-warm", daemon=True)
@@ -102,10 +109,16 @@ class WarmPool:
     def take(self, digests: Sequence[str], lowers: Sequence[Path]) -> "Environment | None":
         """A started sandbox on exactly these lowers, or None (the create goes cold). Either way
         the stack's pool is (re)targeted to `size` and the refill woken."""
+        got = self.take_many(digests, lowers, 1)
+        return got[0] if got else None
+
+    def take_many(self, digests: Sequence[str], lowers: Sequence[Path], n: int) -> "list[Environment]":
+        """Up to `n` started sandboxes on exactly these lowers in one step (a GRPO group; the
+        rest of the group goes cold), under one lock hold."""
         digests, low = tuple(digests), tuple(str(p) for p in lowers)
         with self._cond:
             if self._stopped:
-                return None
+                return []
             stack = self._pools.get(digests)
             if stack is not None and stack.lowers != low:  # same layers, other dirs: stale
                 self._discard += stack.ready
@@ -119,17 +132,19 @@ class WarmPool:
                     self.counters["discarded"] += len(old.ready)
             self._pools.move_to_end(digests)
             stack.used = time.monotonic()
-            env = None
-            while stack.ready:
+            got: list[Environment] = []
+            while stack.ready and len(got) < n:
                 cand = stack.ready.pop(0)
                 if cand.init_alive():
-                    env = cand
-                    break
+                    got.append(cand)
+                    continue
                 self._discard.append(cand)  # its PID 1 died while it waited
                 self.counters["dead"] += 1
-            self.counters["hits" if env is not None else "misses"] += 1
+            self.counters["hits"] += len(got)
+            self.counters["misses"] += n - len(got)
+            self._quiet_until = time.monotonic() + REFILL_GRACE
             self._cond.notify_all()
-        return env
+        return got
 
     def ready(self) -> int:
         with self._cond:
@@ -224,6 +239,10 @@ class WarmPool:
                     self._cond.wait(1.0)
                 if self._stopped:
                     return
+                quiet = self._quiet_until - time.monotonic()
+                if quiet > 0 and not self._discard:  # creates are being handed out: wait
+                    self._cond.wait(quiet)
+                    continue
                 stack = self._next()  # may move a victim to the discard list: destroyed first
                 if stack is not None:
                     stack.starting += 1
@@ -278,27 +297,34 @@ def _destroy(env: "Environment") -> None:
         log.exception("destroying warm sandbox %s failed", env.id)
 
 
-def handout(env: "Environment", plan: Any, exec_env: dict[str, str]) -> float:
+def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
+            mutate: Callable[[Path], None] | None = None) -> float:
     """Make a taken sandbox the plan's environment (quotas are the caller's: the provisioner's
-    register): mutation through the merged view, the workdir, exec defaults. Returns the
-    seconds the mutation took."""
+    register): mutation through the merged view (`mutate(root)`, a GRPO group's planned once,
+    else the plan's applied here), the workdir, exec defaults. Returns the mutation's seconds."""
     from rollstack.errors import UnsafePath
+    from rollstack.run.files import SafeRoot
     from rollstack.run.ocispec import SpecParams, build_spec
+    from rollstack.run.userns import HOST_BASE
 
     # the checks a spec built from the plan would have made (cwd absolute, env names/values)
     build_spec(str(env.rootfs), SpecParams(env_id=env.id, cwd=plan.workdir, env=exec_env))
+    shifted = bool(env.meta().get("userns"))
     t = time.monotonic()
     if plan.mutation_text:
-        from rollstack.plan.mutation import apply_mutation
+        if mutate is None:
+            from rollstack.plan.mutation import apply_mutation
 
-        apply_mutation(env.rootfs, plan.mutation_text, workdir=plan.workdir)
-        if env.meta().get("userns"):  # what the node wrote as host root, as a cold create does
+            apply_mutation(env.rootfs, plan.mutation_text, workdir=plan.workdir)
+        else:
+            mutate(env.rootfs)
+        if shifted:  # what the node wrote as host root, as a cold create does
             from rollstack.run import userns
 
             userns.shift_upper(env.upper, via=env.rootfs)
     mutation = time.monotonic() - t
-    try:
-        env.files.makedirs(plan.workdir)
+    try:  # its PID 1 runs on the root, so it is mounted (`env.files` would parse mountinfo)
+        SafeRoot(env.rootfs, HOST_BASE if shifted else 0).makedirs(plan.workdir)
     except UnsafePath:
         pass  # an absolute symlink on the way: the command's chdir resolves it in the sandbox
     env.set_exec_defaults(plan.workdir, exec_env)

@@ -243,18 +243,44 @@ def _chown(target: int | Path, owner: tuple[int, int]) -> None:
         pass  # not root: the file stays ours, as with git apply
 
 
+@dataclass(frozen=True)
+class MutationPlan:
+    """A mutation's new file states, computed once against one tree (`plan_mutation`), to be
+    written into any tree with the same content under `workdir` (`write_mutation`): the N
+    environments of one GRPO group stack the same lowers under N fresh uppers, so one plan
+    serves them all. Paths are re-resolved, and checked, inside each root it is written to."""
+
+    workdir: str
+    changes: tuple[tuple[str, "_File | None"], ...]  # workdir-relative path -> new state (None: removed)
+    files_changed: int
+
+
+def plan_mutation(root: Path, diff: str | bytes, *, workdir: str = "/") -> MutationPlan:
+    """Phase 1 only: parse `diff` and compute every new file state from `root`'s content."""
+    tree, count = plan_changes(Path(root), diff, workdir)
+    return MutationPlan(workdir, tuple(tree.changes.items()), count)
+
+
 def apply_mutation(root: Path, diff: str | bytes, *, workdir: str = "/") -> MutationResult:
     """Apply `diff` under `root`/`workdir` exactly, or raise (MutationFailed, UnsafePath) untouched."""
     start = time.perf_counter()
-    root = Path(root)
-    tree, count = plan_changes(root, diff, workdir)
+    plan = plan_mutation(root, diff, workdir=workdir)
+    write_mutation(root, plan)
+    return MutationResult(plan.files_changed, time.perf_counter() - start, tuple(p for p, _ in plan.changes))
+
+
+def write_mutation(root: Path, plan: MutationPlan) -> None:
+    """Phase 2: write a plan's file states under `root`/`plan.workdir`, all or nothing (raises
+    MutationFailed, UnsafePath before the tree is changed)."""
+    tree = _Tree(Path(root), plan.workdir)
+    tree.changes = dict(plan.changes)
     staged: list[tuple[Path, Path]] = []
     created: list[Path] = []
     try:
         for rel, new in tree.changes.items():
             if new is not None:
                 staged.append(_write(tree, rel, new, created))
-    except OSError as exc:
+    except BaseException as exc:  # an OSError, or UnsafePath from this root's symlinks
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         for d in reversed(created):
@@ -262,7 +288,9 @@ def apply_mutation(root: Path, diff: str | bytes, *, workdir: str = "/") -> Muta
                 d.rmdir()
             except OSError:
                 pass
-        raise MutationFailed(f"cannot write the mutation: {exc}") from None
+        if isinstance(exc, OSError):
+            raise MutationFailed(f"cannot write the mutation: {exc}") from None
+        raise
     # renames and unlinks only from here on: nothing left that is likely to fail halfway
     for rel, new in tree.changes.items():
         if new is None:
@@ -271,4 +299,3 @@ def apply_mutation(root: Path, diff: str | bytes, *, workdir: str = "/") -> Muta
             _remove_empty_parents(host.parent, tree.root.joinpath(*tree.base))
     for tmp, host in staged:
         os.replace(tmp, host)
-    return MutationResult(count, time.perf_counter() - start, tuple(tree.changes))

@@ -37,3 +37,26 @@ def test_summary_of_the_image_part() -> None:
     s = _summary(_doc(image=True))
     assert s["image_fanout_ratio"] == 4.0 and s["image_burst_failures"] == 0
     assert s["image_burst_vs_containerd"] == 2.5
+
+
+def test_fanout_document_and_summary_report_both_modes_create_only_and_with_exec() -> None:
+    from rollstack.bench.node_fanout import summarize
+
+    one = [(0.010, 0.020, 0.01, 0.01, True), (0.012, 0.022, 0.0, 0.01, True), (0.011, 0.021, 0.01, 0.02, True)]
+    many = [(0.030, 0.060, 0.04, 0.06, True), (0.034, 0.064, 0.05, 0.07, False), (0.032, 0.062, 0.03, 0.05, True)]
+    warm = summarize(one, many, 8, 16, [{"count": 8.0, "begin": 0.003}, {"count": 8.0, "begin": 0.005}])
+    assert (warm["one_create_s"], warm["group_create_s"], warm["create_ratio"]) == (0.011, 0.032, 2.91)
+    assert (warm["one_s"], warm["group_s"], warm["ratio"]) == (0.021, 0.062, 2.95)
+    assert warm["group_create_node_cpu_s"] == 0.04 and warm["one_create_node_cpu_s"] == round(0.02 / 3, 6)
+    assert warm["create_node_cpu_per_extra_env_s"] == round((0.04 - 0.02 / 3) / 7, 6)
+    assert warm["all_warm_rounds"] == 2 and warm["group_shared_phases_s"]["begin"] == 0.004
+    cold = summarize(one, many, 8, 0, [])
+    assert "group_shared_phases_s" not in cold
+    doc = _doc(image=False)
+    doc["agent"]["fanout"], doc["fanout_other"] = warm, cold
+    s = _summary(doc)
+    assert s["fanout_ratio"] == 2.95  # the key that existed: create + exec, the run's own mode
+    assert (s["fanout_warm_create_ratio"], s["fanout_cold_ratio"]) == (2.91, 2.95)
+    assert s["fanout_warm_cpu_ms_per_extra_env"] == round(warm["create_node_cpu_per_extra_env_s"] * 1e3, 2)
+    old = _summary(_doc(image=False))  # a document without the new fan-out fields
+    assert old["fanout_ratio"] == 2.5 and "fanout_warm_ratio" not in old
