@@ -80,7 +80,7 @@ def _fill_disk_cache(lazy: Any, repo: str, digests: list[str], timeout: float = 
 
 
 def run(image: str, command: str, *, rounds: int, runs: int, work: Path, source: str = "registry",
-        cpu: float = 0.5, min_idle: float = 0.5, log: Callable[[str], None]) -> dict[str, Any]:
+        cpu: float = 1.0, min_idle: float = 0.5, log: Callable[[str], None]) -> dict[str, Any]:
     from rollstack.bench.init_image import image_name
     from rollstack.bench.systems.rig import BenchRig
     from rollstack.bench.systems.rollstack import RollstackSystem, work_lock
@@ -187,7 +187,7 @@ def register(app: typer.Typer) -> None:
         rounds: int = typer.Option(3, min=1, help="extractions"),
         runs: int = typer.Option(5, min=1, help="command runs per phase and round"),
         source: str = typer.Option("registry", help="where the extraction reads chunks: registry | cache"),
-        cpu: float = typer.Option(0.5, min=0, help="the node's materialize_cpu (cores; 0: uncapped)"),
+        cpu: float = typer.Option(1.0, min=0, help="the node's materialize_cpu (cores; 0: uncapped)"),
         min_idle: float = typer.Option(0.5, min=0, help="the node's materialize_min_idle (cores; 0: do not wait)"),
         work: Path = typer.Option(Path("/var/cache/rollstack/bench-init-image"), help="registry/import/node state"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),

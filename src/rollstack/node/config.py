@@ -48,9 +48,12 @@ class NodeConfig(BaseModel):
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     materialize_min_free: int = 8 << 30
     """No layer is materialized while the node's filesystem has less than this free."""
-    materialize_cpu: float = Field(default=0.5, ge=0)
+    materialize_cpu: float = Field(default=1.0, ge=0)
     """Cores the materializer's extraction may use at most (its cgroup's CFS quota, beside its
-    SCHED_IDLE priority; host.background); 0 = no cap."""
+    SCHED_IDLE priority and the lowest share; host.background); 0 = no cap. One core: the
+    extraction is single-threaded, so the cap only guarantees it never takes more; a lower cap
+    slows materialization (0.5: 1.5-1.8x longer) without a measured gain on a quiet node
+    (docs/benchmarks.md, `bench materialize`)."""
     materialize_min_idle: float = Field(default=0.5, ge=0)
     """Idle cores (over 0.2 s, /proc/stat) the extraction waits for before each read: what it
     causes at normal priority (the network stack, disk flushes, a registry on the node) waits

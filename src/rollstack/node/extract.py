@@ -10,7 +10,7 @@ like the lazy store's reads (`decode_chunk`). No byte goes through FUSE or the l
 
 The node runs it as its own process (`python -m rollstack.node.extract ...`, see
 `spawn_args`): single-threaded (so at most one core), at nice 19 in the SCHED_IDLE class and
-the idle I/O class, in the node's background cgroup (host.background: a CPU cap, default half a
+the idle I/O class, in the node's background cgroup (host.background: a CPU cap, default one
 core, and the lowest share), so running environments always go first. The result equals the FUSE view of
 the layer entry by entry (tests/integration/node/test_node_extract.py).
 """

@@ -9,8 +9,8 @@ node passes), the materializer runs `rollstack.node.extract` in its own process 
 period: the blob is streamed once, in blob order, and decoded straight into `<root>/<hex>.tmp`
 (chunks the node's disk cache holds are taken from there), single-threaded at SCHED_IDLE /
 nice 19 and the idle I/O class, in the node's background cgroup (`cpu` cores at most, default
-0.5, and the lowest CPU share: host.background), so it uses at most half a core and only what
-running environments leave; the lazy store daemon does no work for it. Without a store (the old path, kept for
+1.0, and the lowest CPU share: host.background), waiting for idle CPU before each read
+(`min_idle`), so it uses at most one core and only what running environments leave; the lazy store daemon does no work for it. Without a store (the old path, kept for
 tests), it fetches the layer through the daemon (`fetch_all(background=True)`) and copies the
 FUSE view with `cp -a`. The directory is renamed to `<root>/<hex>` when complete. New
 environments stack the local directory instead of the FUSE one; running ones keep theirs.
@@ -94,7 +94,7 @@ class LayerMaterializer:
                  in_use: Callable[[], str] = mounted_paths, grace: float = 5.0,
                  min_free: int = 8 << 30, disk_free: Callable[[Path], int] | None = None,
                  store: str | None = None, chunk_cache: Path | None = None,
-                 cpu: float = 0.5, cgroup_tag: str | None = None, min_idle: float = 0.0) -> None:
+                 cpu: float = 1.0, cgroup_tag: str | None = None, min_idle: float = 0.0) -> None:
         self.root = root
         self.min_idle = min_idle  # idle cores the extraction waits for before each read
         self.cpu = cpu  # cores the extraction may use at most (host.background); 0: uncapped
