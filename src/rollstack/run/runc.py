@@ -93,18 +93,24 @@ class Runc:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def run_detached(self, container_id: str, bundle: Path, log: Path | None = None,
-                     timeout: float = 60.0, listen_fd: int | None = None) -> int:
+                     timeout: float = 60.0, listen_fd: int | None = None, new_keyring: bool = True) -> int:
         """`runc run -d`: start the container's init; returns its host pid.
 
         The container's stdio is /dev/null (it must not hold a pipe of ours); runc's own
         messages go to `log` (default `<bundle>/runc.log`) and into the error on failure.
         `listen_fd` (the exec agent's listening socket) becomes the init's fd 3.
+        `new_keyring=False` (`--no-new-keyring`): no session keyring of its own. A keyring is
+        charged to the container root's host uid, and user-namespaced environments all map
+        root to one uid (100000), whose quota (`kernel.keys.maxkeys`, 200 by default) then
+        caps live environments; only safe when the container cannot use keyrings at all
+        (seccomp denies add_key/keyctl/request_key, /proc/keys is masked).
         """
         log = Path(log or Path(bundle) / "runc.log")
         pid_file = Path(bundle) / "init.pid"
         pid_file.unlink(missing_ok=True)
         cmd = [self.binary, "--root", str(self.root), "--log", str(log), "run", "-d",
                *(["--preserve-fds", "1"] if listen_fd is not None else []),
+               *([] if new_keyring else ["--no-new-keyring"]),
                "--pid-file", str(pid_file), "--bundle", str(bundle), container_id]
         try:
             returncode = _spawn_wait(cmd, listen_fd, timeout)

@@ -82,7 +82,8 @@ class Runsc(Runc):
         return [self.binary, "--root", str(self.root), f"--platform={self.platform}", *args]
 
     def run_detached(self, container_id: str, bundle: Path, log: Path | None = None,
-                     timeout: float = 60.0) -> int:
+                     timeout: float = 60.0, new_keyring: bool = True) -> int:
+        # `new_keyring`: the runc engine's option; gVisor emulates keyrings in its own kernel.
         log = Path(log or Path(bundle) / "runsc.log")
         pid_file = Path(bundle) / "init.pid"
         pid_file.unlink(missing_ok=True)

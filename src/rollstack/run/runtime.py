@@ -224,8 +224,12 @@ class EnvironmentRuntime:
             listener = agent.bind_listener(env.dir) if self.uses_agent and runtime == "runc" else None
             try:
                 engine = self.engine(runtime)
-                env.pid = engine.run_detached(env_id, env.bundle, listen_fd=listener.fileno()) \
-                    if listener is not None else engine.run_detached(env_id, env.bundle)
+                # with the seccomp profile (keyctl/add_key/request_key denied) the environment
+                # gets no session keyring of its own (runc.run_detached: the key quota)
+                keyring = not params.seccomp
+                env.pid = engine.run_detached(env_id, env.bundle, listen_fd=listener.fileno(),
+                                              new_keyring=keyring) \
+                    if listener is not None else engine.run_detached(env_id, env.bundle, new_keyring=keyring)
             finally:
                 if listener is not None:
                     listener.close()  # the init holds its own copy

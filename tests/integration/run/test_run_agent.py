@@ -55,7 +55,11 @@ def test_agent_and_runc_give_the_same_sandbox(runtime, busybox_lower, tmp_path):
         assert via_agent.exit_code == via_runc.exit_code == 0, (via_agent, via_runc)
         assert b"NoNewPrivs:\t1" in via_agent.stdout and b"Seccomp:\t2" in via_agent.stdout
         assert b"EXTRA=1" in via_agent.stdout and b"FROM=spec" in via_agent.stdout
-        assert via_agent.stdout == via_runc.stdout
+        # the one documented difference: runc exec's tini wrapper runs with its warnings muted
+        # (docs/runtime.md), and its variable is visible to the command
+        runc_lines = [ln for ln in via_runc.stdout.split(b"\n") if ln != b"TINI_VERBOSITY=0"]
+        assert via_agent.stdout.split(b"\n") == runc_lines
+        assert b"TINI_VERBOSITY=0" in via_runc.stdout
     finally:
         env.destroy()
 

@@ -119,3 +119,34 @@ def test_opt_out_and_insisting(runtime, busybox_lower):
     with pytest.raises(RuntimeFailure, match=r"^security.userns: not available with runtime: runsc"):
         runtime.create("u-sc", [busybox_lower], SpecParams("u-sc"), runtime="runsc", userns=True)
     assert not runtime.env_dir("u-sc").exists()
+
+
+def _keys_of(uid: int) -> int:
+    """Keys the kernel charges to host `uid` (/proc/key-users; 0 when it has none)."""
+    for line in Path("/proc/key-users").read_text().splitlines():
+        who, _, rest = line.strip().partition(":")
+        if who.strip() == str(uid):
+            return int(rest.split()[0])
+    return 0
+
+
+def test_environments_do_not_spend_the_mapped_uids_key_quota(open_runtime, busybox_lower):
+    """Every user-namespaced environment's root is host uid 100000: a session keyring per
+    container would be charged to that one uid, whose quota (kernel.keys.maxkeys, 200) then
+    failed bursts with "unable to create session key: disk quota exceeded". With the seccomp
+    profile (keyctl denied) environments get none; without it they still get their own."""
+    before = _keys_of(userns.HOST_BASE)
+    envs = [_make(open_runtime, busybox_lower) for _ in range(3)]
+    try:
+        assert all(e.exec("id -u").stdout.strip() == b"0" for e in envs)
+        assert _keys_of(userns.HOST_BASE) <= before  # none charged for these three
+        assert envs[0].exec("cat /proc/keys").stdout == b""  # masked
+        plain_id = f"u-{uuid.uuid4().hex[:10]}"
+        plain = open_runtime.create(plain_id, [busybox_lower], SpecParams(plain_id, seccomp=False), userns=True)
+        try:
+            assert _keys_of(userns.HOST_BASE) >= before + 1  # its own session keyring, as runc does
+        finally:
+            plain.destroy()
+    finally:
+        for e in envs:
+            e.destroy()
