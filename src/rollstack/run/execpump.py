@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import select
 import selectors
 import signal
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
+from rollstack.host import fdwait
 from rollstack.run.procs import ProcRef, kill_tree, reap, ref
 
 DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
@@ -112,7 +112,7 @@ class ExecControl:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise InvalidRequest(f"the command did not read its stdin within {timeout:g} s")
-                select.select([], [fd], [], min(left, 0.5))
+                fdwait.wait([fd], min(left, 0.5), write=True)
             return True
 
     def close_stdin(self) -> bool:
@@ -395,7 +395,7 @@ def _wait_pid_exit(pid: int, timeout: float) -> bool:
     """Whether our child `pid` exited within `timeout` (it is not reaped)."""
     fd = os.pidfd_open(pid)
     try:
-        return bool(select.select([fd], [], [], timeout)[0])
+        return bool(fdwait.wait([fd], timeout))
     finally:
         os.close(fd)
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import select
 import signal
 import subprocess
 import uuid
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.host import fdwait
 from rollstack.run.execpump import (
     DEFAULT_OUTPUT_LIMIT, TIMEOUT_EXIT_CODE, ExecControl, ExecPump, ExecResult, OnOutput, check_request,
     runc_message,
@@ -219,7 +219,7 @@ def _spawn_wait(cmd: list[str], fd3: int | None, timeout: float) -> int:
         os.close(src)
     pidfd = os.pidfd_open(pid)
     try:
-        if not select.select([pidfd], [], [], timeout)[0]:
+        if not fdwait.wait([pidfd], timeout):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             raise subprocess.TimeoutExpired(cmd, timeout)

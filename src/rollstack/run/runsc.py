@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.host import fdwait
 from rollstack.run import cgroupfs
 from rollstack.run.ocispec import EXEC_WRAPPER_PATH, cpu_quota
 from rollstack.run.runc import (
@@ -193,7 +193,7 @@ def _pump(proc: subprocess.Popen, stdin: bytes | None, timeout: float | None, li
     deadline = None if timeout is None else t0 + timeout
     while fds:
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select(list(fds), [], [], wait)
+        ready = fdwait.wait(list(fds), wait)
         if not ready:
             timed_out = True
             _stop(proc)

@@ -8,7 +8,6 @@ immediate part of an asynchronous destroy.
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollstack.errors import RuntimeFailure
+from rollstack.host import fdwait
 from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run import userns as uns
 
@@ -128,7 +128,7 @@ def wait_exit(pid: int, members: list[procs.ProcRef], timeout: float = 2.0) -> b
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             procs.reap(members)
-            if select.select([fd], [], [], 0.01)[0]:
+            if fdwait.wait([fd], 0.01):
                 return True
         return False
     finally:
