@@ -134,9 +134,12 @@ def rollout_plan(task: TaskLike, groups: StackGroups, rollout: int, *,
 
 
 def failing_tests_command(task: TaskLike) -> str:
-    """What the agent runs first and last: only the tests the bug breaks."""
+    """What the agent runs first and last: only the tests the bug breaks. `-B`: no bytecode is
+    written, because a .pyc written by the first run records the buggy source's mtime in whole
+    seconds and its size; a same-size fix (an operator swapped) applied within that second
+    would then be run from the stale .pyc (seen in CI once environments got fast enough)."""
     ids = " ".join(shlex.quote(t) for t in as_task(task).FAIL_TO_PASS)
-    return f"python3 -m pytest -p no:cacheprovider -q {ids}"
+    return f"python3 -B -m pytest -p no:cacheprovider -q {ids}"
 
 
 FIX_ARGV = ["git", "apply", "--verbose", "-"]

@@ -85,7 +85,7 @@ def test_evaluator_command_refuses_a_task_too_big_for_argv() -> None:
 
 def test_failing_tests_command_quotes_node_ids() -> None:
     argv = shlex.split(failing_tests_command(TASK))
-    assert argv[:3] == ["python3", "-m", "pytest"] and argv[-2:] == TASK["FAIL_TO_PASS"]
+    assert argv[:4] == ["python3", "-B", "-m", "pytest"] and argv[-2:] == TASK["FAIL_TO_PASS"]
 
 
 @pytest.mark.parametrize("field,value", [("tasks", 0), ("rollouts", -1), ("concurrency", 0), ("concurrency", 65),
