@@ -7,6 +7,10 @@ Namespace:
     /layers/<digest-hex>/   the layer's root; its tree is the layer's TOC, overlay-ready:
                             whiteouts are 0/0 character devices, opaque directories answer
                             getxattr("trusted.overlay.opaque") with b"y"
+    /blobs/                 inode 3
+    /blobs/<digest-hex>     the layer's EROFS data blob (format/erofs.py): its files' bytes,
+                            each from a 4 KiB boundary; the device of the layer's EROFS image
+                            (node/erofs.py), read on demand like the files it is cut from
 
 Layers are immutable, so entries, attributes and negative lookups inside them carry long
 timeouts, opened files keep their page cache (`keep_cache`) and symlink targets are cached.
@@ -45,6 +49,8 @@ log = logging.getLogger("rollstack.mount.fs")
 
 ROOT = pyfuse3.ROOT_INODE
 LAYERS = 2
+BLOBS = 3
+_BLOB_FH = 1 << 62  # kernel-open mode: file handles of /blobs files (Reads' handles stay below)
 OPAQUE_XATTR = b"trusted.overlay.opaque"
 _SHORT = 1.0
 PATCH_LEVEL = getattr(pyfuse3, "ROLLSTACK_PATCH", 0)  # third_party/pyfuse3; 0: a stock pyfuse3
@@ -146,12 +152,17 @@ class LazyFS(pyfuse3.Operations):
 
     def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
         if ino == ROOT:
-            return self._dir_attr(ROOT, 3, int(self.svc.started * 1e9))
+            return self._dir_attr(ROOT, 4, int(self.svc.started * 1e9))
         if ino == LAYERS:
             return self._dir_attr(LAYERS, 2 + len(self.layers), self.layers.changed_ns)
+        if ino == BLOBS:
+            return self._dir_attr(BLOBS, 2, self.layers.changed_ns)
         layer = self.layers.of_inode(ino)
         if layer is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            blob = self.layers.of_blob_inode(ino)
+            if blob is None or blob.blob_map is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._blob_attr(blob)
         idx = layer.index
         e = idx.entry(ino)
         a = pyfuse3.EntryAttributes()
@@ -164,6 +175,18 @@ class LazyFS(pyfuse3.Operations):
         a.st_blksize = 4096
         a.st_blocks = (a.st_size + 511) // 512
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = e.mtime_ns
+        a.entry_timeout = a.attr_timeout = self.timeout
+        return a
+
+    def _blob_attr(self, layer: Any) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = layer.blob_inode
+        a.st_mode = stat.S_IFREG | 0o444
+        a.st_nlink = 1
+        a.st_size = layer.blob_map.size
+        a.st_blksize = 4096
+        a.st_blocks = (a.st_size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = int(self.svc.started * 1e9)
         a.entry_timeout = a.attr_timeout = self.timeout
         return a
 
@@ -180,9 +203,19 @@ class LazyFS(pyfuse3.Operations):
         if parent_inode == ROOT:
             if n == "layers":
                 return self._counted(self._attr(LAYERS))
+            if n == "blobs":
+                return self._counted(self._attr(BLOBS))
             if n == "..":
                 return self._counted(self._attr(ROOT))
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if parent_inode == BLOBS:
+            if n == "..":
+                return self._counted(self._attr(ROOT))
+            layer = self.layers.get(n)
+            if layer is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            await self.layers.blob_map(layer)
+            return self._counted(self._blob_attr(layer))
         if parent_inode == LAYERS:
             if n == "..":
                 return self._counted(self._attr(ROOT))
@@ -232,7 +265,7 @@ class LazyFS(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: Any) -> int:
         if self.no_open:
             raise pyfuse3.FUSEError(errno.ENOSYS)  # no more OPENDIR/RELEASEDIR; readdir gets the inode
-        if inode in (ROOT, LAYERS):
+        if inode in (ROOT, LAYERS, BLOBS):
             return inode
         layer = self.layers.of_inode(inode)
         if layer is None:
@@ -243,7 +276,9 @@ class LazyFS(pyfuse3.Operations):
 
     def _listing(self, fh: int) -> list[tuple[str, int]]:
         if fh == ROOT:
-            return [("layers", LAYERS)]
+            return [("layers", LAYERS), ("blobs", BLOBS)]
+        if fh == BLOBS:  # only the blobs asked for (looked up) so far have attributes to list
+            return [(h, layer.blob_inode) for h, layer in sorted(self.layers.items()) if layer.blob_map is not None]
         if fh == LAYERS:
             return [(h, layer.index.root) for h, layer in sorted(self.layers.items())]
         layer = self.layers.of_inode(fh)
@@ -268,7 +303,11 @@ class LazyFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         layer = self.layers.of_inode(inode)
         if layer is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            if self.layers.of_blob_inode(inode) is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            if self.no_open:
+                raise pyfuse3.FUSEError(errno.ENOSYS)
+            return pyfuse3.FileInfo(fh=_BLOB_FH | inode, keep_cache=True)
         if layer.index.entry(inode).type is not EntryType.REG:
             raise pyfuse3.FUSEError(errno.EISDIR if layer.index.entry(inode).type is EntryType.DIR else errno.EACCES)
         if self.no_open:
@@ -278,14 +317,26 @@ class LazyFS(pyfuse3.Operations):
 
     @_translate
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        if fh & _BLOB_FH:
+            return await self._read_blob(fh & ~_BLOB_FH, off, size, 0)
         return await self.reads.read(fh, off, size)
 
     @_translate
     async def read_unopened(self, inode: int, off: int, size: int, ctx: Any) -> bytes:
-        return await self.reads.read_unopened(inode, off, size, ctx.pid if ctx is not None else 0)
+        pid = ctx.pid if ctx is not None else 0
+        if self.layers.of_inode(inode) is None:
+            return await self._read_blob(inode, off, size, pid)
+        return await self.reads.read_unopened(inode, off, size, pid)
+
+    async def _read_blob(self, inode: int, off: int, size: int, pid: int) -> bytes:
+        layer = self.layers.of_blob_inode(inode)
+        if layer is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return await self.reads.read_blob(layer, await self.layers.blob_map(layer), off, size, pid)
 
     async def release(self, fh: int) -> None:
-        self.reads.release(fh)
+        if not fh & _BLOB_FH:
+            self.reads.release(fh)
 
     # -- xattrs ----------------------------------------------------------------------------
     def _xattrs(self, inode: int) -> dict[bytes, bytes]:

@@ -63,6 +63,10 @@ class LayerIndex:
             return self.find(e.link) if e.link != path else None
         return ino
 
+    def inode_at(self, pos: int) -> int:
+        """The inode of TOC position `pos` (not resolving hardlinks)."""
+        return self.base + self._shift + pos
+
     def entry(self, ino: int) -> TocEntry:
         i = ino - self.base - self._shift
         if i < 0:

@@ -25,6 +25,7 @@ import trio
 
 from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import RemoteLayer
+from rollstack.format.erofs import BlobMap
 from rollstack.mount.index import LayerIndex
 from rollstack.mount.tocs import TocCache
 from rollstack.store import byteranges
@@ -42,6 +43,13 @@ class LoadedLayer:
     remote: RemoteLayer
     blob_size: int
     info: dict[str, Any]
+    blob_map: BlobMap | None = None  # the layer's EROFS data blob (`/blobs/<hex>`), once asked for
+
+    @property
+    def blob_inode(self) -> int:
+        """The inode of `/blobs/<hex>`: the first one after the layer's range (every base leaves
+        a gap of 16, so it is never another layer's)."""
+        return self.index.base + self.index.size
 
 
 def digest_hex(digest: str) -> str:
@@ -104,6 +112,21 @@ class LayerTable:
             return None
         layer = self._base_layers[i]
         return layer if layer.index.owns(ino) else None
+
+    def of_blob_inode(self, ino: int) -> LoadedLayer | None:
+        """The layer whose `/blobs/<hex>` file has inode `ino`."""
+        i = bisect.bisect_right(self._bases, ino) - 1
+        if i < 0:
+            return None
+        layer = self._base_layers[i]
+        return layer if ino == layer.blob_inode else None
+
+    async def blob_map(self, layer: LoadedLayer) -> BlobMap:
+        """The layer's blob extents (format.erofs), computed once in a worker thread (every
+        TOC entry is materialised: ~0.1 s for 30k entries)."""
+        if layer.blob_map is None:
+            layer.blob_map = await trio.to_thread.run_sync(BlobMap.of, layer.index.toc)
+        return layer.blob_map
 
     def loaded(self, digest: str) -> LoadedLayer:
         layer = self.by_hex.get(digest_hex(digest))

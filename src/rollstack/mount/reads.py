@@ -21,6 +21,7 @@ import trio
 
 from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import ChunkFetcher, DiskChunkCache, FetchConfig, MemoryChunkCache, Priority
+from rollstack.format.erofs import BlobMap
 from rollstack.format.toc import Chunk, EntryType, TocEntry
 from rollstack.mount.envs import Env, EnvTable
 from rollstack.mount.layers import LayerTable, LoadedLayer
@@ -79,6 +80,9 @@ class Reads:
     async def read_unopened(self, ino: int, off: int, size: int, pid: int) -> bytes:
         """A read in no-open mode: the kernel sent no OPEN, so the read state is kept per inode
         (the most recent UNOPENED_STATES of them) and the environment is the reader's."""
+        return await self._read(self._unopened_state(ino), self.envs.for_pid(pid), off, size)
+
+    def _unopened_state(self, ino: int) -> OpenFile:
         of = self.unopened.pop(ino, None)
         if of is None:
             layer = self.layers.of_inode(ino)
@@ -91,7 +95,30 @@ class Reads:
             if len(self.unopened) >= UNOPENED_STATES:
                 del self.unopened[next(iter(self.unopened))]
         self.unopened[ino] = of  # most recent last
-        return await self._read(of, self.envs.for_pid(pid), off, size)
+        return of
+
+    async def read_blob(self, layer: LoadedLayer, blob: BlobMap, off: int, size: int, pid: int) -> bytes:
+        """A read of the layer's EROFS data blob (`/blobs/<hex>`, format.erofs): the byte range is
+        cut into the files it covers (each read like a file read, so fetch, traces and readahead
+        work as they do for the FUSE tree) and the padding between them (zeros)."""
+        pieces = blob.pieces(off, size)
+        if not pieces:
+            return b""
+        env = self.envs.for_pid(pid)
+        out = bytearray(pieces[-1][3] + pieces[-1][2])
+
+        async def one(pos: int, foff: int, n: int, at: int) -> None:
+            data = await self._read(self._unopened_state(layer.index.inode_at(pos)), env, foff, n)
+            out[at:at + len(data)] = data
+
+        files = [p for p in pieces if p[0] >= 0]
+        if len(files) == 1:
+            await one(*files[0])
+        elif files:
+            async with trio.open_nursery() as nursery:
+                for p in files:
+                    nursery.start_soon(one, *p)
+        return bytes(out)
 
     async def _read(self, of: OpenFile, env: Env | None, off: int, size: int) -> bytes:
         e = of.entry

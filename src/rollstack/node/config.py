@@ -44,6 +44,10 @@ class NodeConfig(BaseModel):
     materialize_after: int = Field(default=2, ge=0)
     """A layer used by this many environments is copied out of the lazy store into a local
     directory that later environments stack instead (no FUSE round trips); 0 = never."""
+    erofs_lowers: bool = True
+    """Once an environment has used a layer, later ones stack it as an in-kernel EROFS mount
+    over the lazy store's blob of the layer (node/erofs.py): native-speed metadata, data still
+    fetched on first read. Needs Linux >= 6.12 (file-backed EROFS); ignored without it."""
     materialize_budget: int = 32 << 30
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     materialize_min_free: int = 8 << 30

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from rollstack.run.environment import Environment, EnvironmentRuntime, Leftovers
     from rollstack.store.base import ArtifactStore
     from rollstack.node.warm import WarmPool
+    from rollstack.node.erofs import ErofsLowers
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class Stages:
         self.runtime: EnvironmentRuntime | None = None
         self.provisioner: Provisioner | None = None
         self.materializer: Materializer | None = None
+        self.erofs: ErofsLowers | None = None
         self.recovered: Leftovers | None = None
         self.adopted: list[tuple[Environment, dict[str, Any]]] = []
         self.warm: WarmPool | None = None
@@ -133,6 +135,15 @@ class Stages:
                                                   chunk_cache=cfg.lazy_dir / "state" / "chunks",
                                                   cpu=cfg.materialize_cpu, min_idle=cfg.materialize_min_idle,
                                                   cgroup_tag=_node_tag(cfg.root)).start()
+        if cfg.erofs_lowers:
+            from rollstack.node import erofs
+
+            if erofs.supported():
+                cgroups = getattr(self.materializer, "cgroups", None)
+                self.erofs = erofs.ErofsLowers(cfg.root / "erofs", self.lazy, cfg.lazy_dir / "state" / "tocs",
+                                               cgroups=cgroups).start()
+            else:
+                log.info("this kernel cannot mount EROFS from files: layers stay on FUSE lowers")
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)
             for env, doc in self.adopted:
@@ -164,6 +175,8 @@ class Stages:
         self.lazy = self._start_lazy(self._spec)
         if self.materializer is not None:
             self.materializer.lazy = self.lazy
+        if self.erofs is not None:
+            self.erofs.lazy = self.lazy
         return True
 
     def reattach(self, recs: list[EnvRecord]) -> int:
@@ -210,7 +223,7 @@ class Stages:
             self.warm.stop()
             self.warm = None
         adopted_daemon = self.lazy is not None and getattr(self.lazy, "process", None) is None
-        for name in ("provisioner", "materializer", "lazy"):
+        for name in ("provisioner", "erofs", "materializer", "lazy"):
             part = getattr(self, name)
             if part is None:
                 continue
@@ -306,6 +319,8 @@ class Stages:
             self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
         if self.materializer is not None:
             self.materializer.used(refs)
+        if self.erofs is not None:
+            self.erofs.used(refs)
         # a warm sandbox's start read under another id: nothing was read under this one yet
         fetch = self._fetch_stats(rec.id) if warm is None else dict.fromkeys(_FETCH_KEYS, 0)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
@@ -331,8 +346,11 @@ class Stages:
         return env
 
     def _lower(self, digest: str) -> Path:
-        """The layer's local copy when it has one (`node.materialize`), else its FUSE directory."""
+        """The layer's local copy when it has one (`node.materialize`), else its EROFS mount
+        (`node.erofs`), else its FUSE directory."""
         local = self.materializer.lower_for(digest) if self.materializer is not None else None
+        if local is None and self.erofs is not None:
+            local = self.erofs.lower_for(digest)
         return local if local is not None else Path(self.lazy.layer_dir(digest))
 
     def _fetch_stats(self, env_id: str) -> dict[str, int]:
@@ -457,6 +475,9 @@ class Stages:
                 out[key] = value
         if self.materializer is not None:
             for key, value in _flatten(self.materializer.stats(), "materialized"):
+                out[key] = value
+        if self.erofs is not None:
+            for key, value in _flatten(self.erofs.stats(), "erofs"):
                 out[key] = value
         if self.warm is not None:
             out.update(self.warm.stats())
