@@ -211,7 +211,7 @@ class ErofsImage:
 
     def __init__(self, toc: Toc, blob_tag: str = "") -> None:
         self.toc = toc
-        self.tag = blob_tag.encode()[:64]
+        self.tag = (blob_tag.partition(":")[2] or blob_tag).encode()[:64]  # a digest: its 64 hex digits
         self.nodes: list[_Node] = []
         self.blob_blocks = 0
         self._build()

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rollstack.host import background, mountinfo
 from rollstack.host.umount import detach
@@ -74,11 +74,13 @@ def build_argv(tocs_dir: Path, digest: str, out: Path) -> list[str]:
 
 
 class ErofsLowers:
-    def __init__(self, root: Path, lazy: Any, tocs_dir: Path, cgroups: list[Path] | None = None) -> None:
+    def __init__(self, root: Path, lazy: Any, tocs_dir: Path, cgroups: list[Path] | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
         self.root = Path(root)
         self.lazy = lazy  # LazyStore: its layer_dir() says where /blobs is
         self.tocs_dir = Path(tocs_dir)
         self.cgroups = list(cgroups or [])  # the node's background cgroup (host.background): the builder joins it
+        self.on_ready = on_ready  # called (worker thread) after a layer's mount is ready
         self._ready: dict[str, Path] = {}
         self._queued: set[str] = set()
         self._failed: dict[str, str] = {}
@@ -159,6 +161,11 @@ class ErofsLowers:
             else:
                 with self._lock:
                     self._ready[digest] = path
+                if self.on_ready is not None:
+                    try:
+                        self.on_ready()
+                    except Exception:  # noqa: BLE001 - a hook must not stop the worker
+                        log.exception("EROFS on_ready hook failed")
             finally:
                 with self._lock:
                     self._queued.discard(digest)

@@ -141,7 +141,7 @@ class Stages:
             if erofs.supported():
                 cgroups = getattr(self.materializer, "cgroups", None)
                 self.erofs = erofs.ErofsLowers(cfg.root / "erofs", self.lazy, cfg.lazy_dir / "state" / "tocs",
-                                               cgroups=cgroups).start()
+                                               cgroups=cgroups, on_ready=self._lowers_changed).start()
             else:
                 log.info("this kernel cannot mount EROFS from files: layers stay on FUSE lowers")
         if cfg.provision:
@@ -344,6 +344,12 @@ class Stages:
             self.rekey(rec, env.id)
             rec.runtime = env  # a failing handout tears it down with the record
         return env
+
+    def _lowers_changed(self) -> None:
+        """A layer got a faster lower (EROFS mount): warm sandboxes on the old dirs are replaced."""
+        warm = self.warm
+        if warm is not None:
+            warm.relower(lambda digests: tuple(str(self._lower(d)) for d in reversed(digests)))
 
     def _lower(self, digest: str) -> Path:
         """The layer's local copy when it has one (`node.materialize`), else its EROFS mount

@@ -150,6 +150,24 @@ class WarmPool:
         with self._cond:
             return sum(len(s.ready) for s in self._pools.values())
 
+    def relower(self, lowers_of: "Callable[[tuple[str, ...]], tuple[str, ...]]") -> int:
+        """Lower dirs changed under the pools (a layer got its EROFS mount or its local copy):
+        each stack whose `lowers_of(digests)` differs drops its ready sandboxes and refills on
+        the new dirs now, not at the next create. Returns the sandboxes dropped."""
+        dropped = 0
+        with self._cond:
+            stacks = list(self._pools.values())
+        for stack in stacks:
+            low = lowers_of(stack.digests)
+            with self._cond:
+                if self._pools.get(stack.digests) is stack and stack.lowers != low:
+                    self._discard += stack.ready
+                    self.counters["discarded"] += len(stack.ready)
+                    dropped += len(stack.ready)
+                    stack.ready, stack.lowers = [], low
+                    self._cond.notify_all()
+        return dropped
+
     def wait_full(self, timeout: float) -> bool:
         """Until the refill has nothing left to do (every stack full, or as full as the caps
         allow, and stale sandboxes destroyed); False on timeout."""

@@ -24,7 +24,7 @@ def test_shifted_view_is_the_layer_with_owners_moved(tmp_path, oci_store, lazy_f
     plain = lazy.layer_dir(digest)
     twin = Path(shift.shifted_path(plain))
     assert twin == tmp_path / "node/mnt/shifted" / digest.split(":")[1]
-    assert sorted(os.listdir(tmp_path / "node/mnt")) == ["layers", "shifted"]
+    assert sorted(os.listdir(tmp_path / "node/mnt")) == ["blobs", "layers", "shifted"]
     assert os.listdir(twin.parent) == os.listdir(plain.parent)
     checked = 0
     for src in walk(tree):

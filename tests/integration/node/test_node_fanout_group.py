@@ -59,6 +59,8 @@ def _ready(service: NodeService) -> list[str]:
 
 
 def _fill(service: NodeService) -> list[str]:
+    if service.stages.erofs is not None:  # the pool moves onto the layers' EROFS mounts first
+        assert service.stages.erofs.wait_idle(60)
     assert service.stages.warm.wait_full(120), service.stages.warm.stats()
     return _ready(service)
 

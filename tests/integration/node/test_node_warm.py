@@ -76,6 +76,10 @@ def _ready_ids(service: NodeService) -> list[str]:
 
 
 def _fill(service: NodeService) -> None:
+    """Until the pool is full on the stack's final lowers (a used layer's EROFS mount replaces
+    its FUSE dir a moment after the first create, and the pool moves onto it: node/erofs.py)."""
+    if service.stages.erofs is not None:
+        assert service.stages.erofs.wait_idle(60)
     assert service.stages.warm.wait_full(120), service.stages.warm.stats()
 
 
@@ -183,8 +187,9 @@ def test_a_stack_change_replaces_the_pool(node, tmp_path: Path) -> None:
         dst = tmp_path / f"lower{i}"
         shutil.copytree(lower, dst, symlinks=True)
         moved.append(dst)
+    before = warm.counters["discarded"]  # the move onto EROFS mounts may have dropped some
     env = warm.take(stack.digests, moved)
-    assert env is None and warm.counters["discarded"] == 2
+    assert env is None and warm.counters["discarded"] == before + 2
     _fill(service)
     assert all(not (root / "envs" / s).exists() for s in stale)
     for s in stale:

@@ -1,0 +1,108 @@
+"""format/erofs.py without a kernel: the blob's extents and the read mapping over them, the image's
+superblock and inode placement, and what the format cannot say (FormatError, never a bad image).
+The kernel-mounted checks are tests/integration/mount/test_lazystore_erofs.py."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollstack.errors import FormatError
+from rollstack.format import erofs
+from rollstack.format.toc import EntryType, Toc, TocEntry
+
+
+def _toc(*entries: TocEntry) -> Toc:
+    return Toc([TocEntry(path="", type=EntryType.DIR, mode=0o755), *entries])
+
+
+def _files(sizes: list[int]) -> Toc:
+    return _toc(*(TocEntry(path=f"f{i:03d}", type=EntryType.REG, size=s) for i, s in enumerate(sizes)))
+
+
+def test_extents_are_block_aligned_in_toc_order_and_skip_empty_files():
+    toc = _toc(TocEntry(path="a", type=EntryType.REG, size=1),
+               TocEntry(path="b", type=EntryType.REG, size=0),
+               TocEntry(path="c", type=EntryType.REG, size=4097),
+               TocEntry(path="d", type=EntryType.HARDLINK, link="a"),
+               TocEntry(path="e", type=EntryType.REG, size=4096))
+    assert erofs.blob_extents(toc) == [(1, 0, 1), (3, 1, 4097), (5, 3, 4096)]
+    assert erofs.BlobMap.of(toc).size == 4 * 4096
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3 * 4096), min_size=0, max_size=12), st.integers(0, 80_000), st.integers(0, 40_000))
+def test_pieces_cover_a_read_exactly(sizes, off, size):
+    toc = _files(sizes)
+    bm = erofs.BlobMap.of(toc)
+    pieces = bm.pieces(off, size)
+    want = max(0, min(bm.size, off + size) - off) if off < bm.size else 0
+    assert sum(n for _, _, n, _ in pieces) == want
+    at = 0
+    for pos, foff, n, reply_at in pieces:
+        assert reply_at == at and n > 0
+        at += n
+        if pos >= 0:
+            e = toc.entries[pos]
+            assert e.type is EntryType.REG and 0 <= foff and foff + n <= e.size
+    # the file bytes a piece names are the ones at that blob offset
+    starts = {p: b * 4096 for p, b, _ in erofs.blob_extents(toc)}
+    for pos, foff, n, reply_at in pieces:
+        if pos >= 0:
+            assert starts[pos] + foff == off + reply_at
+
+
+def test_image_superblock_device_slot_and_root():
+    toc = _files([10, 5000])
+    img, blob = erofs.build(toc, "sha256:" + "0" * 64)
+    magic, _, _, bits, _, root, inos = struct.unpack_from("<IIIBBHQ", img, 1024)
+    assert (magic, bits, root, inos) == (erofs.MAGIC, 12, erofs.FIRST_INODE // 32, 3)
+    incompat, _, extra, slotoff = struct.unpack_from("<IHHH", img, 1024 + 80)
+    assert incompat == erofs.INCOMPAT_CHUNKED_FILE | erofs.INCOMPAT_DEVICE_TABLE and (extra, slotoff) == (1, 9)
+    tag, blocks = struct.unpack_from("<64sI", img, 1152)
+    assert tag == b"0" * 64 and blocks == 3 and blob == 3 * 4096
+    assert len(img) % 4096 == 0
+
+
+def test_inode_records_never_cross_a_block():
+    # many xattrs make records of odd sizes; none may straddle a block boundary
+    entries = [TocEntry(path=f"d{i:04d}", type=EntryType.REG, size=i % 3,
+                        xattrs={f"user.k{j}": b"v" * (i % 50) for j in range(i % 7)}) for i in range(600)]
+    image = erofs.ErofsImage(_toc(*entries))
+    image.encode()
+    for n in image.nodes:
+        size = erofs.INODE_SIZE + len(n.xattrs)
+        if n.layout == erofs.FLAT_INLINE:
+            size += len(n.data)
+        elif n.layout == erofs.CHUNK_BASED:
+            size += -size % 8 + 8
+        assert n.offset % 32 == 0 and n.offset // 4096 == (n.offset + size - 1) // 4096
+
+
+def test_hardlinks_share_an_inode_and_count_links_even_before_their_target():
+    toc = _toc(TocEntry(path="a", type=EntryType.HARDLINK, link="z"),
+               TocEntry(path="z", type=EntryType.REG, size=3))
+    image = erofs.ErofsImage(toc)
+    (z,) = [n for n in image.nodes if n.entry.path == "z"]
+    assert z.nlink == 2
+    assert sorted(name for name, _ in image.nodes[0].children) == [b"a", b"z"]
+
+
+@pytest.mark.parametrize("entry, message", [
+    (TocEntry(path="f", type=EntryType.REG, size=1, xattrs={"weird.name": b"x"}), "no EROFS name index"),
+    (TocEntry(path="a", type=EntryType.HARDLINK, link="missing"), "missing entry"),
+    (TocEntry(path="l", type=EntryType.SYMLINK, link="x" * 5000), "symlink target"),
+    (TocEntry(path="f", type=EntryType.REG, size=1, xattrs={"user.big": b"x" * 5000}), "exceeds a block"),
+])
+def test_what_erofs_cannot_say_is_a_format_error(entry, message):
+    with pytest.raises(FormatError, match=message):
+        erofs.build(_toc(entry))
+
+
+def test_unreachable_entries_are_left_out_like_the_fuse_view():
+    toc = _toc(TocEntry(path="nodir/f", type=EntryType.REG, size=3))
+    image = erofs.ErofsImage(toc)
+    assert [n.entry.path for n in image.nodes] == [""]
