@@ -7,8 +7,10 @@ containers (bug applied, like a rollout), runs every command of `COMMANDS` in ea
 environments concurrently), and destroys them. Per command and system: wall p50; per rep on
 rollstack: the lazy store daemon's CPU seconds and FUSE requests, and whether the environment
 stacked FUSE lowers or materialized directories. `--lowers fuse` keeps every layer on FUSE
-(materialization off), `materialized` materializes the stack first, `node` (default) is what a
-node does by itself (materialize after 2 uses, while the reps run).
+(materialization and EROFS mounts off), `erofs` stacks each layer's EROFS mount over the lazy
+store's blob (node/erofs.py; materialization off), `materialized` materializes the stack first,
+`node` (default) is what a node does by itself (EROFS mounts after the first use, materialize
+after 2 uses, while the reps run).
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
     from rollstack.bench.systems.rollstack import RollstackSystem, publish_components, seed_layer_cache, work_lock
     from rollstack.corpus.plans import stack_groups
 
-    if cfg.lowers not in ("node", "fuse", "materialized"):
-        raise InvalidRequest(f"--lowers must be node, fuse or materialized, not {cfg.lowers!r}")
+    if cfg.lowers not in ("node", "fuse", "erofs", "materialized"):
+        raise InvalidRequest(f"--lowers must be node, fuse, erofs or materialized, not {cfg.lowers!r}")
     manifest, tasks = load_corpus(cfg.corpus)
     task = tasks[0].model_dump()
     harness = manifest.component("harness-mini-swe-agent")
@@ -118,8 +120,9 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
         rig.ctr.clear()
         ctd._ensure_image(ref)
         node_cfg: dict[str, Any] = {"max_environments": 4 * cfg.concurrency + 4}
-        if cfg.lowers == "fuse":
+        if cfg.lowers in ("fuse", "erofs"):
             node_cfg["materialize_after"] = 0
+            node_cfg["erofs_lowers"] = cfg.lowers == "erofs"
         elif cfg.lowers == "materialized":
             node_cfg["materialize_after"] = 1
         variants = {"rollstack": {}}
@@ -148,7 +151,7 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
                 with system.node.create(plan) as env:  # like a first rollout
                     for c in cmds.values():
                         env.exec(c, timeout=600)
-                if cfg.lowers == "materialized":
+                if cfg.lowers in ("materialized", "erofs"):
                     system.settle(900)
             for rep in range(cfg.reps):
                 load = os.getloadavg()[0]
@@ -230,7 +233,7 @@ def register(app: typer.Typer) -> None:
     def bench_exec(
         reps: Annotated[int, typer.Option("--reps", min=1)] = 3,
         concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 1,
-        lowers: Annotated[str, typer.Option("--lowers", help="node | fuse | materialized")] = "node",
+        lowers: Annotated[str, typer.Option("--lowers", help="node | fuse | erofs | materialized")] = "node",
         only: Annotated[str, typer.Option("--only", help="comma-separated command names")] = "",
         baseline: Annotated[bool, typer.Option("--untuned/--no-untuned",
                                                help="also a node with the FUSE fast path off and normal priority")] = True,

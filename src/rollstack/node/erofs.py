@@ -7,7 +7,7 @@ many files 2-14x slower than on a local directory until the layer is materialize
 metadata image (format/erofs.py: ~0.25 s of CPU per 18k entries, in a subprocess at nice 19 in
 the node's background cgroup) and mounted once per node:
 
-    mount -t erofs -o ro,device=<lazy mountpoint>/blobs/<hex> <root>/<hex>.img <root>/<hex>
+    mount -t erofs -o ro,device=<lazy mountpoint>/blobs/<hex>,directio <root>/<hex>.img <root>/<hex>
 
 Every later environment stacks that mount: lookups, stat, readdir, readlink and xattrs are
 kernel work on a local image (native speed), and only file data is read from the blob, a FUSE
@@ -62,7 +62,11 @@ def supported() -> bool:
 def mount_image(image: Path, blob: Path, target: Path) -> None:
     """mount(2) the EROFS `image` at `target`, its data device the file `blob` (read-only)."""
     target.mkdir(parents=True, exist_ok=True)
-    opts = b"device=" + os.fsencode(blob)
+    # directio: EROFS reads the blob with direct I/O, so each read is the file range EROFS wants
+    # (its own per-file readahead), cached once in EROFS' page cache. Buffered, the blob file's
+    # readahead runs across file boundaries into data nobody asked for (+40% bytes fetched on a
+    # stdlib tree; registry fetches that made a first `cat` of every .py 6x slower on a stack).
+    opts = b"device=" + os.fsencode(blob) + b",directio"
     if _libc.mount(os.fsencode(image), os.fsencode(target), b"erofs", MS_RDONLY, opts) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount -t erofs {image} {target} (device={blob}): {os.strerror(err)}")

@@ -181,14 +181,17 @@ class RollstackSystem:
             return -1
 
     def settle(self, timeout: float = 600.0) -> bool:
-        """Wait until the node has materialized the layers it found hot (`node.materialize`)."""
-        m = self.node.service.stages.materializer if self.node is not None else None
-        return m is None or m.wait_idle(timeout)
+        """Wait until the node has mounted its used layers' EROFS images (`node.erofs`) and
+        materialized the layers it found hot (`node.materialize`)."""
+        stages = self.node.service.stages if self.node is not None else None
+        e = getattr(stages, "erofs", None)
+        m = getattr(stages, "materializer", None)
+        return (e is None or e.wait_idle(timeout)) and (m is None or m.wait_idle(timeout))
 
     def clear(self) -> None:
         """Cold start: stop the node, forget every cached chunk/TOC/trace/tag, drop the page cache."""
         self.stop()
-        for d in (self.root / "lazy" / "state", self.root / "resolve-cache", self.root / "layers"):
+        for d in (self.root / "lazy" / "state", self.root / "resolve-cache", self.root / "layers", self.root / "erofs"):
             shutil.rmtree(d, ignore_errors=True)
         drop_page_cache()
         self.start()
