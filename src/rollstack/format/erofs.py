@@ -74,19 +74,15 @@ def _blocks(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK
 
 
-def _unique_regs(toc: Toc) -> Iterator[tuple[int, TocEntry]]:
-    """(TOC position, entry) of every non-empty regular file that owns its data (not a hardlink)."""
-    for i, e in enumerate(toc.entries):
-        if e.type is EntryType.REG and e.size > 0:
-            yield i, e
-
-
-def blob_extents(toc: Toc) -> list[tuple[int, int, int]]:
-    """(TOC position, first blob block, size) of each file with data, in blob order."""
+def blob_extents(toc: Toc, entries: list[TocEntry] | None = None) -> list[tuple[int, int, int]]:
+    """(TOC position, first blob block, size) of each non-empty regular file that owns its data
+    (not a hardlink), in blob order (TOC order)."""
     out, block = [], 0
-    for i, e in _unique_regs(toc):
-        out.append((i, block, e.size))
-        block += _blocks(e.size)
+    reg = EntryType.REG
+    for i, e in enumerate(toc.entries if entries is None else entries):
+        if e.type is reg and e.size > 0:
+            out.append((i, block, e.size))
+            block += (e.size + BLOCK - 1) // BLOCK
     return out
 
 
@@ -131,7 +127,7 @@ class BlobMap:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     entry: TocEntry
     ino: int
@@ -219,7 +215,7 @@ class ErofsImage:
     # -- the tree ----------------------------------------------------------------------------
     def _build(self) -> None:
         toc = self.toc
-        entries = toc.entries
+        entries = self._entries = toc.entries
         paths = toc.paths
         has_root = bool(paths) and paths[0] == ""
         root_entry = entries[0] if has_root else TocEntry(path="", type=EntryType.DIR, mode=0o755)
@@ -230,14 +226,15 @@ class ErofsImage:
         node_of[0 if has_root else -1] = 0
         pos_of = {p: i for i, p in enumerate(paths)}
         links: list[tuple[int, bytes, TocEntry]] = []
-        for i, e in enumerate(entries):
-            if e.path == "":
+        nodes, DIR = self.nodes, EntryType.DIR
+        for i, (path, e) in enumerate(zip(paths, entries)):
+            if path == "":
                 continue
-            parent_path = e.path.rpartition("/")[0]
+            parent_path, _, name_s = path.rpartition("/")
             parent = 0 if parent_path == "" else node_of.get(pos_of.get(parent_path, -2))
-            if parent is None or self.nodes[parent].entry.type is not EntryType.DIR:
+            if parent is None or nodes[parent].entry.type is not DIR:
                 continue  # unreachable (no parent directory entry): the FUSE view hides it too
-            name = e.name.encode("utf-8", "surrogateescape")
+            name = name_s.encode("utf-8", "surrogateescape")
             if len(name) > NAME_MAX or not name:
                 raise FormatError(f"{e.path!r}: name longer than {NAME_MAX} bytes")
             if e.type is EntryType.HARDLINK:
@@ -302,7 +299,7 @@ class ErofsImage:
             named = [(nm, self.nodes[c].offset // 32, FT[self.nodes[c].entry.type]) for nm, c in items]
             n.data = _encode_dir(_dir_blocks(named))
         # 3. the blob
-        ext = blob_extents(self.toc)
+        ext = blob_extents(self.toc, self._entries)
         where = {p: b for p, b, _ in ext}
         for n in self.nodes:
             if n.layout == CHUNK_BASED:

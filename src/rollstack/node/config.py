@@ -48,6 +48,9 @@ class NodeConfig(BaseModel):
     """Once an environment has used a layer, later ones stack it as an in-kernel EROFS mount
     over the lazy store's blob of the layer (node/erofs.py): native-speed metadata, data still
     fetched on first read. Needs Linux >= 6.12 (file-backed EROFS); ignored without it."""
+    erofs_wait: float = Field(default=0.0, ge=0)
+    """Seconds a create waits for its layers' EROFS mounts to be built (the first environment
+    of a stack on this node); 0 = never wait: the first ones stack FUSE lowers."""
     materialize_budget: int = 32 << 30
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     materialize_min_free: int = 8 << 30

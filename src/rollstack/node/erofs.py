@@ -4,8 +4,8 @@ A layer on a FUSE lower costs a daemon round trip for each lookup a new overlay 
 each `trusted.overlay.*` probe (~35-40 us each here), which makes commands that walk or import
 many files 2-14x slower than on a local directory until the layer is materialized (minutes for a
 2 GB image). Here, as soon as an environment has used a layer, its TOC is turned into an EROFS
-metadata image (format/erofs.py: ~0.25 s of CPU per 18k entries, in a subprocess at nice 19 in
-the node's background cgroup) and mounted once per node:
+metadata image (format/erofs.py: ~0.2 s of CPU per 18k entries, in a worker thread of the node)
+and mounted once per node:
 
     mount -t erofs -o ro,device=<lazy mountpoint>/blobs/<hex>,directio <root>/<hex>.img <root>/<hex>
 
@@ -28,14 +28,12 @@ import ctypes.util
 import logging
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rollstack.host import background, mountinfo
+from rollstack.host import mountinfo
 from rollstack.host.umount import detach
 
 log = logging.getLogger(__name__)
@@ -72,18 +70,26 @@ def mount_image(image: Path, blob: Path, target: Path) -> None:
         raise OSError(err, f"mount -t erofs {image} {target} (device={blob}): {os.strerror(err)}")
 
 
-def build_argv(tocs_dir: Path, digest: str, out: Path) -> list[str]:
-    """The image build as a node runs it: its own process, at nice 19."""
-    return ["nice", "-n", "19", sys.executable, "-m", "rollstack.node.erofs", str(tocs_dir), digest, str(out)]
+def build_image(tocs_dir: Path, digest: str) -> bytes:
+    """The layer's EROFS image from the lazy store's TOC cache (the layer must have been added
+    to the daemon). Raises RollstackError (FormatError: not expressible in EROFS)."""
+    from rollstack.errors import RollstackError
+    from rollstack.format import erofs
+    from rollstack.mount.tocs import TocCache
+
+    def missing(*_: Any) -> Any:
+        raise RollstackError(f"the TOC of {digest} is not in {tocs_dir}")
+
+    toc = TocCache(tocs_dir).open(digest, missing, missing).toc
+    return erofs.build(toc, digest)[0]
 
 
 class ErofsLowers:
-    def __init__(self, root: Path, lazy: Any, tocs_dir: Path, cgroups: list[Path] | None = None,
+    def __init__(self, root: Path, lazy: Any, tocs_dir: Path,
                  on_ready: Callable[[], None] | None = None) -> None:
         self.root = Path(root)
         self.lazy = lazy  # LazyStore: its layer_dir() says where /blobs is
         self.tocs_dir = Path(tocs_dir)
-        self.cgroups = list(cgroups or [])  # the node's background cgroup (host.background): the builder joins it
         self.on_ready = on_ready  # called (worker thread) after a layer's mount is ready
         self._ready: dict[str, Path] = {}
         self._queued: set[str] = set()
@@ -93,6 +99,7 @@ class ErofsLowers:
         self._queue: "queue.Queue[str | None]" = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
+        self._done = threading.Condition(self._lock)  # notified when a layer is ready or failed
         self._thread: threading.Thread | None = None
 
     def start(self) -> "ErofsLowers":
@@ -137,6 +144,22 @@ class ErofsLowers:
                     self._idle.clear()
                     self._queue.put(d)
 
+    def ensure(self, refs: Iterable[Any], timeout: float) -> bool:
+        """`used(refs)`, then wait up to `timeout` s until every one of them has its mount (or
+        failed): the first environment of a stack on this node starts on EROFS lowers too.
+        True if all are mounted."""
+        refs = list(refs)
+        self.used(refs)
+        digests = [r.digest for r in refs]
+        end = time.monotonic() + timeout
+        with self._done:
+            while True:
+                pending = [d for d in digests if d not in self._ready and d not in self._failed]
+                left = end - time.monotonic()
+                if not pending or left <= 0:
+                    return all(d in self._ready for d in digests)
+                self._done.wait(left)
+
     def wait_idle(self, timeout: float) -> bool:
         """Until every queued layer is mounted or failed (tests, benchmarks)."""
         return self._idle.wait(timeout)
@@ -173,6 +196,7 @@ class ErofsLowers:
             finally:
                 with self._lock:
                     self._queued.discard(digest)
+                    self._done.notify_all()
                     if not self._queued:
                         self._idle.set()
 
@@ -182,13 +206,7 @@ class ErofsLowers:
         t0 = time.perf_counter()
         if not image.exists():
             tmp = image.with_name(image.name + ".tmp")
-            argv = build_argv(self.tocs_dir, digest, tmp)
-            dirs = self.cgroups
-            proc = subprocess.run(argv, capture_output=True, text=True,
-                                  preexec_fn=(lambda: background.join(dirs)) if dirs else None)
-            if proc.returncode != 0:
-                tmp.unlink(missing_ok=True)
-                raise RuntimeError((proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1])
+            tmp.write_bytes(build_image(self.tocs_dir, digest))
             os.replace(tmp, image)
         blob = Path(self.lazy.layer_dir(digest)).parent.parent / "blobs" / hexd
         target = self.root / hexd
@@ -197,30 +215,3 @@ class ErofsLowers:
         with self._lock:
             self._seconds[digest] = time.perf_counter() - t0
         return target
-
-
-def main(argv: list[str]) -> int:
-    """`python -m rollstack.node.erofs TOCS_DIR DIGEST OUT`: the layer's EROFS image from the
-    lazy store's TOC cache (the layer must have been added to the daemon)."""
-    from rollstack.errors import RollstackError
-    from rollstack.format import erofs
-    from rollstack.mount.tocs import TocCache
-
-    tocs, digest, out = argv
-
-    def missing(*_: Any) -> Any:
-        raise RollstackError(f"the TOC of {digest} is not in {tocs}")
-
-    try:
-        toc = TocCache(tocs).open(digest, missing, missing).toc
-        image, _ = erofs.build(toc, digest)
-    except RollstackError as exc:
-        print(f"rollstack.node.erofs: {exc}", file=sys.stderr)
-        return 2
-    with open(out, "wb") as f:
-        f.write(image)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

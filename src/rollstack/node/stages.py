@@ -139,9 +139,8 @@ class Stages:
             from rollstack.node import erofs
 
             if erofs.supported():
-                cgroups = getattr(self.materializer, "cgroups", None)
                 self.erofs = erofs.ErofsLowers(cfg.root / "erofs", self.lazy, cfg.lazy_dir / "state" / "tocs",
-                                               cgroups=cgroups, on_ready=self._lowers_changed).start()
+                                               on_ready=self._lowers_changed).start()
             else:
                 log.info("this kernel cannot mount EROFS from files: layers stay on FUSE lowers")
         if cfg.provision:
@@ -263,6 +262,8 @@ class Stages:
         self.lazy.add_layers(refs)
         if plan.fetch.eager:
             self.lazy.fetch_all(refs)
+        if self.erofs is not None and self.config.erofs_wait > 0:
+            self.erofs.ensure(refs, self.config.erofs_wait)
         lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
         if timings is not None:
             timings.resolve = round(t_resolved - t, 6)
