@@ -323,6 +323,22 @@ def _human(doc: dict[str, Any]) -> None:
         print(f"{kind}: {path}")
 
 
+def parse_node_options(items: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` pairs; a VALUE that parses as JSON (numbers, true/false) is taken as such."""
+    import json as _json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"--node-option takes KEY=VALUE, not {item!r}")
+        try:
+            out[key] = _json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command("init")
     def bench_init(
@@ -342,6 +358,9 @@ def register(app: typer.Typer) -> None:
         command: Annotated[str, typer.Option("--command", help="with --image: the first command (sh -c)")] = "",
         probe: Annotated[bool, typer.Option("--probe", help="with --image: import with --probe COMMAND (the first "
                                              "cold start finds the probe's trace)")] = False,
+        node_option: Annotated[list[str] | None, typer.Option("--node-option", help="with --image: KEY=VALUE, a "
+                                                              "NodeConfig field of the rollstack node (repeatable; "
+                                                              "e.g. erofs_lowers=false, erofs_wait=5)")] = None,
     ) -> None:
         """Environment init, cold and warm: rollstack vs docker-equivalent baselines, one run."""
         from rollstack.bench.report import _json_safe, current_command, machine_facts
@@ -353,7 +372,7 @@ def register(app: typer.Typer) -> None:
 
             icfg = ImageInitConfig(image=image, command=command, cold=cold, warm=min(n, 3), profile=profile,
                                    work=work if work != DEFAULT_WORK else DEFAULT_WORK.with_name("bench-init-image"),
-                                   log=_log, probe=probe)
+                                   log=_log, probe=probe, node_options=parse_node_options(node_option or []))
             with sigterm_as_interrupt():
                 doc = run_init_image(icfg)
             doc["machine"], doc["command_line"] = machine_facts(), current_command()

@@ -42,6 +42,7 @@ class ImageInitConfig:
     probe: bool = False  # `import --probe COMMAND`: round 0 starts from the probe's published trace
     log: Callable[[str], None] = print
     extra: dict[str, Any] = field(default_factory=dict)
+    node_options: dict[str, Any] = field(default_factory=dict)  # NodeConfig fields of the rollstack node
 
 
 def image_name(ref: str) -> str:
@@ -166,7 +167,9 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
             log(f"probe: exit {doc['probe']['exit_code']}, trace published ({doc['probe']['wall_s']:.1f}s)")
         plan = {"name": "bench-image", "groups": [group], "workdir": "/",
                 "resources": {"cpu": 1.0, "memory": "1Gi", "max_cpu": 2.0, "max_memory": "4Gi"}}
-        system = RollstackSystem("rollstack", rig.registry.url, cfg.work / "node", rig.link, max_environments=16)
+        system = RollstackSystem("rollstack", rig.registry.url, cfg.work / "node", rig.link,
+                                 **{"max_environments": 16, **cfg.node_options})
+        doc["node_options"] = dict(cfg.node_options)
         ctr = rig.ctr
         seq = iter(range(1 << 30))
 

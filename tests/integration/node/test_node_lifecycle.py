@@ -433,9 +433,18 @@ def test_a_long_exec_blocks_nothing_else(client: Client) -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    ended: list[BaseException] = []
+
+    def long_exec() -> None:
+        try:
+            slow.exec("sleep 120")
+        except errors.EnvironmentGone as exc:  # the destroy below ends it: the expected way out
+            ended.append(exc)
+        done.set()
+
     with _create(client) as slow:
         done = threading.Event()
-        worker = threading.Thread(target=lambda: (slow.exec("sleep 120"), done.set()), daemon=True)
+        worker = threading.Thread(target=long_exec, daemon=True)
         worker.start()
         with ThreadPoolExecutor(max_workers=4) as pool:  # parallel creates, execs, destroys meanwhile
             envs = list(pool.map(lambda _: _create(client), range(4)))
@@ -446,6 +455,7 @@ def test_a_long_exec_blocks_nothing_else(client: Client) -> None:
         assert not done.is_set()  # all of the above happened while the long exec still ran
     worker.join(timeout=30)  # the context manager's destroy ended the sleep
     assert not worker.is_alive()
+    assert done.is_set() and len(ended) <= 1  # it ended by the destroy (or just before it), nothing else
 
 
 def test_binary_changes_reach_the_evaluator(client: Client) -> None:

@@ -167,3 +167,15 @@ def test_retry_capacity_retries_only_insufficient_capacity() -> None:
         retry_capacity(lambda: (_ for _ in ()).throw(InvalidRequest("bad")), sleep=slept.append)
     with pytest.raises(InsufficientCapacity):
         retry_capacity(lambda: (_ for _ in ()).throw(InsufficientCapacity("full")), attempts=2, sleep=slept.append)
+
+
+def test_node_options_parse_json_values_and_reject_bare_words():
+    import pytest
+
+    from rollstack.bench.init import parse_node_options
+    from rollstack.errors import InvalidRequest
+
+    assert parse_node_options(["erofs_lowers=false", "erofs_wait=5", "name=x=y"]) == {
+        "erofs_lowers": False, "erofs_wait": 5, "name": "x=y"}
+    with pytest.raises(InvalidRequest, match="KEY=VALUE"):
+        parse_node_options(["erofs_lowers"])
