@@ -61,3 +61,22 @@ class IdleMeter:
 def _read_stat() -> str:
     with open(STAT) as f:
         return f.read()
+
+
+def idle_pacer(min_idle: float, meter: "IdleMeter | None" = None, max_wait: float = 60.0,
+               sleep: Callable[[float], None] = time.sleep,
+               until: Callable[[], bool] | None = None) -> Callable[[], float]:
+    """A `pace()` for background work: waits until `min_idle` cores were idle over the meter's
+    window, at most `max_wait` s per call (a node that is never idle still makes progress) and
+    not once `until()` is true (someone waits for the work); returns the seconds waited."""
+    m = meter if meter is not None else IdleMeter()
+
+    def pace() -> float:
+        waited = 0.0
+        while min_idle > 0 and waited < max_wait and not (until is not None and until()) and m.idle() < min_idle:
+            step = m.window
+            sleep(step)
+            waited += step
+        return waited
+
+    return pace

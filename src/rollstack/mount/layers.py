@@ -186,7 +186,6 @@ class LayerTable:
                 self._base_layers.insert(i, layer)
             results[digest] = info
             self.publish_xattr_ranges()  # xattr-free inodes from the TOC's records: ~1 ms
-            self._spawn(self.blob_map, layer)  # ready when the node mounts the layer's EROFS image
             if len(toc) <= SMALL_LAYER:
                 index.hardlinks()  # a few ms: exact link counts from the first getattr on
             else:

@@ -86,11 +86,17 @@ def build_image(tocs_dir: Path, digest: str) -> bytes:
 
 class ErofsLowers:
     def __init__(self, root: Path, lazy: Any, tocs_dir: Path,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None, min_idle: float = 0.0, max_wait: float = 5.0,
+                 meter: Any = None) -> None:
         self.root = Path(root)
         self.lazy = lazy  # LazyStore: its layer_dir() says where /blobs is
         self.tocs_dir = Path(tocs_dir)
         self.on_ready = on_ready  # called (worker thread) after a layer's mount is ready
+        # a build nobody waits for first waits (up to max_wait s) for min_idle idle cores
+        self.min_idle, self.max_wait = min_idle, max_wait
+        self._meter = meter
+        self._pacer: Callable[[], float] | None = None
+        self._urgent: set[str] = set()  # digests a create waits for (`ensure`): no idle wait
         self._ready: dict[str, Path] = {}
         self._queued: set[str] = set()
         self._failed: dict[str, str] = {}
@@ -149,8 +155,10 @@ class ErofsLowers:
         failed): the first environment of a stack on this node starts on EROFS lowers too.
         True if all are mounted."""
         refs = list(refs)
-        self.used(refs)
         digests = [r.digest for r in refs]
+        with self._lock:
+            self._urgent.update(digests)
+        self.used(refs)
         end = time.monotonic() + timeout
         with self._done:
             while True:
@@ -180,6 +188,7 @@ class ErofsLowers:
             if digest is None:
                 return
             try:
+                self._pace()
                 path = self._prepare(digest)
             except Exception as exc:  # noqa: BLE001 - the layer stays on its FUSE lower
                 log.warning("EROFS lower for %s unavailable: %s", digest, exc)
@@ -196,9 +205,24 @@ class ErofsLowers:
             finally:
                 with self._lock:
                     self._queued.discard(digest)
+                    self._urgent.discard(digest)
                     self._done.notify_all()
                     if not self._queued:
                         self._idle.set()
+
+    def _pace(self) -> float:
+        """Background work waits for idle CPU (host.cpuidle), like background fill and the
+        materializer: the stack's first environment is starting on both cores right now. Not
+        once a create waits for a build (`ensure`), and never longer than `max_wait`."""
+        if self._pacer is None:
+            from rollstack.host.cpuidle import idle_pacer
+
+            def urgent() -> bool:
+                with self._lock:
+                    return bool(self._urgent)
+
+            self._pacer = idle_pacer(self.min_idle, self._meter, self.max_wait, until=urgent)
+        return self._pacer()
 
     def _prepare(self, digest: str) -> Path:
         hexd = digest.partition(":")[2]

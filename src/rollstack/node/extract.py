@@ -31,6 +31,7 @@ from rollstack.errors import FormatError, IntegrityError
 from rollstack.format.chunk import decode_chunk
 from rollstack.format.reader import read_toc
 from rollstack.format.toc import Chunk, EntryType, TocEntry
+from rollstack.host import cpuidle
 
 WINDOW = 8 << 20  # bytes per range read of the blob
 GAP = 256 << 10  # cached chunks shorter than this between two missing ones are fetched anyway
@@ -161,7 +162,7 @@ def extract_layer(read_range: Callable[[int, int], bytes], blob_size: int, dst: 
                   pace: Callable[[], float] | None = None) -> ExtractStats:
     """Materialize the layer behind `read_range` into `dst` (which must not exist yet).
     `pace()` is called before every range read and every `PACE_EVERY` cached chunks, and
-    returns the seconds it waited (the node's: until enough CPU is idle, `idle_pacer`)."""
+    returns the seconds it waited (the node's: until enough CPU is idle, `host.cpuidle.idle_pacer`)."""
     t0 = time.perf_counter()
     stats = ExtractStats()
 
@@ -242,25 +243,6 @@ def extract_layer(read_range: Callable[[int, int], bytes], blob_size: int, dst: 
 
 # -- the node's process --------------------------------------------------------------------------
 
-def idle_pacer(min_idle: float, meter: "object | None" = None, max_wait: float = 60.0,
-               sleep: Callable[[float], None] = time.sleep) -> Callable[[], float]:
-    """A `pace` for `extract_layer`: waits (at most `max_wait` s at a time, so a node that is
-    never idle still materializes) until `min_idle` cores were idle over the meter's window."""
-    from rollstack.host.cpuidle import IdleMeter
-
-    m = meter if meter is not None else IdleMeter()
-
-    def pace() -> float:
-        waited = 0.0
-        while min_idle > 0 and m.idle() < min_idle and waited < max_wait:  # type: ignore[attr-defined]
-            step = m.window  # type: ignore[attr-defined]
-            sleep(step)
-            waited += step
-        return waited
-
-    return pace
-
-
 def lower_priority() -> None:
     """This process yields to everything else: SCHED_IDLE (or nice 19) and the idle I/O class."""
     try:
@@ -284,7 +266,7 @@ def spawn_args(store: str, repo: str, digest: str, dst: Path, chunk_cache: Path 
                cgroups: "list[Path] | tuple[Path, ...]" = (), min_idle: float = 0.0) -> list[str]:
     """The extraction's command line; `cgroups`: the node's background cgroup dirs
     (host.background), joined before any work; `min_idle`: cores that must be idle before
-    each read (`idle_pacer`)."""
+    each read (`host.cpuidle.idle_pacer`)."""
     argv = [sys.executable, "-m", "rollstack.node.extract", "--store", store, "--repo", repo,
             "--digest", digest, "--dst", str(dst), "--min-idle", repr(float(min_idle))]
     if chunk_cache is not None:
@@ -322,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         size = store.blob_size(args.repo, args.digest)
         stats = extract_layer(lambda o, n: store.read_blob(args.repo, args.digest, o, n), size, args.dst,
                               chunk_cache=args.chunk_cache,
-                              pace=idle_pacer(args.min_idle) if args.min_idle > 0 else None)
+                              pace=cpuidle.idle_pacer(args.min_idle) if args.min_idle > 0 else None)
     finally:
         store.close()
     print(json.dumps(stats.to_dict()))

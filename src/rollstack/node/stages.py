@@ -140,7 +140,8 @@ class Stages:
 
             if erofs.supported():
                 self.erofs = erofs.ErofsLowers(cfg.root / "erofs", self.lazy, cfg.lazy_dir / "state" / "tocs",
-                                               on_ready=self._lowers_changed).start()
+                                               on_ready=self._lowers_changed,
+                                               min_idle=cfg.materialize_min_idle).start()
             else:
                 log.info("this kernel cannot mount EROFS from files: layers stay on FUSE lowers")
         if cfg.provision:
