@@ -237,6 +237,8 @@ class ErofsImage:
             name = name_s.encode("utf-8", "surrogateescape")
             if len(name) > NAME_MAX or not name:
                 raise FormatError(f"{e.path!r}: name longer than {NAME_MAX} bytes")
+            if name in (b".", b"..") or b"\0" in name or (i and paths[i - 1] == path):
+                raise FormatError(f"{e.path!r}: not a name a directory can hold once")
             if e.type is EntryType.HARDLINK:
                 links.append((parent, name, e))  # after every target has its node
                 continue

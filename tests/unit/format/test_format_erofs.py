@@ -102,6 +102,14 @@ def test_what_erofs_cannot_say_is_a_format_error(entry, message):
         erofs.build(_toc(entry))
 
 
+@pytest.mark.parametrize("paths", [["a", "a/.."], ["a", "a/."], ["a", "a/b\0c"]])
+def test_hostile_names_are_a_format_error(paths):
+    toc = _toc(*(TocEntry(path=p, type=EntryType.DIR if i == 0 else EntryType.REG, size=1)
+                 for i, p in enumerate(paths)))
+    with pytest.raises(FormatError, match="once"):
+        erofs.build(toc)
+
+
 def test_unreachable_entries_are_left_out_like_the_fuse_view():
     toc = _toc(TocEntry(path="nodir/f", type=EntryType.REG, size=3))
     image = erofs.ErofsImage(toc)
