@@ -48,6 +48,9 @@ class NodeConfig(BaseModel):
     """Once an environment has used a layer, later ones stack it as an in-kernel EROFS mount
     over the lazy store's blob of the layer (node/erofs.py): native-speed metadata, data still
     fetched on first read. Needs Linux >= 6.12 (file-backed EROFS); ignored without it."""
+    erofs_grace: float = Field(default=1.0, ge=0)
+    """Seconds after a layer's first use before its EROFS image is built (then it waits for idle
+    CPU like other background work): the stack's first environment starts undisturbed."""
     erofs_wait: float = Field(default=0.0, ge=0)
     """Seconds a create waits for its layers' EROFS mounts to be built (the first environment
     of a stack on this node); 0 = never wait: the first ones stack FUSE lowers."""

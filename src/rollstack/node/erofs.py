@@ -87,13 +87,14 @@ def build_image(tocs_dir: Path, digest: str) -> bytes:
 class ErofsLowers:
     def __init__(self, root: Path, lazy: Any, tocs_dir: Path,
                  on_ready: Callable[[], None] | None = None, min_idle: float = 0.0, max_wait: float = 5.0,
-                 meter: Any = None) -> None:
+                 meter: Any = None, grace: float = 0.0) -> None:
         self.root = Path(root)
         self.lazy = lazy  # LazyStore: its layer_dir() says where /blobs is
         self.tocs_dir = Path(tocs_dir)
         self.on_ready = on_ready  # called (worker thread) after a layer's mount is ready
         # a build nobody waits for first waits (up to max_wait s) for min_idle idle cores
-        self.min_idle, self.max_wait = min_idle, max_wait
+        self.min_idle, self.max_wait, self.grace = min_idle, max_wait, grace
+        self._first_use: dict[str, float] = {}
         self._meter = meter
         self._pacer: Callable[[], float] | None = None
         self._urgent: set[str] = set()  # digests a create waits for (`ensure`): no idle wait
@@ -146,6 +147,7 @@ class ErofsLowers:
             for ref in refs:
                 d = ref.digest
                 if d not in self._ready and d not in self._queued and d not in self._failed:
+                    self._first_use.setdefault(d, time.monotonic())
                     self._queued.add(d)
                     self._idle.clear()
                     self._queue.put(d)
@@ -188,7 +190,7 @@ class ErofsLowers:
             if digest is None:
                 return
             try:
-                self._pace()
+                self._pace(digest)
                 path = self._prepare(digest)
             except Exception as exc:  # noqa: BLE001 - the layer stays on its FUSE lower
                 log.warning("EROFS lower for %s unavailable: %s", digest, exc)
@@ -210,19 +212,27 @@ class ErofsLowers:
                     if not self._queued:
                         self._idle.set()
 
-    def _pace(self) -> float:
-        """Background work waits for idle CPU (host.cpuidle), like background fill and the
-        materializer: the stack's first environment is starting on both cores right now. Not
-        once a create waits for a build (`ensure`), and never longer than `max_wait`."""
-        if self._pacer is None:
-            from rollstack.host.cpuidle import idle_pacer
+    def _urgent_now(self) -> bool:
+        with self._lock:
+            return bool(self._urgent)
 
-            def urgent() -> bool:
-                with self._lock:
-                    return bool(self._urgent)
+    def _pace(self, digest: str) -> float:
+        """Background work waits: `grace` s after the layer's first use (its first environment
+        is starting on both cores right now), then for idle CPU (host.cpuidle), like background
+        fill and the materializer, at most `max_wait` s. Neither once a create waits for a
+        build (`ensure`)."""
+        t0 = time.monotonic()
+        with self._lock:
+            until = self._first_use.get(digest, t0) + self.grace
+        while time.monotonic() < until and not self._urgent_now():
+            time.sleep(min(0.05, max(0.0, until - time.monotonic())))
+        if self.min_idle > 0:
+            if self._pacer is None:
+                from rollstack.host.cpuidle import idle_pacer
 
-            self._pacer = idle_pacer(self.min_idle, self._meter, self.max_wait, until=urgent)
-        return self._pacer()
+                self._pacer = idle_pacer(self.min_idle, self._meter, self.max_wait, until=self._urgent_now)
+            self._pacer()
+        return time.monotonic() - t0
 
     def _prepare(self, digest: str) -> Path:
         hexd = digest.partition(":")[2]

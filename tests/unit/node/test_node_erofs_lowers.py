@@ -1,0 +1,46 @@
+"""ErofsLowers' scheduling without a kernel mount (a layer whose TOC is not cached fails at build
+time, which is enough to observe when a build runs): background builds wait `grace` seconds
+after the first use, a create that waits (`ensure`) skips the wait, each layer is tried once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rollstack.node.erofs import ErofsLowers
+
+
+class _Lazy:
+    def layer_dir(self, digest: str) -> Path:
+        return Path("/nonexistent/layers") / digest.partition(":")[2]
+
+
+class _Ref:
+    def __init__(self, n: int) -> None:
+        self.digest = "sha256:" + f"{n:02x}" * 32
+
+
+def test_background_builds_wait_for_the_grace_and_ensure_does_not(tmp_path: Path) -> None:
+    lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs", grace=30.0).start()
+    try:
+        lowers.used([_Ref(1)])
+        time.sleep(0.3)
+        assert lowers.failures() == {}  # still in its grace: not tried yet
+        t = time.monotonic()
+        assert lowers.ensure([_Ref(1)], timeout=10) is False  # tried now, without the grace
+        assert time.monotonic() - t < 5
+        assert "not in" in lowers.failures()[_Ref(1).digest]
+        lowers.used([_Ref(1)])  # a failed layer is not queued again
+        assert lowers.stats()["queued"] == 0 and lowers.lower_for(_Ref(1).digest) is None
+    finally:
+        lowers.stop()
+
+
+def test_ensure_times_out_without_losing_the_build(tmp_path: Path) -> None:
+    lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs").start()
+    try:
+        assert lowers.ensure([_Ref(2)], timeout=0) is False
+        assert lowers.wait_idle(10)
+        assert _Ref(2).digest in lowers.failures()
+    finally:
+        lowers.stop()
