@@ -141,7 +141,7 @@ class Stages:
             if erofs.supported():
                 self.erofs = erofs.ErofsLowers(cfg.root / "erofs", self.lazy, cfg.lazy_dir / "state" / "tocs",
                                                on_ready=self._lowers_changed, grace=cfg.erofs_grace,
-                                               min_idle=cfg.materialize_min_idle).start()
+                                               min_idle=cfg.erofs_min_idle).start()
             else:
                 log.info("this kernel cannot mount EROFS from files: layers stay on FUSE lowers")
         if cfg.provision:
