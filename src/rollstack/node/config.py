@@ -55,9 +55,10 @@ class NodeConfig(BaseModel):
     idle-CPU wait made the cold iteration's exec phase 2.25x containerd's instead of 1.59x)."""
     erofs_min_idle: float = Field(default=0.0, ge=0)
     """Idle cores a background EROFS build waits for first (at most 5 s); 0 = do not wait."""
-    erofs_wait: float = Field(default=0.0, ge=0)
-    """Seconds a create waits for its layers' EROFS mounts to be built (the first environment
-    of a stack on this node); 0 = never wait: the first ones stack FUSE lowers."""
+    erofs_wait: float = Field(default=2.0, ge=0)
+    """Seconds a create may wait for its layers' EROFS mounts (node/erofs.py): a GRPO group
+    (`count` > 1), and a create whose layers' build another create already started, wait for
+    it; the first create of a stack on the node never does. 0 = never wait."""
     materialize_budget: int = 32 << 30
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     materialize_min_free: int = 8 << 30

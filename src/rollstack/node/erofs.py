@@ -142,6 +142,14 @@ class ErofsLowers:
         with self._lock:
             return self._ready.get(digest)
 
+    def request(self, refs: Iterable[Any]) -> set[str]:
+        """`used(refs)`; returns the digests this call was the first to ask for."""
+        refs = list(refs)
+        with self._lock:
+            known = set(self._ready) | self._queued | set(self._failed)
+        self.used(refs)
+        return {r.digest for r in refs} - known
+
     def used(self, refs: Iterable[Any]) -> None:
         with self._lock:
             for ref in refs:

@@ -107,7 +107,7 @@ def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateRe
     shared = Timings()
     group = Group(plan)
     try:
-        prepared = replace(stages.prepare(plan, shared), group=group)
+        prepared = replace(stages.prepare(plan, shared, count=count), group=group)
         _take_warm(stages, service, recs, prepared, group)
         _begin_all(stages, recs, prepared, group)
     except BaseException:

@@ -253,9 +253,14 @@ class Stages:
 
     # -- create / teardown ----------------------------------------------------------------------
 
-    def prepare(self, plan: Any, timings: Timings | None = None) -> Prepared:
+    def prepare(self, plan: Any, timings: Timings | None = None, count: int = 1) -> Prepared:
         """The work every environment of one plan shares: resolve, the layers' TOCs, the lowers.
-        `count` creates (a GRPO group) do it once."""
+        `count` creates (a GRPO group) do it once.
+
+        EROFS lowers (node/erofs.py): the layers' builds start here, as early as possible. The
+        create that asks first for a layer does not wait for it (a lone cold start keeps its
+        time); a group, and a create that finds the build already under way (a sibling of the
+        same wave), waits up to `erofs_wait` s so it runs on EROFS lowers from its first second."""
         t = time.perf_counter()
         stack = self.resolver.resolve(plan)
         t_resolved = time.perf_counter()
@@ -263,8 +268,10 @@ class Stages:
         self.lazy.add_layers(refs)
         if plan.fetch.eager:
             self.lazy.fetch_all(refs)
-        if self.erofs is not None and self.config.erofs_wait > 0:
-            self.erofs.ensure(refs, self.config.erofs_wait)
+        if self.erofs is not None:
+            first = self.erofs.request(refs)
+            if self.config.erofs_wait > 0 and (count > 1 or not first):
+                self.erofs.ensure(refs, self.config.erofs_wait)
         lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
         if timings is not None:
             timings.resolve = round(t_resolved - t, 6)
@@ -321,8 +328,6 @@ class Stages:
             self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
         if self.materializer is not None:
             self.materializer.used(refs)
-        if self.erofs is not None:
-            self.erofs.used(refs)
         # a warm sandbox's start read under another id: nothing was read under this one yet
         fetch = self._fetch_stats(rec.id) if warm is None else dict.fromkeys(_FETCH_KEYS, 0)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))

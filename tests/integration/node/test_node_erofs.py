@@ -1,6 +1,7 @@
 """EROFS lowers in a node (node/erofs.py, stages' lower choice): after the first environment of a
 stack, later ones stack each layer's EROFS mount instead of its FUSE directory, and behave the
-same (commands, files, diff); with `erofs_wait` the first one does too; with `erofs_lowers`
+same (commands, files, diff); a GRPO group waits for the mounts (`erofs_wait`), a lone first
+create does not; with `erofs_lowers`
 off nothing is mounted; a node's stop leaves no mount."""
 
 from __future__ import annotations
@@ -70,20 +71,31 @@ def test_later_environments_stack_erofs_mounts(corpus: str, tmp_path: Path) -> N
     assert not any(leftovers(root).values()), leftovers(root)
 
 
-def test_erofs_wait_puts_the_first_environment_on_erofs(corpus: str, tmp_path: Path) -> None:
+def test_a_group_waits_for_the_mounts_and_a_lone_first_create_does_not(corpus: str, tmp_path: Path) -> None:
     need(supported(), "Linux >= 6.12 with EROFS (file-backed mounts)")
     root = tmp_path / "root"
     service = _node(corpus, root, erofs_wait=60)
     try:
-        env = service.create(plan(resources=SMALL))
-        remember(root, env.id)
-        lowers = _lowers(service, env.id)
-        assert all(str(root / "erofs") in p for p in lowers), lowers
-        _exercise(service, env.id)
-        service.destroy(env.id)
+        group = service.create_many(plan(resources=SMALL), 2)  # the stack's first create: a group
+        for env in group:
+            remember(root, env.id)
+            lowers = _lowers(service, env.id)
+            assert all(str(root / "erofs") in p for p in lowers), lowers
+        _exercise(service, group[0].id)
+        for env in group:
+            service.destroy(env.id)
     finally:
         service.stop()
     assert not any(leftovers(root).values()), leftovers(root)
+    root2 = tmp_path / "root2"
+    service = _node(corpus, root2, erofs_wait=60)
+    try:
+        env = service.create(plan(resources=SMALL))  # alone and first: never waits
+        remember(root2, env.id)
+        assert all("lazy/mnt" in p for p in _lowers(service, env.id))
+        service.destroy(env.id)
+    finally:
+        service.stop()
 
 
 def test_erofs_lowers_off_keeps_fuse(corpus: str, tmp_path: Path) -> None:
