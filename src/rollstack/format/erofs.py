@@ -77,12 +77,16 @@ def _blocks(n: int) -> int:
 def blob_extents(toc: Toc, entries: list[TocEntry] | None = None) -> list[tuple[int, int, int]]:
     """(TOC position, first blob block, size) of each non-empty regular file that owns its data
     (not a hardlink), in blob order (TOC order)."""
+    if entries is None:  # from the TOC's record columns: no entry is built (~1 ms for 50k)
+        positions, sizes = toc.data_files()
+    else:
+        reg = EntryType.REG
+        positions = [i for i, e in enumerate(entries) if e.type is reg and e.size > 0]
+        sizes = [entries[i].size for i in positions]
     out, block = [], 0
-    reg = EntryType.REG
-    for i, e in enumerate(toc.entries if entries is None else entries):
-        if e.type is reg and e.size > 0:
-            out.append((i, block, e.size))
-            block += (e.size + BLOCK - 1) // BLOCK
+    for i, size in zip(positions, sizes):
+        out.append((i, block, size))
+        block += (size + BLOCK - 1) // BLOCK
     return out
 
 
@@ -97,9 +101,17 @@ class BlobMap:
 
     @classmethod
     def of(cls, toc: Toc) -> "BlobMap":
-        ext = blob_extents(toc)
-        total = (ext[-1][1] + _blocks(ext[-1][2])) * BLOCK if ext else 0
-        return cls([p for p, _, _ in ext], [b * BLOCK for _, b, _ in ext], [s for _, _, s in ext], total)
+        """From the TOC's record columns, vectorised (~2 ms for 60k entries: the lazy store
+        computes it on its loop's worker thread while environments start)."""
+        import numpy as np
+
+        positions, sizes = toc.data_files()
+        if not positions:
+            return cls([], [], [], 0)
+        blocks = (np.asarray(sizes, dtype=np.int64) + BLOCK - 1) // BLOCK
+        ends = np.cumsum(blocks)
+        starts = (ends - blocks) * BLOCK
+        return cls(list(positions), starts.tolist(), list(sizes), int(ends[-1]) * BLOCK)
 
     def pieces(self, off: int, size: int) -> list[tuple[int, int, int, int]]:
         """(TOC position or -1 for zero padding, offset in the file, length, offset in the reply)

@@ -74,7 +74,7 @@ class Toc:
     opening a 50k-entry layer costs one decompress and one split, not 50k object constructions.
     """
 
-    __slots__ = ("_paths", "_entries", "_load", "_load_all", "_index", "_scan_xattrs")
+    __slots__ = ("_paths", "_entries", "_load", "_load_all", "_index", "_scan_xattrs", "_scan_files")
 
     def __init__(self, entries: Iterable[TocEntry] = ()) -> None:
         ents = sorted(entries, key=_path_key)
@@ -87,11 +87,13 @@ class Toc:
         self._load_all: Callable[[], list[TocEntry]] | None = None
         self._index: dict[str, int] | None = None
         self._scan_xattrs: Callable[[], list[int]] | None = None
+        self._scan_files: Callable[[], tuple[list[int], list[int]]] | None = None
 
     @classmethod
     def _lazy(cls, paths: list[str], load: Callable[[int], TocEntry],
               load_all: Callable[[], list[TocEntry]] | None = None,
-              scan_xattrs: Callable[[], list[int]] | None = None) -> "Toc":
+              scan_xattrs: Callable[[], list[int]] | None = None,
+              scan_files: "Callable[[], tuple[list[int], list[int]]] | None" = None) -> "Toc":
         """A TOC whose entry `i` is built by `load(i)` on first use, or all at once by
         `load_all()` (used by the decoder); `scan_xattrs()` answers `xattr_indices` without
         building entries."""
@@ -102,7 +104,16 @@ class Toc:
         toc._load_all = load_all
         toc._index = None
         toc._scan_xattrs = scan_xattrs
+        toc._scan_files = scan_files
         return toc
+
+    def data_files(self) -> tuple[list[int], list[int]]:
+        """(positions, sizes) of the regular files with data (size > 0; hardlinks own none), in
+        order. A decoded TOC answers from its record columns without building entries."""
+        if self._scan_files is not None and self._load_all is not None:
+            return self._scan_files()
+        pos = [i for i, e in enumerate(self.entries) if e.type is EntryType.REG and e.size > 0]
+        return pos, [self._at(i).size for i in pos]
 
     def xattr_indices(self) -> list[int]:
         """Positions of the entries that carry xattrs or the opaque marker, in order. A decoded

@@ -32,6 +32,9 @@ CHUNK = struct.Struct("<QIQIB32s")
 # the two RECORD fields `Toc.xattr_indices` needs, at their offsets in the 48-byte record
 _RECORD_COLUMNS = np.dtype({"names": ["flags", "xoff"], "formats": ["u1", "<u4"], "offsets": [1, 44],
                             "itemsize": RECORD.size})
+# the RECORD fields `Toc.data_files` needs: type and size
+_FILE_COLUMNS = np.dtype({"names": ["type", "size"], "formats": ["u1", "<u8"], "offsets": [0, 20],
+                          "itemsize": RECORD.size})
 NO_XATTRS = 0xFFFFFFFF
 FLAG_OPAQUE = 1
 
@@ -187,7 +190,12 @@ def decode_raw(raw: bytes) -> Toc:
         marked = (records["xoff"] != NO_XATTRS) | ((records["flags"] & FLAG_OPAQUE) != 0)
         return np.flatnonzero(marked).tolist()
 
-    return Toc._lazy(paths, load, load_all, scan_xattrs)
+    def scan_files() -> tuple[list[int], list[int]]:
+        records = np.frombuffer(raw, dtype=_FILE_COLUMNS, count=n, offset=rec_off)
+        pos = np.flatnonzero((records["type"] == TYPE_CODES[EntryType.REG]) & (records["size"] > 0))
+        return pos.tolist(), records["size"][pos].tolist()
+
+    return Toc._lazy(paths, load, load_all, scan_xattrs, scan_files)
 
 
 def _split(b: bytes, n: int) -> list[str]:

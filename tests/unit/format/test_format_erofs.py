@@ -114,3 +114,15 @@ def test_unreachable_entries_are_left_out_like_the_fuse_view():
     toc = _toc(TocEntry(path="nodir/f", type=EntryType.REG, size=3))
     image = erofs.ErofsImage(toc)
     assert [n.entry.path for n in image.nodes] == [""]
+
+
+def test_a_decoded_toc_gives_the_same_extents_from_its_columns():
+    toc = _toc(TocEntry(path="a", type=EntryType.REG, size=5),
+               TocEntry(path="b", type=EntryType.HARDLINK, link="a"),
+               TocEntry(path="c", type=EntryType.REG, size=0),
+               TocEntry(path="d", type=EntryType.DIR),
+               TocEntry(path="d/e", type=EntryType.REG, size=9000))
+    decoded = Toc.decode(toc.encode())
+    assert decoded.data_files() == ([1, 5], [5, 9000])
+    assert erofs.blob_extents(decoded) == erofs.blob_extents(toc) == [(1, 0, 5), (5, 1, 9000)]
+    assert erofs.build(decoded)[0] == erofs.build(toc)[0]
