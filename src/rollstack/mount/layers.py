@@ -106,24 +106,23 @@ class LayerTable:
     def __iter__(self) -> Iterator[LoadedLayer]:
         return iter(list(self.by_hex.values()))
 
-    def of_inode(self, ino: int) -> LoadedLayer | None:
+    def _at_or_below(self, ino: int) -> LoadedLayer | None:
+        """The layer with the highest base <= `ino`."""
         i = bisect.bisect_right(self._bases, ino) - 1
-        if i < 0:
-            return None
-        layer = self._base_layers[i]
-        return layer if layer.index.owns(ino) else None
+        return self._base_layers[i] if i >= 0 else None
+
+    def of_inode(self, ino: int) -> LoadedLayer | None:
+        layer = self._at_or_below(ino)
+        return layer if layer is not None and layer.index.owns(ino) else None
 
     def of_blob_inode(self, ino: int) -> LoadedLayer | None:
         """The layer whose `/blobs/<hex>` file has inode `ino`."""
-        i = bisect.bisect_right(self._bases, ino) - 1
-        if i < 0:
-            return None
-        layer = self._base_layers[i]
-        return layer if ino == layer.blob_inode else None
+        layer = self._at_or_below(ino)
+        return layer if layer is not None and ino == layer.blob_inode else None
 
     async def blob_map(self, layer: LoadedLayer) -> BlobMap:
-        """The layer's blob extents (format.erofs), computed once in a worker thread (every
-        TOC entry is materialised: ~0.1 s for 30k entries)."""
+        """The layer's blob extents (format.erofs), computed once in a worker thread (from the
+        TOC's record columns: ~9 ms for 62k entries)."""
         if layer.blob_map is None:
             layer.blob_map = await trio.to_thread.run_sync(BlobMap.of, layer.index.toc)
         return layer.blob_map

@@ -11,8 +11,8 @@ or in the node's worker thread when a create waits for it) and mounted once per 
 
 Every later environment stacks that mount: lookups, stat, readdir, readlink and xattrs are
 kernel work on a local image (native speed), and only file data is read from the blob, a FUSE
-file of the lazy store, on page-cache misses (same fetch, cache and trace path as the FUSE
-tree). Data the first environments already read is in the page cache of that one blob file.
+file of the lazy store, on misses of EROFS' own page cache (same fetch, cache and trace path as
+the FUSE tree), which every environment stacking the mount shares.
 
 Lower choice per layer (node/stages.py): materialized directory > EROFS mount > FUSE directory.
 A layer EROFS cannot express (format.erofs raises FormatError: an xattr namespace without an
