@@ -54,6 +54,7 @@ class Env:
     prefetch_chunks: int = 0
     trace_source: str | None = None
     trace_lookup: str = "done"  # "pending" while shared traces are being looked up
+    prefetched: set[tuple[str, int]] = field(default_factory=set)  # TraceChunk.key of each chunk asked for
     ended: bool = False
     _tasks: set[trio.CancelScope] = field(default_factory=set)
 
@@ -222,9 +223,15 @@ class Environments:
             env.trace_lookup = "done"
 
     def _use(self, env: Env, trace: Trace, source: str) -> None:
+        """Prefetch `trace` for `env`: only its chunks an earlier trace of this environment did
+        not already ask for (a task trace arriving after the stack's is mostly the same chunks:
+        asking again doubled the prefetch queue the first reads wait behind)."""
+        fresh = [t for t in trace if t.key not in env.prefetched]
+        env.prefetched.update(t.key for t in fresh)
         env.trace_source = source
-        env.prefetch_chunks += len(trace)
-        self.fetcher.spawn(env.run, self.traces.prefetch, trace, env.account)
+        env.prefetch_chunks += len(fresh)
+        if fresh:
+            self.fetcher.spawn(env.run, self.traces.prefetch, fresh, env.account)
 
     async def _background_fill(self, env: Env) -> None:
         """The rest of the environment's layers, after a grace period (its first command runs

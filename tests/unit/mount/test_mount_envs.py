@@ -157,3 +157,23 @@ def test_an_environment_with_a_trace_also_gets_its_background_fill(tmp_path, lay
         return st
 
     assert run(svc, ref, body, {"k": 1})["trace_source"] == "local"
+
+
+def test_a_task_trace_after_the_stack_trace_prefetches_only_the_chunks_not_asked_for_yet(tmp_path, layer):
+    store, ref = layer
+    gated = GatedStore(store)
+    svc = service(tmp_path, gated, "c")
+
+    async def body():
+        every = chunks_of(svc, ref)
+        assert len(every) >= 3
+        shared_traces.publish(store, "stack/task", every[:3])  # overlaps the local stack trace's 2
+        began = await svc.begin_env("e1", [ref], trace_key="stack/task", fallback_key="stack", background=False)
+        assert began["trace_source"] == "stack-local" and began["trace_prefetch_chunks"] == 2
+        gated.gate.set()
+        await until(lambda: svc.env_stats("e1")["trace_lookup"] == "done")
+        st = svc.env_stats("e1")
+        assert st["trace_source"] == "shared" and st["trace_prefetch_chunks"] == 3  # 2 + 1 new, not 2 + 3
+        assert svc.envs.envs["e1"].prefetched == {t.key for t in every[:3]}
+
+    run(svc, ref, body, {"stack": 2})
