@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+from rollstack.host import atomic
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,21 @@ def save_record(root: Path, env_id: str, doc: dict) -> None:
 
     d = _records_dir(root)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{env_id}.tmp"
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, d / f"{env_id}.json")
+    atomic.replace(d / f"{env_id}.json", json.dumps(doc).encode())  # a reserved tmp if any
+
+
+def reserve_record(root: Path, env_id: str) -> None:
+    """Make the tmp inode of `env_id`'s record now (host.atomic): a warm sandbox, whose handout
+    saves the record under the sandbox's id, then allocates no inode for it."""
+    d = _records_dir(root)
+    d.mkdir(parents=True, exist_ok=True)
+    atomic.reserve(d / f"{env_id}.json")
 
 
 def drop_record(root: Path, env_id: str) -> None:
-    (_records_dir(root) / f"{env_id}.json").unlink(missing_ok=True)
+    path = _records_dir(root) / f"{env_id}.json"
+    path.unlink(missing_ok=True)
+    atomic.discard(path)
 
 
 def load_records(root: Path) -> dict[str, dict]:
@@ -86,6 +95,8 @@ def load_records(root: Path) -> dict[str, dict]:
             out[p.stem] = json.loads(p.read_text())
         except (OSError, ValueError):
             p.unlink(missing_ok=True)
+    for p in d.glob(".*.tmp"):  # a crashed writer's, or an unused reservation (warm sandboxes die with the node)
+        p.unlink(missing_ok=True)
     return out
 
 

@@ -55,24 +55,30 @@ class CgroupV1(CgroupBackend):
         self.use_unified_psi = use_unified_psi and (self.root / "unified" / "cgroup.procs").exists()
         self.lazy = lazy
         self._tracks: dict[str, _Track] = {}
+        self._base_dirs: list[Path] | None = None
 
     # -- layout --------------------------------------------------------------------------------
     def dir(self, controller: str, path: str) -> Path:
         return self.root / controller / _rel(path)
 
+    def _bases(self) -> list[Path]:
+        """The controllers' hierarchy roots, resolved once (co-mounted `cpu,cpuacct` appear
+        once): the mounts do not change under a running node, and resolving them took ~0.1 ms
+        of every create, register and destroy."""
+        if self._base_dirs is None:
+            bases: list[Path] = []
+            for c in CONTROLLERS:
+                base = self.root / c
+                if base.exists() and base.resolve() not in bases:
+                    bases.append(base.resolve())
+            self._base_dirs = bases
+        return self._base_dirs
+
     def _controller_dirs(self, path: str) -> list[Path]:
-        seen: set[Path] = set()
-        out: list[Path] = []
-        for c in CONTROLLERS:
-            base = self.root / c
-            if not base.exists():
-                continue
-            d = base.resolve() / _rel(path)  # co-mounted `cpu,cpuacct` appear once
-            if d not in seen:
-                seen.add(d)
-                out.append(d)
+        rel = _rel(path)
+        out = [base / rel for base in self._bases()]
         if self.use_unified_psi:
-            out.append(self.root / "unified" / _rel(path))
+            out.append(self.root / "unified" / rel)
         return out
 
     def _dirs(self, path: str) -> list[Path]:

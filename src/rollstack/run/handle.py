@@ -7,11 +7,11 @@ and in runc. Teardown is rollstack.run.teardown.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
+from rollstack.host import atomic
 from rollstack.run import agent, cgroupfs, overlay, teardown
 from rollstack.run import userns as uns
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
@@ -42,10 +42,13 @@ class Environment:
         self._exec_meta: tuple[str, str | None, dict[str, str]] | None = None
 
     def _write_meta(self, meta: dict) -> None:
-        tmp = self.meta_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, self.meta_path)
+        atomic.replace(self.meta_path, json.dumps(meta).encode())  # a reserved tmp if any
         self._exec_meta = None
+
+    def reserve_meta(self) -> None:
+        """Make the tmp inode of meta.json's next rewrite now (host.atomic): a warm sandbox's
+        handout (`set_exec_defaults`) then allocates no inode."""
+        atomic.reserve(self.meta_path)
 
     def set_exec_defaults(self, cwd: str, env: Mapping[str, str]) -> None:
         """The working directory and variables every exec gets unless it sets its own (kept in

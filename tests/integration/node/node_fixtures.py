@@ -67,4 +67,6 @@ def leftovers(root: Path) -> dict[str, list[str]]:
         parent = hier / "rollstack"
         if parent.is_dir():
             cgroups += [str(p) for p in parent.iterdir() if p.is_dir() and p.name in ids]
-    return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups}
+    records_dir = root / "node-envs"  # node.recovery.RECORDS_DIR: records and reserved tmps
+    records = sorted(p.name for p in records_dir.iterdir()) if records_dir.is_dir() else []
+    return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "records": records}

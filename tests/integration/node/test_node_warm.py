@@ -27,6 +27,7 @@ from rollstack import Client, errors
 from rollstack.node.api import create_app
 from rollstack.node.config import NodeConfig
 from rollstack.node.models import ExecRequest
+from rollstack.node import recovery
 from rollstack.node.server import BackgroundServer
 from rollstack.node.service import NodeService
 
@@ -103,9 +104,15 @@ def test_a_handed_out_sandbox_is_the_same_as_a_cold_create(node) -> None:
     cold, was_warm = _create(service, root, p)  # first of its stack: cold, starts the pool
     assert not was_warm
     _fill(service)
+    ready = _ready_ids(service)  # each with its handout's state inodes made (host.atomic)
+    records = root / recovery.RECORDS_DIR
+    assert {f".{i}.json.tmp" for i in ready} <= {p.name for p in records.iterdir()}
+    assert all((root / "envs" / i / ".meta.json.tmp").is_file() for i in ready)
     warm, was_warm = _create(service, root, p)
     assert was_warm and warm in {i.id for i in service.list()}
     assert service.stages.warm.counters["hits"] == 1
+    assert (records / f"{warm}.json").is_file() and not (records / f".{warm}.json.tmp").exists()
+    assert not (root / "envs" / warm / ".meta.json.tmp").exists()  # used by set_exec_defaults
     a, b = _run(service, cold, PROBE), _run(service, warm, PROBE)
     assert a.exit_code == b.exit_code == 0, (a, b)
     assert "NoNewPrivs:\t1" in a.stdout and "Seccomp:\t2" in a.stdout

@@ -22,6 +22,9 @@ class FakeEnv:
     def destroy(self) -> None:
         self.destroyed = True
 
+    def reserve_meta(self) -> None:
+        self.reserved = True
+
 
 class FakeRuntime:
     def __init__(self) -> None:
