@@ -191,7 +191,7 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
             c = system.create(dict(plan, name=f"bench-image-{next(seq)}"), cmd, cold)
             return {"kind": kind, "first_cmd_s": c.first_cmd_s, "ready_s": c.ready_s, "exit_code": c.exit_code,
                     "link_bytes": c.link_bytes, "trace_prefetch_chunks": c.trace_prefetch_chunks,
-                    "phases": c.phases, "output": c.output[-300:]}
+                    "fetch": c.fetch_detail, "phases": c.phases, "output": c.output[-300:]}
 
         import os
 

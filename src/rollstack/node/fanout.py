@@ -148,7 +148,7 @@ def _take_warm(stages: "Stages", service: "NodeService", recs: list[Any], prepar
             stages.config.host_port()[1],))):
         return
     t = time.perf_counter()
-    envs = stages.warm.take_many([r.digest for r in prepared.refs], prepared.lowers, len(recs))
+    envs = stages.warm.take_many([r.digest for r in prepared.refs], prepared.lowers, len(recs), plan.workdir)
     for rec, env in zip(recs, envs):
         service.rekey(rec, env.id)
         rec.runtime = env  # a failing build (or release) tears it down with the record

@@ -346,7 +346,7 @@ class Stages:
 
         if self.warm is None or self.rekey is None or not eligible(plan, net):
             return None
-        env = self.warm.take([r.digest for r in refs], lowers)
+        env = self.warm.take([r.digest for r in refs], lowers, plan.workdir)
         if env is not None:
             self.rekey(rec, env.id)
             rec.runtime = env  # a failing handout tears it down with the record

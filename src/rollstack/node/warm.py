@@ -80,6 +80,7 @@ class _Stack:
     ready: list["Environment"] = field(default_factory=list)
     starting: int = 0
     used: float = field(default_factory=time.monotonic)
+    workdir: str | None = None  # the last handout's plan workdir: copied up in new sandboxes
 
 
 class WarmPool:
@@ -107,13 +108,15 @@ class WarmPool:
 
     # -- handout --------------------------------------------------------------------------------
 
-    def take(self, digests: Sequence[str], lowers: Sequence[Path]) -> "Environment | None":
+    def take(self, digests: Sequence[str], lowers: Sequence[Path],
+             workdir: str | None = None) -> "Environment | None":
         """A started sandbox on exactly these lowers, or None (the create goes cold). Either way
         the stack's pool is (re)targeted to `size` and the refill woken."""
-        got = self.take_many(digests, lowers, 1)
+        got = self.take_many(digests, lowers, 1, workdir)
         return got[0] if got else None
 
-    def take_many(self, digests: Sequence[str], lowers: Sequence[Path], n: int) -> "list[Environment]":
+    def take_many(self, digests: Sequence[str], lowers: Sequence[Path], n: int,
+                  workdir: str | None = None) -> "list[Environment]":
         """Up to `n` started sandboxes on exactly these lowers in one step (a GRPO group; the
         rest of the group goes cold), under one lock hold."""
         digests, low = tuple(digests), tuple(str(p) for p in lowers)
@@ -133,6 +136,7 @@ class WarmPool:
                     self.counters["discarded"] += len(old.ready)
             self._pools.move_to_end(digests)
             stack.used = time.monotonic()
+            stack.workdir = workdir or stack.workdir
             got: list[Environment] = []
             while stack.ready and len(got) < n:
                 cand = stack.ready.pop(0)
@@ -304,20 +308,26 @@ class WarmPool:
             time.sleep(1.0)  # a broken stack must not spin
             return None
         env.warm_lowers = stack.lowers  # type: ignore[attr-defined]
-        self._reserve(env)
+        self._reserve(env, stack.workdir)
         with self._cond:
             self.counters["started"] += 1
         return env
 
-    def _reserve(self, env: "Environment") -> None:
-        """The inodes the handout's two writes need, made now (host.atomic: an inode costs
-        0.5-1.3 ms of kernel CPU on this node's ext4, reusing one ~0.09 ms)."""
+    def _reserve(self, env: "Environment", workdir: str | None) -> None:
+        """The inodes a handout would make, made now (an inode costs 0.5-1.3 ms of kernel CPU
+        on this node's ext4, reusing one ~0.09 ms): the tmp files of its two state writes
+        (host.atomic), and the upper's copies of the directories on the stack's last workdir,
+        which the task mutation's first write there would make (`SafeRoot.copy_up_dirs`)."""
         from rollstack.node import recovery
 
         try:
             env.reserve_meta()
             if self.records is not None:
                 recovery.reserve_record(self.records, env.id)
+            if workdir:
+                from rollstack.run.files import SafeRoot
+
+                SafeRoot(env.rootfs).copy_up_dirs(workdir)
         except Exception:  # noqa: BLE001 - only slower: the handout then creates them
             log.warning("reserving the state files of warm sandbox %s failed", env.id, exc_info=True)
 

@@ -63,6 +63,7 @@ class Provisioner:
         self._history_len = history_len
         self._events_len = events_len
         self._envs: dict[str, _Env] = {}
+        self._pending: dict[str, EnvState] = {}  # admitted by `register`, quotas being written
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,8 +100,8 @@ class Provisioner:
         """
         if start_cpu <= 0 or start_memory <= 0:
             raise InvalidRequest("start quotas must be positive", cpu=start_cpu, memory=start_memory)
-        with self._lock:
-            if env_id in self._envs:
+        with self._lock:  # admission and the reservation: atomic against concurrent registers
+            if env_id in self._envs or env_id in self._pending:
                 raise InvalidRequest(f"environment {env_id} is already registered", env=env_id)
             now = time.monotonic()
             state = self.policy.new_state(env_id, start_cpu, start_memory, max_cpu, max_memory, now)
@@ -109,22 +110,37 @@ class Provisioner:
                     f"node cannot admit {state.cpu:g} cores / {state.memory} bytes",
                     **self.committed(),
                 )
-            try:
-                # Idempotent: the runtime may have created it already; also sets v1 oom_kill_disable.
-                self.backend.create(cgroup_path)
-                self._write(self.backend.set_cpu, cgroup_path, state.cpu)
-                applied = self._write(self.backend.set_memory_quota, cgroup_path, state.memory, state.max_memory)
-                if applied > state.memory:  # usage already above the start value (v1 EBUSY)
-                    usage = self.backend.sample(cgroup_path).memory_usage
-                    target = min(state.max_memory, memory_floor(self.config, usage))
-                    applied = self._write(self.backend.set_memory_quota, cgroup_path, target, state.max_memory)
-            except OSError as exc:
-                raise RuntimeFailure(f"cannot apply quotas to cgroup {cgroup_path}: {exc}", path=cgroup_path) from exc
-            state.memory = int(applied)
+            self._pending[env_id] = state  # counted by _node() until it is registered or failed
+        # The cgroup writes and the baseline sample (~0.8 ms) outside the lock: a GRPO group's
+        # builders register in parallel instead of queueing behind each other's cgroup I/O (and
+        # the 200 ms tick is not held up). Nothing else knows the cgroup yet.
+        try:
+            # Idempotent: the runtime may have created it already; also sets v1 oom_kill_disable.
+            self.backend.create(cgroup_path)
+            self._write(self.backend.set_cpu, cgroup_path, state.cpu, kind="cpu")
+            applied = self._write(self.backend.set_memory_quota, cgroup_path, state.memory, state.max_memory,
+                                  kind="memory_up")
+            if applied > state.memory:  # usage already above the start value (v1 EBUSY)
+                usage = self.backend.sample(cgroup_path).memory_usage
+                target = min(state.max_memory, memory_floor(self.config, usage))
+                applied = self._write(self.backend.set_memory_quota, cgroup_path, target, state.max_memory,
+                                      kind="memory_up")
             try:  # baseline sample now, so the first tick can already decide (<= 200 ms to grow)
-                state = self.policy.decide(state, self.backend.sample(cgroup_path), self._node()).state
+                baseline = self.backend.sample(cgroup_path)
             except OSError:
-                pass
+                baseline = None
+        except BaseException as exc:
+            with self._lock:
+                self._pending.pop(env_id, None)
+            if isinstance(exc, OSError):
+                raise RuntimeFailure(f"cannot apply quotas to cgroup {cgroup_path}: {exc}",
+                                     path=cgroup_path) from exc
+            raise
+        with self._lock:
+            self._pending.pop(env_id, None)
+            state.memory = int(applied)
+            if baseline is not None:
+                state = self.policy.decide(state, baseline, self._node()).state
             env = _Env(env_id, cgroup_path, state, deque(maxlen=self._history_len), deque(maxlen=self._events_len))
             self._envs[env_id] = env
             self._record_history(env, time.time(), 0.0, 0)
@@ -319,8 +335,10 @@ class Provisioner:
         for ev in d.events:
             self._log(env, ev)
 
-    def _write(self, fn: Callable[..., Any], path: str, value: Any, *rest: Any) -> Any:
-        if fn == self.backend.set_cpu:
+    def _write(self, fn: Callable[..., Any], path: str, value: Any, *rest: Any, kind: str | None = None) -> Any:
+        if kind is not None:
+            pass
+        elif fn == self.backend.set_cpu:
             kind = "cpu"
         else:
             env = next((e for e in self._envs.values() if e.path == path), None) if rest else None
@@ -366,6 +384,9 @@ class Provisioner:
             if e.status != "gone":
                 cpu += e.state.cpu
                 mem += e.state.memory
+        for st in self._pending.values():
+            cpu += st.cpu
+            mem += st.memory
         return self.policy.node(cpu, mem)
 
     def _get(self, env_id: str) -> _Env:

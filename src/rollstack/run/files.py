@@ -251,6 +251,36 @@ class SafeRoot:
             for d in stack:
                 os.close(d)
 
+    def copy_up_dirs(self, path: str) -> int:
+        """Have an overlay copy the directories on `path` (root excluded) up into its upper now,
+        by a no-op chown of each to its own owner (overlayfs copies a lower inode up on any
+        setattr): a later write under `path` then makes no directory inodes. Best effort: stops
+        at the first component that is missing or not a directory (no symlink is followed).
+        Directories appear in a diff only through the files in them, so nothing shows. Returns
+        the directories passed."""
+        fd = os.open(self.root, _DIR_FLAGS)
+        n = 0
+        try:
+            for name in split_request(path):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not statmod.S_ISDIR(st.st_mode):
+                    break
+                os.chown(name, st.st_uid, st.st_gid, dir_fd=fd, follow_symlinks=False)
+                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)  # O_NOFOLLOW: not swapped for a link
+                os.close(fd)
+                fd = nxt
+                if statmod.S_IMODE(st.st_mode) & 0o6000:  # a chown may clear setgid
+                    os.fchmod(fd, statmod.S_IMODE(st.st_mode))
+                n += 1
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # the rest of the path does not exist (yet): the handout makes it
+        except OSError as e:
+            if e.errno != errno.ELOOP:  # a component became a symlink: leave it to the handout
+                raise
+        finally:
+            os.close(fd)
+        return n
+
     def exists(self, path: str) -> bool:
         try:
             self.stat(path)

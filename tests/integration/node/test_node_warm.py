@@ -108,6 +108,8 @@ def test_a_handed_out_sandbox_is_the_same_as_a_cold_create(node) -> None:
     records = root / recovery.RECORDS_DIR
     assert {f".{i}.json.tmp" for i in ready} <= {p.name for p in records.iterdir()}
     assert all((root / "envs" / i / ".meta.json.tmp").is_file() for i in ready)
+    # the plan's workdir (/work/app) is already in their uppers: the mutation makes no dir inode
+    assert all((root / "envs" / i / "upper" / "work" / "app").is_dir() for i in ready)
     warm, was_warm = _create(service, root, p)
     assert was_warm and warm in {i.id for i in service.list()}
     assert service.stages.warm.counters["hits"] == 1

@@ -124,6 +124,51 @@ def test_register_turns_cgroup_os_errors_into_runtime_failure():
     assert prov.committed()["environments"] == 0
 
 
+def test_a_register_writing_its_cgroup_holds_its_admission_but_not_the_lock():
+    import threading
+
+    class Slow(FakeBackend):
+        def __init__(self):
+            super().__init__()
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def create(self, path):
+            super().create(path)
+            if path == "rollstack/a":
+                self.entered.set()
+                assert self.release.wait(10)
+
+    b = Slow()
+    prov = Provisioner(b, PolicyConfig(cpu_overcommit=1.0), NodeCapacity(cpu=2, memory=1 * GiB))
+    t = threading.Thread(target=prov.register, args=("a", "rollstack/a", 1.5, 256 * MiB))
+    t.start()
+    try:
+        assert b.entered.wait(10)  # "a" is writing its cgroup
+        # meanwhile another register runs (the lock is free) and sees a's reservation
+        with pytest.raises(InsufficientCapacity):
+            prov.register("b", "rollstack/b", 1.0, 64 * MiB)
+        assert prov.register("c", "rollstack/c", 0.5, 64 * MiB)["cpu"] == 0.5
+        assert not prov.admit(0.1, 64 * MiB)  # 1.5 pending + 0.5 registered
+        with pytest.raises(InvalidRequest):
+            prov.register("a", "rollstack/a2", 0.1, 64 * MiB)  # already being registered
+    finally:
+        b.release.set()
+        t.join(10)
+    assert prov.committed()["environments"] == 2 and prov.committed()["cpu"] == pytest.approx(2.0)
+
+
+def test_a_failed_cgroup_write_gives_its_reservation_back():
+    class Broken(FakeBackend):
+        def set_cpu(self, path, cores):
+            raise OSError(5, "Input/output error", path)
+
+    prov = Provisioner(Broken(), PolicyConfig(cpu_overcommit=1.0), NodeCapacity(cpu=2, memory=1 * GiB))
+    for _ in range(3):
+        with pytest.raises(RuntimeFailure):
+            prov.register("a", "rollstack/a", 1.5, 64 * MiB)
+    assert prov.admit(2.0, 1 * GiB) and prov.committed()["environments"] == 0
+
+
 def test_register_over_usage_settles_on_usage_plus_headroom_not_unlimited():
     b = FakeBackend()
     b.create("rollstack/a")

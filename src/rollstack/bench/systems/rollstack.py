@@ -31,6 +31,9 @@ from rollstack.errors import InvalidRequest
 Log = Callable[[str], None]
 SYSTEM_NAMES = ("docker-equivalent", "dynamic-assembly", "rollstack-eager", "rollstack")
 ROLLSTACK_SYSTEMS = {"rollstack-eager": True, "rollstack": False}
+FETCH_DETAIL = ("stall_seconds", "fetched_bytes", "critical_path_bytes", "prefetch_bytes", "from_cache_bytes",
+                "reads", "trace_source")
+"""What `Creation.fetch_detail` keeps of the lazy store's environment account (mount/envs.py)."""
 """rollstack system name -> eager fetch"""
 
 
@@ -57,6 +60,9 @@ class Creation:
     """rollstack, warm: the environment stacked FUSE directories (its layers not materialized yet)"""
     trace_prefetch_chunks: int = -1
     """rollstack: chunks prefetched from an access trace at create (0: none found, a first-ever start)"""
+    fetch_detail: dict[str, Any] = field(default_factory=dict)
+    """rollstack: the lazy store's account of the environment after its first command (FETCH_DETAIL:
+    where a cold start's time goes, e.g. stall_seconds spent waiting for chunks)"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,11 +180,11 @@ class RollstackSystem:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _trace_prefetch_chunks(self, env_id: str) -> int:
+    def _env_stats(self, env_id: str) -> dict[str, Any]:
         try:
-            return int(self.node.service.stages.lazy.env_stats(env_id).get("trace_prefetch_chunks", 0))
+            return dict(self.node.service.stages.lazy.env_stats(env_id) or {})
         except Exception:  # noqa: BLE001 - a statistic only
-            return -1
+            return {}
 
     def settle(self, timeout: float = 600.0) -> bool:
         """Wait until the node has mounted its used layers' EROFS images (`node.erofs`) and
@@ -218,7 +224,8 @@ class RollstackSystem:
             done = time.perf_counter() - t0
             # read after the command: the lazy store looks shared traces up in the background,
             # so the prefetch's size is known only once that lookup answered
-            traced = self._trace_prefetch_chunks(env.id)
+            stats = self._env_stats(env.id)
+            traced = int(stats.get("trace_prefetch_chunks", 0)) if stats else -1
             created = env.created
             phases = {k: float(v) for k, v in created.timings.model_dump().items() if isinstance(v, (int, float))}
             fetch = created.fetch
@@ -227,6 +234,7 @@ class RollstackSystem:
             fetched = rx_ready if rx_ready >= 0 else int(fetch.fetched_bytes)
             return Creation(self.name, cold, ready, done, fetched, link, res.exit_code, phases,
                             ((res.stdout or "") + (res.stderr or ""))[-500:], int(fetch.fetched_bytes),
-                            trace_prefetch_chunks=traced)
+                            trace_prefetch_chunks=traced,
+                            fetch_detail={k: stats[k] for k in FETCH_DETAIL if k in stats})
         finally:
             env.destroy()
