@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import trio
 
 from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import RemoteLayer
+from rollstack.host import atomic
 from rollstack.format.erofs import BlobMap
 from rollstack.mount.index import LayerIndex
 from rollstack.mount.tocs import TocCache
@@ -217,7 +217,7 @@ class LayerTable:
         """Rewrite the record of loaded layers and their bases, `new` included, in a worker
         thread (the caller holds `_record_lock`: one write at a time)."""
         doc = [{"repo": la.repo, "digest": la.digest, "base": la.index.base} for la in [*self._base_layers, new]]
-        await trio.to_thread.run_sync(_write_atomic, self.record_path, json.dumps(doc))
+        await trio.to_thread.run_sync(atomic.replace, self.record_path, json.dumps(doc).encode())
 
     def forget_record(self) -> None:
         """A fresh mount: inode numbers start over (before the FUSE loop runs)."""
@@ -237,8 +237,3 @@ class LayerTable:
         self._kept_bases = {h: base for h, (_, _, base) in kept.items()}
         return await self.add({"repo": r, "digest": d} for r, d, _ in kept.values())
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -200,11 +200,6 @@ class ErofsLowers:
 
     # -- the worker ------------------------------------------------------------------------------
     def _run(self) -> None:
-        # what an in-thread build imports, loaded now while nothing waits: on a node started with
-        # a cold page cache this was ~0.2 s of the first build a create waited for
-        import rollstack.format.erofs  # noqa: F401
-        import rollstack.mount.tocs  # noqa: F401
-
         while True:
             digest = self._queue.get()
             if digest is None:

@@ -336,11 +336,9 @@ class Provisioner:
             self._log(env, ev)
 
     def _write(self, fn: Callable[..., Any], path: str, value: Any, *rest: Any, kind: str | None = None) -> Any:
-        if kind is not None:
-            pass
-        elif fn == self.backend.set_cpu:
+        if kind is None and fn == self.backend.set_cpu:
             kind = "cpu"
-        else:
+        elif kind is None:
             env = next((e for e in self._envs.values() if e.path == path), None) if rest else None
             kind = "memory_down" if env is not None and value < env.state.memory else "memory_up"
         t0 = time.perf_counter()

@@ -31,10 +31,10 @@ from rollstack.errors import InvalidRequest
 Log = Callable[[str], None]
 SYSTEM_NAMES = ("docker-equivalent", "dynamic-assembly", "rollstack-eager", "rollstack")
 ROLLSTACK_SYSTEMS = {"rollstack-eager": True, "rollstack": False}
+"""rollstack system name -> eager fetch"""
 FETCH_DETAIL = ("stall_seconds", "fetched_bytes", "critical_path_bytes", "prefetch_bytes", "from_cache_bytes",
                 "reads", "trace_source")
 """What `Creation.fetch_detail` keeps of the lazy store's environment account (mount/envs.py)."""
-"""rollstack system name -> eager fetch"""
 
 
 @dataclass
