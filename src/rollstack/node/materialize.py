@@ -94,8 +94,10 @@ class LayerMaterializer:
                  in_use: Callable[[], str] = mounted_paths, grace: float = 5.0,
                  min_free: int = 8 << 30, disk_free: Callable[[Path], int] | None = None,
                  store: str | None = None, chunk_cache: Path | None = None,
-                 cpu: float = 1.0, cgroup_tag: str | None = None, min_idle: float = 0.0) -> None:
+                 cpu: float = 1.0, cgroup_tag: str | None = None, min_idle: float = 0.0,
+                 on_ready: Callable[[], None] | None = None) -> None:
         self.root = root
+        self.on_ready = on_ready  # called (worker thread) after a layer's copy is ready
         self.min_idle = min_idle  # idle cores the extraction waits for before each read
         self.cpu = cpu  # cores the extraction may use at most (host.background); 0: uncapped
         self.cgroup_tag = cgroup_tag
@@ -267,6 +269,11 @@ class LayerMaterializer:
             self._last_used[ref.digest] = time.time()
             self.materialized += 1
         log.info("materialized %s (%d bytes) in %.1fs", ref.digest, size, time.perf_counter() - t0)
+        if self.on_ready is not None:
+            try:
+                self.on_ready()
+            except Exception:  # noqa: BLE001 - a hook must not fail the layer
+                log.exception("materializer on_ready hook failed")
 
     def _extract(self, ref: Any, tmp: Path) -> None:
         """`python -m rollstack.node.extract` into `tmp`, its own low-priority process."""

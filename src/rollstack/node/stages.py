@@ -22,7 +22,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest
 from rollstack.node.config import NodeConfig
@@ -134,7 +134,8 @@ class Stages:
                                                   min_free=cfg.materialize_min_free, store=spec,
                                                   chunk_cache=cfg.lazy_dir / "state" / "chunks",
                                                   cpu=cfg.materialize_cpu, min_idle=cfg.materialize_min_idle,
-                                                  cgroup_tag=_node_tag(cfg.root)).start()
+                                                  cgroup_tag=_node_tag(cfg.root),
+                                                  on_ready=self._lowers_changed).start()
         if cfg.erofs_lowers:
             from rollstack.node import erofs
 
@@ -353,10 +354,17 @@ class Stages:
         return env
 
     def _lowers_changed(self) -> None:
-        """A layer got a faster lower (EROFS mount): warm sandboxes on the old dirs are replaced."""
+        """A layer got a faster lower (an EROFS mount or a local copy): the warm pool refills on
+        the new dirs (its sandboxes on the old ones serve until replaced if `fast_lowers`)."""
         warm = self.warm
         if warm is not None:
             warm.relower(lambda digests: tuple(str(self._lower(d)) for d in reversed(digests)))
+
+    def fast_lowers(self, lowers: Sequence[str]) -> bool:
+        """None of `lowers` is one of the lazy store's FUSE trees (each is an EROFS mount or a
+        local copy): commands on them walk and stat at native speed."""
+        fuse = Path(self.lazy.mountpoint)
+        return not any(Path(p).is_relative_to(fuse) for p in lowers)
 
     def _lower(self, digest: str) -> Path:
         """The layer's local copy when it has one (`node.materialize`), else its EROFS mount

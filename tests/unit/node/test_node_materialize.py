@@ -66,6 +66,27 @@ def test_a_layer_is_copied_once_it_is_hot(tmp_path):
         m.stop()
 
 
+def test_a_ready_copy_is_announced_after_it_is_the_layers_lower(tmp_path):
+    """`on_ready` (the node relowers its warm pool there) runs once per copy, when `lower_for`
+    already answers with it; a failing hook does not fail the layer."""
+    seen: list[Path | None] = []
+    m, _lazy, _copies, _ = make(tmp_path, after=1)
+    a = ref(1)
+
+    def hook() -> None:
+        seen.append(m.lower_for(a.digest))
+        raise RuntimeError("a broken hook")
+
+    m.on_ready = hook
+    try:
+        m.used([a])
+        assert m.wait_idle(5)
+        assert seen == [tmp_path / "layers" / a.digest.partition(":")[2]]
+        assert m.lower_for(a.digest) == seen[0] and m.stats()["failures"] == 0
+    finally:
+        m.stop()
+
+
 def test_a_failed_copy_leaves_nothing_and_is_retried_later(tmp_path):
     m, _, copies, fail = make(tmp_path, after=1, retry_after=3600)
     try:

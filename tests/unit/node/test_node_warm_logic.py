@@ -79,6 +79,53 @@ def test_other_lowers_for_the_same_layers_drop_the_stale_sandboxes() -> None:
         pool.stop()
 
 
+def test_stale_sandboxes_on_fast_lowers_serve_until_fresh_ones_replace_them() -> None:
+    """The layer got an EROFS mount, then its local copy: the sandboxes on the mount (`fast`)
+    are still handed out, after any fresh one, while the refill replaces them one by one."""
+    pool, rt = _pool(size=3, fast=lambda lowers: all(p.startswith("/erofs") for p in lowers))
+    try:
+        pool.take(["a"], [Path("/erofs/a")])
+        assert pool.wait_full(10)
+        on_mount = list(rt.made)
+        with pool._cond:  # the refill cannot run while the lock is held: no fresh one yet
+            got = pool.take(["a"], [Path("/local/a")])
+            assert got is on_mount[0] and pool.stats()["warm_stale"] == 2
+        assert pool.wait_full(10)
+        assert _ready(pool) == [3] and pool.stats()["warm_stale"] == 0
+        assert all(e.destroyed for e in on_mount[1:]) and not got.destroyed
+        assert pool.take(["a"], [Path("/local/a")]).lowers == ["/local/a"]
+        assert pool.counters["discarded"] == 2
+    finally:
+        pool.stop()
+
+
+def test_relower_keeps_fast_sandboxes_as_stale_and_drops_the_rest() -> None:
+    pool, rt = _pool(size=2, fast=lambda lowers: all(p.startswith("/erofs") for p in lowers))
+    try:
+        pool.take(["a"], [Path("/fuse/a")])
+        pool.take(["b"], [Path("/erofs/b")])
+        assert pool.wait_full(10)
+        with pool._cond:
+            assert pool.relower(lambda digests: (f"/local/{digests[0]}",)) == 2  # a's, on FUSE
+            assert pool.stats()["warm_stale"] == 2  # b's, on an EROFS mount
+        assert pool.wait_full(10) and _ready(pool) == [2, 2]
+        assert all(e.destroyed for e in rt.made if e.lowers != [f"/local/{e.lowers[0][-1]}"])
+    finally:
+        pool.stop()
+
+
+def test_at_the_cap_a_stacks_own_stale_sandbox_makes_room() -> None:
+    pool, rt = _pool(size=2, max_total=2, fast=lambda lowers: True)
+    try:
+        pool.take(["a"], [Path("/erofs/a")])
+        assert pool.wait_full(10)
+        pool.relower(lambda digests: ("/local/a",))
+        assert pool.wait_full(10) and _ready(pool) == [2]
+        assert [e.lowers for e in rt.made if not e.destroyed] == [["/local/a"], ["/local/a"]]
+    finally:
+        pool.stop()
+
+
 def test_a_dead_sandbox_is_discarded_not_handed_out() -> None:
     pool, rt = _pool()
     try:
