@@ -54,6 +54,10 @@ class RuntimeConfig:
     """Network slots kept prepared ahead (`NetworkManager.start_pool`); 0: built per create."""
     network_uplinks: tuple[str, ...] = ()
     """Host interfaces egress leaves by: their forwarding is switched on (`forward_interfaces`)."""
+    release_page_cache_below: int = cgroupfs.RELEASE_BELOW
+    """At destroy, an environment's memory cgroup charged with less page cache than this is
+    reclaimed before its rmdir, so it does not live on as a dying cgroup
+    (`cgroupfs.release_page_cache`); 0: never."""
     subreaper: bool = True
     """Make this process a child subreaper so each container's init (orphaned when `runc run -d`
     exits) becomes our child and destroy reaps it at once, instead of leaving a zombie to a host

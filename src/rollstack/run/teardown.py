@@ -73,8 +73,11 @@ def destroy(env: "Environment") -> None:
                 runc.drop_state(env.id)
     if init_pid is not None:
         reap(init_pid, wait=0)
+    below = env.runtime.config.release_page_cache_below
     for cg in cgroupfs.env_cgroup_dirs(env.id, env.runtime.config.cgroup_parent):
         try:
+            if below > 0:  # processes are gone: what is charged is page cache only
+                cgroupfs.release_page_cache(cg, below)
             cgroupfs.remove_cgroup(cg)
         except OSError as e:
             errors.append(f"cgroup {cg}: {e}")
