@@ -1,6 +1,6 @@
 """`run.cgroupfs.release_page_cache`'s choices over a stand-in cgroup dir (its files only): which
 interface it writes, what, and when it leaves the cgroup alone. The real kernel's answer is
-tests/integration/run/test_run_cgroupfs.py."""
+tests/integration/run/test_run_cgroupfs_release.py."""
 
 from __future__ import annotations
 
