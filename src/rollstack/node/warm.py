@@ -138,8 +138,8 @@ class WarmPool:
                 stack = self._pools[digests] = _Stack(digests, low)
                 while len(self._pools) > self.stacks:  # least recently used stack goes
                     _, old = self._pools.popitem(last=False)
-                    self._discard += old.ready
-                    self.counters["discarded"] += len(old.ready)
+                    self._discard += old.ready + old.stale
+                    self.counters["discarded"] += len(old.ready) + len(old.stale)
             self._pools.move_to_end(digests)
             stack.used = time.monotonic()
             stack.workdir = workdir or stack.workdir
@@ -176,8 +176,9 @@ class WarmPool:
 
     def relower(self, lowers_of: "Callable[[tuple[str, ...]], tuple[str, ...]]") -> int:
         """Lower dirs changed under the pools (a layer got its EROFS mount or its local copy):
-        each stack whose `lowers_of(digests)` differs drops its ready sandboxes and refills on
-        the new dirs now, not at the next create. Returns the sandboxes dropped."""
+        each stack whose `lowers_of(digests)` differs refills on the new dirs now, not at the
+        next create (`_retarget`: its sandboxes on fast lowers serve until replaced). Returns the
+        sandboxes dropped."""
         dropped = 0
         with self._cond:
             stacks = list(self._pools.values())

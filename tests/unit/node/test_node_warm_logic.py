@@ -164,6 +164,22 @@ def test_least_recently_used_stacks_beyond_the_limit_are_dropped() -> None:
         pool.stop()
 
 
+def test_a_dropped_stack_takes_its_stale_sandboxes_with_it() -> None:
+    pool, rt = _pool(stacks=1, fast=lambda lowers: True)
+    try:
+        pool.take(["a"], [Path("/erofs/a")])
+        assert pool.wait_full(10)
+        with pool._cond:  # no refill meanwhile: a's two sandboxes are stale when b pushes a out
+            pool.relower(lambda digests: ("/local/a",))
+            assert pool.stats()["warm_stale"] == 2
+            pool.take(["b"], [Path("/b")])
+        assert pool.wait_full(10)
+        assert all(e.destroyed for e in rt.made if e.lowers[0].endswith("/a"))
+        assert pool.stats()["warm_stale"] == 0 and _ready(pool) == [2]
+    finally:
+        pool.stop()
+
+
 def test_no_room_on_the_node_means_no_refill_and_a_trim() -> None:
     room = {"n": 8}
     pool, rt = _pool(room=lambda: room["n"])
