@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 from pathlib import Path
 
 from rollstack.errors import RuntimeFailure
+from rollstack.host import libc
 from rollstack.host.mountinfo import is_mounted
 
 MNT_DETACH = 2
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-
 
 def umount2(target: Path | str, flags: int = 0) -> int:
     """One umount2(2) call: 0, or the errno it failed with."""
-    if _libc.umount2(os.fsencode(os.path.realpath(target)), flags) == 0:
-        return 0
-    return ctypes.get_errno()
+    return libc.umount2(os.path.realpath(target), flags)
 
 
 def unmount(target: Path | str) -> None:

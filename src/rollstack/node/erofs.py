@@ -23,8 +23,6 @@ file-backed EROFS (Linux < 6.12). Mounts are detached when the node stops and at
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 import queue
@@ -35,14 +33,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rollstack.host import mountinfo
+from rollstack.host import libc, mountinfo
 from rollstack.host.umount import detach
 
 log = logging.getLogger(__name__)
 
 MS_RDONLY = 1
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def supported() -> bool:
@@ -67,8 +63,8 @@ def mount_image(image: Path, blob: Path, target: Path) -> None:
     # readahead runs across file boundaries into data nobody asked for (+40% bytes fetched on a
     # stdlib tree; registry fetches that made a first `cat` of every .py 6x slower on a stack).
     opts = b"device=" + os.fsencode(blob) + b",directio"
-    if _libc.mount(os.fsencode(image), os.fsencode(target), b"erofs", MS_RDONLY, opts) != 0:
-        err = ctypes.get_errno()
+    err = libc.mount(os.fsencode(image), target, b"erofs", MS_RDONLY, opts)
+    if err:
         raise OSError(err, f"mount -t erofs {image} {target} (device={blob}): {os.strerror(err)}")
 
 

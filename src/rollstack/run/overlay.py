@@ -20,12 +20,12 @@ copied-up file carries its data), `index=off`, `xino=off`.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 from pathlib import Path
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.host import libc
 # Re-exported: callers treat "is the overlay mounted / unmount it" as part of this module.
 from rollstack.host.mountinfo import is_mounted, mount_points  # noqa: F401
 from rollstack.host.umount import unmount  # noqa: F401
@@ -43,10 +43,6 @@ _FSMOUNT_CLOEXEC = 0x1
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _AT_FDCWD = -100
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p]
 
 
 def _check_path(p: Path, what: str) -> bytes:
@@ -71,13 +67,6 @@ def _fs_messages(fsfd: int) -> str:
     return "; ".join(out)
 
 
-def _syscall(nr: int, *args: object) -> int:
-    res = _libc.syscall(ctypes.c_long(nr), *args)
-    if res < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return int(res)
-
 
 class _OldKernel(Exception):
     """The kernel lacks the new mount API or overlay's `lowerdir+` key."""
@@ -85,14 +74,14 @@ class _OldKernel(Exception):
 
 def _mount_new_api(lowers: list[Path], upper: Path, work: Path, target: Path) -> None:
     try:
-        fsfd = _syscall(_SYS_FSOPEN, b"overlay", ctypes.c_uint(_FSOPEN_CLOEXEC))
+        fsfd = libc.syscall(_SYS_FSOPEN, b"overlay", ctypes.c_uint(_FSOPEN_CLOEXEC))
     except OSError as e:
         if e.errno == errno.ENOSYS:
             raise _OldKernel from e
         raise RuntimeFailure(f"fsopen(overlay) failed: {e.strerror}", errno=e.errno) from e
     try:
         def setstr(key: str, value: bytes | None) -> None:
-            _syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_SET_STRING),
+            libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_SET_STRING),
                      key.encode(), value, ctypes.c_int(0))
 
         try:
@@ -109,15 +98,15 @@ def _mount_new_api(lowers: list[Path], upper: Path, work: Path, target: Path) ->
             setstr("workdir", _check_path(work, "work"))
             for key, value in PINNED_OPTIONS:
                 setstr(key, value.encode())
-            _syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_CMD_CREATE),
+            libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_CMD_CREATE),
                      None, None, ctypes.c_int(0))
-            mfd = _syscall(_SYS_FSMOUNT, ctypes.c_int(fsfd), ctypes.c_uint(_FSMOUNT_CLOEXEC),
+            mfd = libc.syscall(_SYS_FSMOUNT, ctypes.c_int(fsfd), ctypes.c_uint(_FSMOUNT_CLOEXEC),
                            ctypes.c_uint(0))
         except OSError as e:
             raise RuntimeFailure(f"overlay mount of {target} failed: {e.strerror}: "
                                  f"{_fs_messages(fsfd)}", errno=e.errno) from e
         try:
-            _syscall(_SYS_MOVE_MOUNT, ctypes.c_int(mfd), b"", ctypes.c_int(_AT_FDCWD),
+            libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(mfd), b"", ctypes.c_int(_AT_FDCWD),
                      _check_path(target, "target"), ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH))
         except OSError as e:
             raise RuntimeFailure(f"overlay attach at {target} failed: {e.strerror}",
@@ -142,8 +131,8 @@ def _mount_classic(lowers: list[Path], upper: Path, work: Path, target: Path) ->
     if len(opts.encode()) > PAGE_LIMIT:
         raise RuntimeFailure(f"overlay options for {len(lowers)} lowers are {len(opts)} bytes, "
                              f"over mount(2)'s page limit, and this kernel lacks lowerdir+")
-    if _libc.mount(MOUNT_SOURCE.encode(), os.fsencode(str(target)), b"overlay", 0, opts.encode()) != 0:
-        err = ctypes.get_errno()
+    err = libc.mount(MOUNT_SOURCE.encode(), target, b"overlay", 0, opts.encode())
+    if err:
         raise RuntimeFailure(f"overlay mount of {target} failed: {os.strerror(err)}", errno=err)
 
 

@@ -7,7 +7,6 @@ The on-disk layout is described in rollstack.run.environment.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import logging
 import os
@@ -353,7 +352,8 @@ class _NetJob:
 
 
 def _set_child_subreaper() -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    from rollstack.host.libc import libc
+
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise RuntimeFailure(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
 

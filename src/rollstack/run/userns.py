@@ -26,7 +26,6 @@ runc is given that path (`publish_rootfs`; removed by `unpublish_rootfs` on dest
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import os
 import subprocess
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 
 from rollstack.errors import RuntimeFailure
+from rollstack.host.libc import libc as _libc
 from rollstack.mount import shift
 
 HOST_BASE = shift.BASE  # the lazy store's shifted view uses the same range
@@ -48,7 +48,6 @@ _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MOUNT_ATTR_IDMAP = 0x00100000
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 class _MountAttr(ctypes.Structure):

@@ -1,0 +1,38 @@
+"""The C library, loaded once through ctypes, with the prototypes of the calls the node makes
+itself: mount(2), umount2(2), prctl(2) and syscall(2) (the new mount API, open_tree,
+mount_setattr). Each caller turns an errno into its own error."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.syscall.restype = ctypes.c_long
+
+
+def mount(source: bytes | None, target: str | os.PathLike[str], fstype: bytes | None,
+          flags: int = 0, data: bytes | None = None) -> int:
+    """One mount(2) call: 0, or the errno it failed with."""
+    if libc.mount(source, os.fsencode(target), fstype, flags, data) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def umount2(target: str | os.PathLike[str], flags: int = 0) -> int:
+    """One umount2(2) call on `target` as given: 0, or the errno it failed with."""
+    if libc.umount2(os.fsencode(target), flags) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def syscall(nr: int, *args: object) -> int:
+    """A raw syscall(2); OSError with the errno when it returns < 0."""
+    res = libc.syscall(ctypes.c_long(nr), *args)
+    if res < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(res)
