@@ -70,3 +70,27 @@ def test_oom_kill_count_reads_v1_and_v2_files():
     v1 = "oom_kill_disable 1\nunder_oom 0\noom_kill 3\n"
     v2 = b"low 0\nhigh 4\nmax 2\noom 1\noom_kill 2\n"
     assert oom_kill_count(v1) == 3 and oom_kill_count(v2) == 2 and oom_kill_count("") == 0
+
+
+def test_is_mounted_finds_only_the_mount_point_field():
+    text = MOUNTINFO.encode() + b"50 27 0:42 /tmp/elsewhere /srv/bind rw - ext4 /tmp/source rw,upperdir=/tmp/up\n"
+    assert mountinfo.is_mounted("/tmp/with space/m", text)
+    assert mountinfo.is_mounted("/tmp/caf\u00e9\ttab", text) and mountinfo.is_mounted("/srv/bind", text)
+    for path in ("/tmp/elsewhere", "/tmp/source", "/tmp/up", "/tmp/with", "/tmp/with space", "/srv"):
+        assert not mountinfo.is_mounted(path, text), path  # a root, a source, an option, a prefix
+
+
+@given(st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0/"),
+                        min_size=1, max_size=12), min_size=1, max_size=6), st.integers(0, 5))
+def test_is_mounted_agrees_with_the_full_parse(names: list[str], pick: int):
+    """Mount points made of any characters (escaped as the kernel does), one of them probed,
+    and the probed name also planted as a root and a source: same answer as `mounted_at`."""
+    points = ["/m/" + n for n in names]
+    probe = "/m/" + names[pick % len(names)]
+    lines = [f"{i + 10} 1 0:{i} /m/{n} {mountinfo.escape(p).decode('utf-8', 'surrogateescape')} rw - tmpfs "
+             f"{mountinfo.escape(probe).decode('utf-8', 'surrogateescape')} rw"
+             for i, (n, p) in enumerate(zip(names, points))]
+    text = "\n".join(lines) + "\n"
+    for path in {probe, probe + "x", "/m"}:
+        assert mountinfo.is_mounted(path, text.encode("utf-8", "surrogateescape")) == \
+            (mountinfo.mounted_at(path, text) is not None), (path, text)
