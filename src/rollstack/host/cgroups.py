@@ -23,7 +23,7 @@ def env_cgroup(env_id: str, parent: str = CGROUP_PARENT) -> str:
 
 def cgroup_mounts(text: str | None = None) -> list[tuple[str, str]]:
     """(mount point, "cgroup" | "cgroup2") of every cgroup hierarchy mounted here."""
-    return [(m.mount_point, m.fstype) for m in mountinfo.read(text) if m.fstype in ("cgroup", "cgroup2")]
+    return [(m.mount_point, m.fstype) for m in mountinfo.of_types(("cgroup", "cgroup2"), text)]
 
 
 def env_cgroup_dirs(env_id: str, parent: str = CGROUP_PARENT,

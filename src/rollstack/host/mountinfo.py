@@ -58,6 +58,16 @@ def read(text: str | None = None) -> list[Mount]:
     return parse(text)
 
 
+def of_types(fstypes: tuple[str, ...], text: str | None = None) -> list[Mount]:
+    """The mounts whose filesystem type is one of `fstypes`, in mount order. Only their lines
+    are parsed: the type is the field after the ` - ` separator, and a literal space in any
+    field is written `\\040`, so ` - <type> ` occurs in exactly those lines."""
+    if text is None:
+        text = MOUNTINFO.read_bytes().decode("utf-8", "surrogateescape")
+    marks = tuple(f" - {t} " for t in fstypes)
+    return parse("\n".join(line for line in text.split("\n") if any(m in line for m in marks)))
+
+
 def mount_points(text: str | None = None) -> list[tuple[str, str]]:
     """(mount point, fs type) of every mount, in mount order."""
     return [(m.mount_point, m.fstype) for m in read(text)]

@@ -94,3 +94,11 @@ def test_is_mounted_agrees_with_the_full_parse(names: list[str], pick: int):
     for path in {probe, probe + "x", "/m"}:
         assert mountinfo.is_mounted(path, text.encode("utf-8", "surrogateescape")) == \
             (mountinfo.mounted_at(path, text) is not None), (path, text)
+
+
+def test_of_types_parses_only_those_lines():
+    text = MOUNTINFO + "60 27 0:50 / /tmp/x\\040-\\040cgroup\\040y rw - tmpfs cgroup rw\n"
+    got = mountinfo.of_types(("cgroup", "cgroup2"), text)
+    assert [m.mount_point for m in got] == ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified",
+                                            "/sys/fs/cgroup/systemd"]
+    assert got == [m for m in mountinfo.parse(text) if m.fstype in ("cgroup", "cgroup2")]
