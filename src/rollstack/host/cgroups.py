@@ -34,6 +34,17 @@ def env_cgroup_dirs(env_id: str, parent: str = CGROUP_PARENT,
     return [Path(mp) / rel for mp, _ in mounts if (Path(mp) / rel).is_dir()]
 
 
+def stat_value(text: str, *keys: str) -> int | None:
+    """The first of `keys` found in a `memory.stat` text (`key value` lines), else None."""
+    values = dict(line.partition(" ")[::2] for line in text.splitlines())
+    for key in keys:
+        try:
+            return int(values[key])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
 def oom_kill_count(text: str | bytes) -> int:
     """The `oom_kill N` value of a memory.oom_control / memory.events text (0 when absent)."""
     if isinstance(text, bytes):

@@ -53,19 +53,20 @@ def parse(text: str) -> list[Mount]:
 
 def read(text: str | None = None) -> list[Mount]:
     """The mounts of this process's mount namespace (or of `text`, for tests)."""
-    if text is None:
-        text = MOUNTINFO.read_bytes().decode("utf-8", "surrogateescape")
-    return parse(text)
+    return parse(_text(text))
+
+
+def _text(text: str | None) -> str:
+    """`text`, or this process's mount table decoded as `parse` wants it."""
+    return MOUNTINFO.read_bytes().decode("utf-8", "surrogateescape") if text is None else text
 
 
 def of_types(fstypes: tuple[str, ...], text: str | None = None) -> list[Mount]:
     """The mounts whose filesystem type is one of `fstypes`, in mount order. Only their lines
     are parsed: the type is the field after the ` - ` separator, and a literal space in any
     field is written `\\040`, so ` - <type> ` occurs in exactly those lines."""
-    if text is None:
-        text = MOUNTINFO.read_bytes().decode("utf-8", "surrogateescape")
     marks = tuple(f" - {t} " for t in fstypes)
-    return parse("\n".join(line for line in text.split("\n") if any(m in line for m in marks)))
+    return parse("\n".join(line for line in _text(text).split("\n") if any(m in line for m in marks)))
 
 
 def mount_points(text: str | None = None) -> list[tuple[str, str]]:
@@ -94,7 +95,7 @@ def is_mounted(path: Path | str, text: bytes | None = None) -> bool:
     Without parsing the table: the escaped path is searched for with a space on each side, and
     only the lines it occurs in are split, to check it is their mount point field. On a node
     with 128 environments (~600 mounts whose overlay options list every lower) a full parse
-    costs ~2.6 ms, and destroy, the files API and the lazy store ask several times each."""
+    costs ~2.6 ms, and destroy asks about nine times, the files API once per call."""
     want = escape(os.path.realpath(path))
     if text is None:
         text = MOUNTINFO.read_bytes()

@@ -14,8 +14,8 @@ import signal
 import time
 from pathlib import Path
 
-# Where the dirs are and their OOM counters are host facts; re-exported for run.environment.
-from rollstack.host.cgroups import cgroup_mounts, env_cgroup_dirs, oom_kills  # noqa: F401
+# Where the dirs are, their OOM counters and memory.stat are host facts; re-exported for run.
+from rollstack.host.cgroups import cgroup_mounts, env_cgroup_dirs, oom_kills, stat_value  # noqa: F401
 
 
 def cgroup_procs(cg: Path) -> list[int]:
@@ -35,17 +35,6 @@ def _procs(cg: Path) -> list[int]:
 
 RELEASE_BELOW = 1 << 20
 """Bytes of page cache under which an emptied memory cgroup is reclaimed before its rmdir."""
-
-
-def stat_value(text: str, *keys: str) -> int | None:
-    """The first of `keys` found in a `memory.stat` text (`key value` lines), else None."""
-    values = dict(line.partition(" ")[::2] for line in text.splitlines())
-    for key in keys:
-        try:
-            return int(values[key])
-        except (KeyError, ValueError):
-            continue
-    return None
 
 
 def release_page_cache(cg: Path, below: int = RELEASE_BELOW) -> bool:

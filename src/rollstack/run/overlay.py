@@ -44,7 +44,6 @@ _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _AT_FDCWD = -100
 
 
-
 def _check_path(p: Path, what: str) -> bytes:
     raw = os.fsencode(str(p))
     # ',' and ':' separate options / lowers in the mount(2) string; '\n' breaks mountinfo.
@@ -67,7 +66,6 @@ def _fs_messages(fsfd: int) -> str:
     return "; ".join(out)
 
 
-
 class _OldKernel(Exception):
     """The kernel lacks the new mount API or overlay's `lowerdir+` key."""
 
@@ -82,7 +80,7 @@ def _mount_new_api(lowers: list[Path], upper: Path, work: Path, target: Path) ->
     try:
         def setstr(key: str, value: bytes | None) -> None:
             libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_SET_STRING),
-                     key.encode(), value, ctypes.c_int(0))
+                         key.encode(), value, ctypes.c_int(0))
 
         try:
             setstr("lowerdir+", _check_path(lowers[0], "lower"))
@@ -99,15 +97,15 @@ def _mount_new_api(lowers: list[Path], upper: Path, work: Path, target: Path) ->
             for key, value in PINNED_OPTIONS:
                 setstr(key, value.encode())
             libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_CMD_CREATE),
-                     None, None, ctypes.c_int(0))
+                         None, None, ctypes.c_int(0))
             mfd = libc.syscall(_SYS_FSMOUNT, ctypes.c_int(fsfd), ctypes.c_uint(_FSMOUNT_CLOEXEC),
-                           ctypes.c_uint(0))
+                               ctypes.c_uint(0))
         except OSError as e:
             raise RuntimeFailure(f"overlay mount of {target} failed: {e.strerror}: "
                                  f"{_fs_messages(fsfd)}", errno=e.errno) from e
         try:
             libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(mfd), b"", ctypes.c_int(_AT_FDCWD),
-                     _check_path(target, "target"), ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH))
+                         _check_path(target, "target"), ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH))
         except OSError as e:
             raise RuntimeFailure(f"overlay attach at {target} failed: {e.strerror}",
                                  errno=e.errno) from e

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from rollstack.errors import RuntimeFailure
+from rollstack.host import libc
 from rollstack.host.libc import libc as _libc
 from rollstack.mount import shift
 
@@ -186,8 +187,8 @@ def publish_rootfs(env_dir: Path, rootfs: Path) -> Path:
     os.chmod(PUBLIC, 0o711)
     dst = public_rootfs(env_dir)
     dst.mkdir(mode=0o755, exist_ok=True)
-    if _libc.mount(os.fsencode(rootfs), os.fsencode(dst), None, _MS_BIND, None) != 0:
-        e = ctypes.get_errno()
+    e = libc.mount(os.fsencode(rootfs), dst, None, _MS_BIND)
+    if e:
         raise RuntimeFailure(f"security.userns: bind-mounting {rootfs} at {dst}: {os.strerror(e)}")
     return dst
 
@@ -195,9 +196,8 @@ def publish_rootfs(env_dir: Path, rootfs: Path) -> Path:
 def unpublish_rootfs(env_dir: Path) -> None:
     """Undo `publish_rootfs` (repeatable; nothing to do when it used the rootfs itself)."""
     dst = public_rootfs(env_dir)
-    if os.path.ismount(dst) and _libc.umount2(os.fsencode(dst), 0) != 0:
-        e = ctypes.get_errno()
-        if _libc.umount2(os.fsencode(dst), _MNT_DETACH) != 0:
+    if os.path.ismount(dst) and (e := libc.umount2(dst)) != 0:
+        if libc.umount2(dst, _MNT_DETACH) != 0:
             raise RuntimeFailure(f"security.userns: unmounting {dst}: {os.strerror(e)}")
     try:
         dst.rmdir()
