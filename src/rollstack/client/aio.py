@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, TypeVar, overload
 import httpx
 
 from rollstack.client import routes
+from rollstack.core.httppool import limits
 from rollstack.client._base import (
     SHORT_TIMEOUT,
     Settings,
@@ -47,6 +48,7 @@ class AsyncHttpService:
             base_url=settings.url,
             headers=settings.headers(),
             timeout=httpx.Timeout(SHORT_TIMEOUT, connect=10.0),
+            limits=limits(),
             transport=transport,
         )
 

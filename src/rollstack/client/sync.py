@@ -22,7 +22,7 @@ from rollstack.client._base import (
 )
 from rollstack.client import routes
 from rollstack.client.environment import EnvironmentFacade
-from rollstack.core.httppool import PerThreadClient
+from rollstack.core.httppool import PerThreadClient, limits
 from rollstack.node.models import (
     CreateResponse,
     EnvironmentInfo,
@@ -48,6 +48,7 @@ class HttpService:
             base_url=settings.url,
             headers=settings.headers(),
             timeout=httpx.Timeout(SHORT_TIMEOUT, connect=10.0),
+            limits=limits(),
             transport=transport,
             verify=ssl_context,
         ), settings.url)

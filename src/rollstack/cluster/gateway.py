@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollstack.cluster.gateway_e2b import E2BGateway
 from rollstack.cluster.pool import Pool
+from rollstack.core.httppool import SERVER_KEEPALIVE_S, limits
 from rollstack.errors import EnvironmentNotFound, NodeLost, RollstackError, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def create_gateway(pool: Pool, token: str | None) -> FastAPI:
         if c is None or str(c.base_url).rstrip("/") != m.url:
             c = clients[node_id] = httpx.AsyncClient(
                 base_url=m.url, headers={"Authorization": f"Bearer {m.token}"} if m.token else {},
-                timeout=httpx.Timeout(None, connect=5.0))
+                timeout=httpx.Timeout(None, connect=5.0), limits=limits())
         return c, m
 
     async def locate(env_id: str) -> str:
@@ -170,6 +171,6 @@ def serve(address: str | None, listen: str, token: str | None = None) -> None:
             token = next((m.token for m in pool.directory.members.values() if m.token), None)
         host, _, port = listen.rpartition(":")
         uvicorn.run(create_gateway(pool, token), host=host or "127.0.0.1", port=int(port), log_level="warning",
-                    access_log=False)
+                    access_log=False, timeout_keep_alive=SERVER_KEEPALIVE_S)
     finally:
         pool.close()

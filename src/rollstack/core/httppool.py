@@ -7,6 +7,12 @@ thread is reading from it (reproduced by tests/integration/client/test_client_th
 Pools that are never shared between threads share no sockets. A thread's pool is made on its
 first request (all share one TLS context: making one per pool costs ~20 ms of CPU); the pools
 of threads that ended are closed when another thread makes its own, and all on `close()`.
+
+Keep-alive: a client must drop an idle connection before the server does. When both wait the
+same time (httpx and uvicorn: 5 s each), a request sent at the moment the server closes the
+connection is lost (`Server disconnected without sending a response`, ECONNRESET; seen in CI
+under load). So rollstack's servers keep idle connections `SERVER_KEEPALIVE_S` and its clients
+`CLIENT_KEEPALIVE_S`, well under that and under uvicorn's default.
 """
 
 from __future__ import annotations
@@ -17,6 +23,17 @@ from typing import Any, Callable
 import httpx
 
 from rollstack.errors import NodeUnavailable
+
+SERVER_KEEPALIVE_S = 75
+"""Seconds rollstack's HTTP servers (node agent, gateway) keep an idle connection open."""
+CLIENT_KEEPALIVE_S = 4.0
+"""Seconds rollstack's HTTP clients keep an idle pooled connection (< any server's keep-alive)."""
+
+
+def limits(max_connections: int | None = 100) -> httpx.Limits:
+    """httpx's pool limits with the client keep-alive (the module docstring says why)."""
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=20,
+                        keepalive_expiry=CLIENT_KEEPALIVE_S)
 
 
 class PerThreadClient:

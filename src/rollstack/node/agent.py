@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollstack.core.httppool import SERVER_KEEPALIVE_S
 from rollstack.errors import InternalError, NodeUnavailable, RootInUse, RuntimeFailure
 from rollstack.node.config import NodeConfig
 
@@ -74,6 +75,7 @@ def serve(config: NodeConfig) -> None:
                 port=port,
                 log_level="warning",
                 access_log=False,
+                timeout_keep_alive=SERVER_KEEPALIVE_S,
                 timeout_graceful_shutdown=30,
             )
         )

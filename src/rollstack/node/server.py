@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from rollstack.core.httppool import SERVER_KEEPALIVE_S
 from rollstack.errors import NodeUnavailable
 
 
@@ -25,7 +26,8 @@ class BackgroundServer:
         import uvicorn
 
         self.host, self.port = host, port or free_port(host)
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False,
+                                timeout_keep_alive=SERVER_KEEPALIVE_S)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="rollstack-uvicorn", daemon=True)
 
