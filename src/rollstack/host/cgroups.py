@@ -22,8 +22,36 @@ def env_cgroup(env_id: str, parent: str = CGROUP_PARENT) -> str:
 
 
 def cgroup_mounts(text: str | None = None) -> list[tuple[str, str]]:
-    """(mount point, "cgroup" | "cgroup2") of every cgroup hierarchy mounted here."""
+    """(mount point, "cgroup" | "cgroup2") of every cgroup hierarchy mounted here (of `text`, a
+    mountinfo table, if given). This host's are read once per process (`_host_cgroup_mounts`)."""
+    if text is not None:
+        return _of(text)
+    return list(_host_cgroup_mounts())
+
+
+def _of(text: str | None) -> list[tuple[str, str]]:
     return [(m.mount_point, m.fstype) for m in mountinfo.of_types(("cgroup", "cgroup2"), text)]
+
+
+_HOST_MOUNTS: tuple[tuple[str, str], ...] = ()
+
+
+def _host_cgroup_mounts() -> tuple[tuple[str, str], ...]:
+    """This host's hierarchies, read once per process. They are mounted at boot (systemd, or
+    scripts/setup-system.sh before a node starts) and stay while the node runs; reading
+    mountinfo for them cost 0.7 ms per call at 600 overlay mounts, and a create, the first exec
+    of an environment and its destroy each asked (docs/runtime.md, "Mount checks"). None found
+    is not kept (a later call reads again); a process that mounts one calls `forget_mounts()`."""
+    global _HOST_MOUNTS
+    if not _HOST_MOUNTS:
+        _HOST_MOUNTS = tuple(_of(None))
+    return _HOST_MOUNTS
+
+
+def forget_mounts() -> None:
+    """Read the host's cgroup hierarchies again on the next call (after mounting one)."""
+    global _HOST_MOUNTS
+    _HOST_MOUNTS = ()
 
 
 def env_cgroup_dirs(env_id: str, parent: str = CGROUP_PARENT,

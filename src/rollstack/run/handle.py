@@ -40,10 +40,12 @@ class Environment:
         self.timings: dict[str, float] = {}
         self.pid: int | None = None
         self._exec_meta: tuple[str, str | None, dict[str, str]] | None = None
+        self._written: dict | None = None  # meta.json as this handle last wrote it
 
     def _write_meta(self, meta: dict) -> None:
         atomic.replace(self.meta_path, json.dumps(meta).encode())  # a reserved tmp if any
-        self._exec_meta = None
+        self._written = meta
+        self._exec_meta = _exec_defaults(meta)  # what this handle's next exec would read back
 
     def reserve_meta(self) -> None:
         """Make the tmp inode of meta.json's next rewrite now (host.atomic): a warm sandbox's
@@ -64,8 +66,7 @@ class Environment:
                 doc = json.loads(self.meta_path.read_text())
             except (OSError, ValueError):
                 return self.runtime_name, None, {}
-            self._exec_meta = (str(doc.get("runtime") or "runc"), doc.get("exec_cwd"),
-                               dict(doc.get("exec_env") or {}))
+            self._exec_meta = _exec_defaults(doc)
         return self._exec_meta
 
     def init_alive(self) -> bool:
@@ -88,6 +89,10 @@ class Environment:
             return None
 
     def meta(self) -> dict:
+        """meta.json's document (as this handle wrote it, if it did: only the handle that
+        creates an environment, or hands a warm sandbox out, ever writes it)."""
+        if self._written is not None:
+            return dict(self._written)
         try:
             return json.loads(self.meta_path.read_text())
         except (OSError, ValueError) as e:
@@ -197,3 +202,7 @@ class Environment:
         """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""
         teardown.destroy(self)
 
+
+def _exec_defaults(meta: dict) -> tuple[str, str | None, dict[str, str]]:
+    """(runtime name, default cwd, default env) of a meta.json document."""
+    return str(meta.get("runtime") or "runc"), meta.get("exec_cwd"), dict(meta.get("exec_env") or {})

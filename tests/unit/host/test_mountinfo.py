@@ -102,3 +102,22 @@ def test_of_types_parses_only_those_lines():
     assert [m.mount_point for m in got] == ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified",
                                             "/sys/fs/cgroup/systemd"]
     assert got == [m for m in mountinfo.parse(text) if m.fstype in ("cgroup", "cgroup2")]
+
+
+def test_the_hosts_cgroup_mounts_are_read_once(monkeypatch):
+    from rollstack.host import cgroups
+
+    cgroups.forget_mounts()
+    reads = []
+    monkeypatch.setattr(cgroups, "_of", lambda text: reads.append(text) or [("/sys/fs/cgroup/memory", "cgroup")])
+    assert cgroups.cgroup_mounts() == cgroups.cgroup_mounts() == [("/sys/fs/cgroup/memory", "cgroup")]
+    assert reads == [None]
+    cgroups.forget_mounts()
+    cgroups.cgroup_mounts()
+    assert reads == [None, None]
+    monkeypatch.setattr(cgroups, "_of", lambda text: reads.append(text) or [])
+    cgroups.forget_mounts()
+    cgroups.cgroup_mounts()
+    cgroups.cgroup_mounts()  # none found is not kept
+    assert reads == [None, None, None, None]
+    cgroups.forget_mounts()
