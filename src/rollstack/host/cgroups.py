@@ -7,6 +7,7 @@ provisioner writes their quotas, the node reads the OOM counter after every exec
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rollstack.host import mountinfo
@@ -89,10 +90,14 @@ def oom_kill_count(text: str | bytes) -> int:
 
 def oom_counter_file(env_id: str, parent: str = CGROUP_PARENT) -> Path | None:
     """The file that counts the environment's OOM kills (for callers that re-read it), or None."""
-    for cg in env_cgroup_dirs(env_id, parent):
+    rel = env_cgroup(env_id, parent)
+    # the memory hierarchy (v1) or the unified one (v2) first: no walk of every controller
+    mounts = sorted(cgroup_mounts(), key=lambda m: not (m[1] == "cgroup2" or m[0].endswith("/memory")))
+    for mp, _ in mounts:
         for name in OOM_COUNTER_FILES:
-            if (cg / name).exists():
-                return cg / name
+            path = f"{mp}/{rel}/{name}"
+            if os.path.exists(path):
+                return Path(path)
     return None
 
 

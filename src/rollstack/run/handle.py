@@ -115,8 +115,8 @@ class Environment:
     def net(self) -> NetHandle | None:
         """The environment's network namespace, veth and table (None: loopback only)."""
         try:
-            doc = json.loads(self.meta_path.read_text()).get("net")
-        except (OSError, ValueError):
+            doc = self.meta().get("net")
+        except EnvironmentGone:
             return None
         return NetHandle.from_dict(doc) if doc else None
 

@@ -121,3 +121,19 @@ def test_the_hosts_cgroup_mounts_are_read_once(monkeypatch):
     cgroups.cgroup_mounts()  # none found is not kept
     assert reads == [None, None, None, None]
     cgroups.forget_mounts()
+
+
+def test_the_oom_counter_is_the_memory_hierarchys(tmp_path, monkeypatch):
+    from rollstack.host import cgroups
+
+    for h in ("cpu", "memory", "unified"):
+        (tmp_path / h / "rollstack" / "e1").mkdir(parents=True)
+    (tmp_path / "memory" / "rollstack" / "e1" / "memory.oom_control").write_text("oom_kill 2\n")
+    (tmp_path / "unified" / "rollstack" / "e1" / "cgroup.procs").write_text("")  # hybrid: no memory.events
+    monkeypatch.setattr(cgroups, "_HOST_MOUNTS", tuple((str(tmp_path / h), t) for h, t in (
+        ("cpu", "cgroup"), ("unified", "cgroup2"), ("memory", "cgroup"))))
+    assert cgroups.oom_counter_file("e1") == tmp_path / "memory" / "rollstack" / "e1" / "memory.oom_control"
+    assert cgroups.oom_kills("e1") == 2
+    assert cgroups.oom_counter_file("e2") is None
+    (tmp_path / "unified" / "rollstack" / "e1" / "memory.events").write_text("oom_kill 3\n")  # v2
+    assert cgroups.oom_kills("e1") == 3
