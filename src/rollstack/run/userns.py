@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -220,23 +221,26 @@ def shift_upper(upper: Path, via: Path | None = None) -> int:
     changed = 0
     lo, hi = HOST_BASE, HOST_BASE + SIZE
 
-    def fix(path: str) -> None:
+    def walk(rel: str) -> None:
         nonlocal changed
-        st = os.lstat(path)
-        if lo <= st.st_uid < hi and lo <= st.st_gid < hi:
-            return
-        uid = st.st_uid if lo <= st.st_uid < hi else shift.shifted_ids(st.st_uid, 0)[0]
-        gid = st.st_gid if lo <= st.st_gid < hi else shift.shifted_ids(0, st.st_gid)[1]
-        mode = st.st_mode
-        os.lchown(path, uid, gid)
-        if not os.path.islink(path) and mode & 0o6000:
-            os.chmod(path, mode & 0o7777)  # chown cleared setuid/setgid
-        changed += 1
+        with os.scandir(os.path.join(upper, rel) if rel else upper) as it:
+            for entry in it:
+                # the owner read in the upper (an upper entry is what the merged view shows);
+                # only an entry to change is touched, through `via`
+                st = entry.stat(follow_symlinks=False)
+                child = os.path.join(rel, entry.name) if rel else entry.name
+                if not (lo <= st.st_uid < hi and lo <= st.st_gid < hi):
+                    uid = st.st_uid if lo <= st.st_uid < hi else shift.shifted_ids(st.st_uid, 0)[0]
+                    gid = st.st_gid if lo <= st.st_gid < hi else shift.shifted_ids(0, st.st_gid)[1]
+                    path = os.path.join(upper if via is None else via, child)
+                    os.lchown(path, uid, gid)
+                    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o6000:
+                        os.chmod(path, st.st_mode & 0o7777)  # chown cleared setuid/setgid
+                    changed += 1
+                if stat.S_ISDIR(st.st_mode):
+                    walk(child)
 
-    for dirpath, dirnames, filenames in os.walk(upper):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            fix(path if via is None else os.path.join(via, os.path.relpath(path, upper)))
+    walk("")
     return changed
 
 
