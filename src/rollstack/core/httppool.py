@@ -30,10 +30,10 @@ CLIENT_KEEPALIVE_S = 4.0
 """Seconds rollstack's HTTP clients keep an idle pooled connection (< any server's keep-alive)."""
 
 
-def limits(max_connections: int | None = 100) -> httpx.Limits:
-    """httpx's pool limits with the client keep-alive (the module docstring says why)."""
-    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=20,
-                        keepalive_expiry=CLIENT_KEEPALIVE_S)
+def limits() -> httpx.Limits:
+    """httpx's default pool limits (100 connections, 20 kept alive) with the client keep-alive
+    (the module docstring says why)."""
+    return httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=CLIENT_KEEPALIVE_S)
 
 
 class PerThreadClient:
