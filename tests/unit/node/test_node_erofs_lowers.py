@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rollstack.node.erofs import ErofsLowers
+from rollstack.node.erofs import ErofsLowers, _hurry
 
 
 class _Lazy:
@@ -44,3 +44,26 @@ def test_ensure_times_out_without_losing_the_build(tmp_path: Path) -> None:
         assert _Ref(2).digest in lowers.failures()
     finally:
         lowers.stop()
+
+
+def test_hurry_lifts_a_background_build_to_normal_priority() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from components import require_root
+
+    require_root()  # lowering a nice value back to 0 needs CAP_SYS_NICE
+    code = "import os, time; os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0)); print(1, flush=True); time.sleep(30)"
+    proc = subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "1"
+        assert os.sched_getscheduler(proc.pid) == os.SCHED_BATCH
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == 10
+        _hurry(proc)
+        assert os.sched_getscheduler(proc.pid) == os.SCHED_OTHER
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    _hurry(proc)  # an exited build: nothing to do, no error
