@@ -57,15 +57,8 @@ class NodeConfig(BaseModel):
     """Idle cores a background EROFS build waits for first (at most 5 s); 0 = do not wait."""
     erofs_wait: float = Field(default=2.0, ge=0)
     """Seconds a create may wait for its layers' EROFS mounts (node/erofs.py): a GRPO group
-    (`count` > 1), and a create whose layers' build another create of the same wave already
-    started (`erofs_wave`), wait for it; the first create of a stack on the node never does,
-    nor does a later one while the build runs (it stacks FUSE lowers). 0 = never wait."""
-    erofs_wave: float = Field(default=0.5, ge=0)
-    """Seconds after a layer's first use within which another create of it is a sibling of the
-    same wave and waits for the build (a GRPO driver sends its rollouts together). A create
-    after that is sequential to the first, which took longer than this to be created and run:
-    it stacks FUSE lowers, whose page cache the first environment filled, instead of waiting
-    for the build and then reading everything again through a cold EROFS mount."""
+    (`count` > 1), and a create whose layers' build another create already started, wait for
+    it; the first create of a stack on the node never does. 0 = never wait."""
     materialize_budget: int = 32 << 30
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     materialize_min_free: int = 8 << 30

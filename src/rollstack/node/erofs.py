@@ -165,16 +165,6 @@ class ErofsLowers:
                     self._idle.clear()
                     self._queue.put(d)
 
-    def in_wave(self, refs: Iterable[Any], window: float) -> bool:
-        """Whether a create of `refs` now is a sibling of its layers' first use (a wave: each of
-        them that has no mount yet was first used less than `window` s ago). A later create,
-        sequential after the first, does better on FUSE lowers, whose page cache the earlier
-        environments filled, than waiting for the build (docs/lazy-store.md, "EROFS lowers")."""
-        now = time.monotonic()
-        with self._lock:
-            return all(now - self._first_use.get(r.digest, now) < window for r in refs
-                       if r.digest not in self._ready and r.digest not in self._failed)
-
     def ensure(self, refs: Iterable[Any], timeout: float) -> bool:
         """`used(refs)`, then wait up to `timeout` s until every one of them has its mount (or
         failed): the first environment of a stack on this node starts on EROFS lowers too.

@@ -260,9 +260,8 @@ class Stages:
 
         EROFS lowers (node/erofs.py): the layers' builds start here, as early as possible. The
         create that asks first for a layer does not wait for it (a lone cold start keeps its
-        time); a group, and a create that finds the build already under way within `erofs_wave`
-        s of the layer's first use (a sibling of the same wave), waits up to `erofs_wait` s so it
-        runs on EROFS lowers from its first second; a later one stacks FUSE lowers meanwhile."""
+        time); a group, and a create that finds the build already under way (a sibling of the
+        same wave), waits up to `erofs_wait` s so it runs on EROFS lowers from its first second."""
         t = time.perf_counter()
         stack = self.resolver.resolve(plan)
         t_resolved = time.perf_counter()
@@ -272,8 +271,7 @@ class Stages:
             self.lazy.fetch_all(refs)
         if self.erofs is not None:
             first = self.erofs.request(refs)
-            if self.config.erofs_wait > 0 and (count > 1 or (
-                    not first and self.erofs.in_wave(refs, self.config.erofs_wave))):
+            if self.config.erofs_wait > 0 and (count > 1 or not first):
                 self.erofs.ensure(refs, self.config.erofs_wait)
         lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
         if timings is not None:

@@ -1,8 +1,8 @@
 """EROFS lowers in a node (node/erofs.py, stages' lower choice): after the first environment of a
 stack, later ones stack each layer's EROFS mount instead of its FUSE directory, and behave the
-same (commands, files, diff); a GRPO group and a sibling of the same wave wait for the mounts
-(`erofs_wait`, `erofs_wave`), a lone first create and a later sequential one do not; with
-`erofs_lowers` off nothing is mounted; a node's stop leaves no mount."""
+same (commands, files, diff); a GRPO group waits for the mounts (`erofs_wait`), a lone first
+create does not; with `erofs_lowers`
+off nothing is mounted; a node's stop leaves no mount."""
 
 from __future__ import annotations
 
@@ -111,28 +111,3 @@ def test_erofs_lowers_off_keeps_fuse(corpus: str, tmp_path: Path) -> None:
     finally:
         service.stop()
     assert not (root / "erofs").exists()
-
-
-def test_a_sequential_create_stacks_fuse_while_a_sibling_of_the_wave_waits(corpus: str, tmp_path: Path) -> None:
-    need(supported(), "Linux >= 6.12 with EROFS (file-backed mounts)")
-    # the build stays in its grace unless a create waits for it (which ends the grace)
-    for wave, expect_erofs in ((0.0, False), (60.0, True)):
-        root = tmp_path / f"root-{wave:g}"
-        service = _node(corpus, root, erofs_grace=60, erofs_wait=60, erofs_wave=wave)
-        try:
-            first = service.create(plan(resources=SMALL))
-            remember(root, first.id)
-            second = service.create(plan(resources=SMALL))
-            remember(root, second.id)
-            lowers = _lowers(service, second.id)
-            if expect_erofs:  # a sibling of the wave: waited for the build
-                assert all(str(root / "erofs") in p for p in lowers), lowers
-            else:  # after the wave: FUSE lowers at once, the build left to its grace
-                assert all("lazy/mnt" in p for p in lowers), lowers
-                assert service.stages.erofs.stats()["ready"] == 0
-            _exercise(service, second.id)
-            service.destroy(first.id)
-            service.destroy(second.id)
-        finally:
-            service.stop()
-        assert not any(leftovers(root).values()), leftovers(root)

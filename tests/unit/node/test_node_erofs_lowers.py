@@ -67,16 +67,3 @@ def test_hurry_lifts_a_background_build_to_normal_priority() -> None:
         proc.kill()
         proc.wait()
     _hurry(proc)  # an exited build: nothing to do, no error
-
-
-def test_a_create_is_in_the_wave_only_soon_after_the_first_use(tmp_path: Path) -> None:
-    lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs", grace=30.0).start()
-    try:
-        lowers.used([_Ref(4)])
-        assert lowers.in_wave([_Ref(4)], 10.0)
-        assert not lowers.in_wave([_Ref(4)], 0.0)
-        lowers._first_use[_Ref(4).digest] -= 5.0  # as if first used 5 s ago
-        assert lowers.in_wave([_Ref(4)], 10.0) and not lowers.in_wave([_Ref(4)], 1.0)
-        assert lowers.in_wave([], 0.0)  # nothing pending: nothing to wait for anyway
-    finally:
-        lowers.stop()
