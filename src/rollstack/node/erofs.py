@@ -174,7 +174,9 @@ class ErofsLowers:
         with self._lock:
             self._urgent.update(digests)
             proc = self._proc
-        if proc is not None:  # a background build is under way: it now runs at normal priority
+        # a background build is under way: it now runs at normal priority (not once reaped:
+        # its pid may belong to another process by then)
+        if proc is not None and proc.returncode is None:
             _hurry(proc)
         self.used(refs)
         end = time.monotonic() + timeout
