@@ -54,7 +54,9 @@ def _remember(store: Any, cache_dir: Optional[Path], name_tag: str, digest: str,
     """Point this machine's resolution cache for `name_tag` at what was just written."""
     from rollstack.plan.resolve import Resolver, default_cache_dir
 
-    Resolver(store, cache_dir or default_cache_dir()).remember(name_tag, digest, [(d["digest"], d["size"]) for d in layers])
+    images = {d["digest"]: (d["erofs"]["digest"], d["erofs"]["size"]) for d in layers if d.get("erofs")}
+    Resolver(store, cache_dir or default_cache_dir()).remember(
+        name_tag, digest, [(d["digest"], d["size"]) for d in layers], images)
 
 
 @app.command("publish")

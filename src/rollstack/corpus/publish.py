@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from rollstack.corpus.cache import LoadedCorpus
 from rollstack.errors import NotFound
+from rollstack.plan import lowers
 
 
 @dataclass
@@ -42,10 +43,12 @@ class PublishedGroup:
 
 
 def build_key(corpus: LoadedCorpus, component: dict[str, Any]) -> str:
-    """Changes whenever the builder rebuilds the component's tree."""
+    """Changes whenever the builder rebuilds the component's tree (or the EROFS image version
+    published beside its layers changes)."""
     tree = corpus.component_dir(component["name"])
     st = tree.stat()
-    return f"{corpus.stamp(component['name'])}|{st.st_ino}|{st.st_mtime_ns}|{component['bytes']}|{component['files']}"
+    return (f"{corpus.stamp(component['name'])}|{st.st_ino}|{st.st_mtime_ns}|{component['bytes']}|{component['files']}"
+            f"|{lowers.media_type()}")
 
 
 def _load_cache(path: Path) -> dict[str, Any]:
@@ -75,10 +78,9 @@ def _still_there(store: Any, group: str, digest: str) -> int | None:
     if manifest.digest != digest:
         return None
     doc = parse_group_manifest(manifest.data) or {}
-    layers = doc.get("layers") or []
-    if not all(store.has_blob(name, layer["digest"]) for layer in layers):
+    if not all(store.has_blob(name, layer["digest"]) for layer in doc.get("layers") or []):
         return None
-    return sum(int(layer.get("size", 0)) for layer in layers)
+    return sum(int(layer.get("size", 0)) for layer in lowers.layer_descriptors(doc))
 
 
 def publish_corpus_groups(corpus: LoadedCorpus, store: Any, store_key: str, cache_path: Path, scratch: Path,

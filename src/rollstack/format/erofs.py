@@ -51,6 +51,10 @@ CHUNK_INDEXES = 0x20
 NULL_ADDR = 0xFFFFFFFF
 INLINE_MAX = 2048  # directory/symlink data up to this size is stored after its inode
 NAME_MAX = 255
+IMAGE_VERSION = 1
+"""Bump when the image layout or `blob_extents` change: an image published by another version
+names other blob offsets, so a node only mounts images of its own version (`IMAGE_MEDIA_TYPE`)."""
+IMAGE_MEDIA_TYPE = f"application/vnd.rollstack.erofs.v{IMAGE_VERSION}"
 
 FT = {EntryType.REG: 1, EntryType.DIR: 2, EntryType.CHAR: 3, EntryType.WHITEOUT: 3,
       EntryType.BLOCK: 4, EntryType.FIFO: 5, EntryType.SYMLINK: 7}
@@ -375,3 +379,30 @@ def build(toc: Toc, blob_tag: str = "") -> tuple[bytes, int]:
     """(metadata image, blob size in bytes) for a layer's TOC."""
     image = ErofsImage(toc, blob_tag)
     return image.encode(), image.blob_blocks * BLOCK
+
+
+def check_image(data: bytes, blob_tag: str) -> None:
+    """FormatError unless `data` looks like the image `build(toc, blob_tag)` makes: EROFS magic,
+    4 KiB blocks, the chunked-file and device-table features only, one device slot tagged with
+    the layer's digest and the uuid derived from it, and a size of `meta_blocks` blocks.
+
+    For an image fetched from a store (published beside a group, its digest named by the group
+    manifest): it catches an image of another layer, of another format version, or a truncated
+    one, before the kernel mounts it."""
+    tag = (blob_tag.partition(":")[2] or blob_tag).encode()[:64]
+    if len(data) < 2 * BLOCK or len(data) % BLOCK:
+        raise FormatError(f"EROFS image of {len(data)} bytes is not a whole number of blocks (>= 2)")
+    sb = _SUPER.unpack_from(data, SUPER_OFFSET)
+    magic, blkszbits, meta_blocks, uid, incompat = sb[0], sb[3], sb[9], sb[12], sb[14]
+    extra_devices, devt_slotoff = sb[16], sb[17]
+    if magic != MAGIC or blkszbits != BLOCK_BITS:
+        raise FormatError("not an EROFS image with 4 KiB blocks")
+    if incompat != INCOMPAT_CHUNKED_FILE | INCOMPAT_DEVICE_TABLE or extra_devices != 1 or devt_slotoff != SLOT_OFFSET // 128:
+        raise FormatError("EROFS image: unexpected features or device table")
+    if meta_blocks * BLOCK != len(data):
+        raise FormatError(f"EROFS image: {meta_blocks} blocks in the superblock, {len(data) // BLOCK} in the file")
+    if uid != uuid.uuid5(uuid.NAMESPACE_OID, tag.decode() or "rollstack").bytes:
+        raise FormatError("EROFS image: built for another layer (uuid)")
+    slot_tag = _SLOT.unpack_from(data, SLOT_OFFSET)[0].rstrip(b"\0")
+    if slot_tag != tag:
+        raise FormatError("EROFS image: its device is another layer's blob")

@@ -58,7 +58,12 @@ class NodeConfig(BaseModel):
     erofs_wait: float = Field(default=2.0, ge=0)
     """Seconds a create may wait for its layers' EROFS mounts (node/erofs.py): a GRPO group
     (`count` > 1), and a create whose layers' build another create already started, wait for
-    it; the first create of a stack on the node never does. 0 = never wait."""
+    it; the first create of a stack on the node never does, unless its layers' images were
+    published beside the group (then it waits for a fetch, not a build). 0 = never wait."""
+    erofs_published: bool = True
+    """Use the EROFS images `group publish`/`group import` publish beside a group's layers
+    (plan/lowers.py): fetched and checked instead of built, so even the first environment of
+    a stack on a node starts on EROFS lowers. False: every node builds its own."""
     materialize_budget: int = 32 << 30
     """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
     materialize_min_free: int = 8 << 30

@@ -91,11 +91,16 @@ def build_image(tocs_dir: Path, digest: str) -> bytes:
 class ErofsLowers:
     def __init__(self, root: Path, lazy: Any, tocs_dir: Path,
                  on_ready: Callable[[], None] | None = None, min_idle: float = 0.0, max_wait: float = 5.0,
-                 meter: Any = None, grace: float = 0.0) -> None:
+                 meter: Any = None, grace: float = 0.0,
+                 fetch_image: Callable[[Any], bytes] | None = None) -> None:
         self.root = Path(root)
         self.lazy = lazy  # LazyStore: its layer_dir() says where /blobs is
         self.tocs_dir = Path(tocs_dir)
         self.on_ready = on_ready  # called (worker thread) after a layer's mount is ready
+        # reads the image published beside a layer (ref.erofs, plan/lowers.py) from the store
+        self.fetch_image = fetch_image
+        self._published: dict[str, Any] = {}  # digest -> a LayerRef naming its published image
+        self._fetched = 0  # images taken from the store instead of built
         # a build nobody waits for first waits (up to max_wait s) for min_idle idle cores
         self.min_idle, self.max_wait, self.grace = min_idle, max_wait, grace
         self._first_use: dict[str, float] = {}
@@ -155,10 +160,21 @@ class ErofsLowers:
         self.used(refs)
         return {r.digest for r in refs} - known
 
+    def published(self, refs: Iterable[Any]) -> bool:
+        """Whether every one of `refs` is mounted already or has a published image to fetch
+        (no build: a create can wait for these at the cost of a fetch and a mount)."""
+        if self.fetch_image is None:
+            return False
+        with self._lock:
+            return all(r.digest in self._ready or (getattr(r, "erofs", "") and r.digest not in self._failed)
+                       for r in refs)
+
     def used(self, refs: Iterable[Any]) -> None:
         with self._lock:
             for ref in refs:
                 d = ref.digest
+                if getattr(ref, "erofs", "") and self.fetch_image is not None:
+                    self._published.setdefault(d, ref)
                 if d not in self._ready and d not in self._queued and d not in self._failed:
                     self._first_use.setdefault(d, time.monotonic())
                     self._queued.add(d)
@@ -195,7 +211,7 @@ class ErofsLowers:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             return {"ready": len(self._ready), "queued": len(self._queued), "failed": len(self._failed),
-                    "build_seconds": round(sum(self._seconds.values()), 3)}
+                    "fetched": self._fetched, "build_seconds": round(sum(self._seconds.values()), 3)}
 
     def failures(self) -> dict[str, str]:
         with self._lock:
@@ -241,6 +257,8 @@ class ErofsLowers:
         build (`ensure`)."""
         t0 = time.monotonic()
         with self._lock:
+            if digest in self._published:  # a fetch, not a build: nothing to keep off the CPU
+                return 0.0
             until = self._first_use.get(digest, t0) + self.grace
         while time.monotonic() < until and not self._urgent_now():
             time.sleep(min(0.05, max(0.0, until - time.monotonic())))
@@ -256,6 +274,10 @@ class ErofsLowers:
         hexd = digest.partition(":")[2]
         image = self.root / f"{hexd}.img"
         t0 = time.perf_counter()
+        with self._lock:
+            ref = self._published.get(digest)
+        if ref is not None and not image.exists():
+            self._fetch(ref, image)
         if not image.exists():
             tmp = image.with_name(image.name + ".tmp")
             with self._lock:
@@ -287,6 +309,29 @@ class ErofsLowers:
         with self._lock:
             self._seconds[digest] = time.perf_counter() - t0
         return target
+
+
+    def _fetch(self, ref: Any, image: Path) -> None:
+        """The image published beside the layer, checked (its digest, then that it is the
+        image of this layer in this format version) and written to `image`. On any failure the
+        layer's image is built here instead, as for an unpublished layer."""
+        from rollstack.format.erofs import check_image
+        from rollstack.store.names import sha256_digest
+
+        try:
+            assert self.fetch_image is not None
+            data = self.fetch_image(ref)
+            if sha256_digest(data) != ref.erofs:
+                raise ValueError(f"the image does not match its digest {ref.erofs}")
+            check_image(data, ref.digest)
+        except Exception as exc:  # noqa: BLE001 - an unusable image costs a build, never the layer
+            log.warning("published EROFS image of %s unusable (%s); building it here", ref.digest, exc)
+            return
+        tmp = image.with_name(image.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, image)
+        with self._lock:
+            self._fetched += 1
 
 
 def _hurry(proc: "subprocess.Popen[str]") -> None:

@@ -142,7 +142,9 @@ class Stages:
             if erofs.supported():
                 self.erofs = erofs.ErofsLowers(cfg.root / "erofs", self.lazy, cfg.lazy_dir / "state" / "tocs",
                                                on_ready=self._lowers_changed, grace=cfg.erofs_grace,
-                                               min_idle=cfg.erofs_min_idle).start()
+                                               min_idle=cfg.erofs_min_idle,
+                                               fetch_image=self._published_image if cfg.erofs_published else None,
+                                               ).start()
             else:
                 log.info("this kernel cannot mount EROFS from files: layers stay on FUSE lowers")
         if cfg.provision:
@@ -154,6 +156,15 @@ class Stages:
                                               res.max_cpu, res.max_memory, check_admission=False)
                 except Exception:  # noqa: BLE001 - it still runs, only without elastic quotas
                     log.exception("re-registering adopted environment %s failed", env.id)
+
+    def _published_image(self, ref: Any) -> bytes:
+        """The EROFS image published beside layer `ref` (plan/lowers.py), read from the store."""
+        from rollstack.plan.lowers import MAX_IMAGE_BYTES
+
+        if not 0 < ref.erofs_size <= MAX_IMAGE_BYTES:
+            raise ValueError(f"published image of {ref.erofs_size} bytes")
+        assert self.store is not None
+        return self.store.read_blob(ref.repo, ref.erofs, 0, ref.erofs_size)
 
     def _live_daemon(self) -> LazyStore | None:
         """A client of the lazy store daemon a previous agent left serving our mountpoint, if healthy."""
@@ -271,7 +282,8 @@ class Stages:
             self.lazy.fetch_all(refs)
         if self.erofs is not None:
             first = self.erofs.request(refs)
-            if self.config.erofs_wait > 0 and (count > 1 or not first):
+            # a group, a sibling of a wave, or layers whose images only need fetching
+            if self.config.erofs_wait > 0 and (count > 1 or not first or self.erofs.published(refs)):
                 self.erofs.ensure(refs, self.config.erofs_wait)
         lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
         if timings is not None:

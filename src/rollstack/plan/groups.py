@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rollstack.errors import InvalidRequest, ManifestNotFound
-from rollstack.format import LAYER_MEDIA_TYPE
+from rollstack.plan import lowers
 from rollstack.plan.artifacts import canonical, created_now, find_manifest, parse_manifest, put_manifest
 from rollstack.plan.refs import GroupRef
 
@@ -54,7 +54,7 @@ class PublishResult:
     name: str
     tag: str
     digest: str  # the group manifest's digest
-    layers: list[dict[str, Any]] = field(default_factory=list)  # {"digest", "size", "source"}
+    layers: list[dict[str, Any]] = field(default_factory=list)  # {"digest", "size", "source"[, "erofs"]}
     uploaded_bytes: int = 0
     uploaded_blobs: int = 0
     unchanged: bool = False  # the tag already named exactly this group
@@ -121,12 +121,19 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
     if progress:
         progress.done()
 
-    existing = find_manifest(store, name, tag, parse_group_manifest) if created is None else None
-    if existing is not None:
+    existing = find_manifest(store, name, tag, parse_group_manifest)
+    known = lowers.image_descriptors(existing[1]) if existing is not None else {}
+    images, image_bytes, image_blobs = publish_images(store, name, layers, known)
+    result.uploaded_bytes += image_bytes
+    result.uploaded_blobs += image_blobs
+    for doc in layer_docs:
+        if doc["digest"] in images:
+            doc["erofs"] = {"digest": images[doc["digest"]][0], "size": images[doc["digest"]][1]}
+    if existing is not None and created is None:
         old_digest, old = existing
         ann = old.get("annotations") or {}
-        if ([(d["digest"], d["size"]) for d in old.get("layers", [])] == [(x.digest, x.size) for x in layers]
-                and ann.get(ANN_KIND) == kind and ann.get(ANN_SOURCE, "") == source_desc):
+        if ([(d["digest"], d["size"]) for d in lowers.layer_descriptors(old)] == [(x.digest, x.size) for x in layers]
+                and known == images and ann.get(ANN_KIND) == kind and ann.get(ANN_SOURCE, "") == source_desc):
             result.digest, result.unchanged = old_digest, True
             return result
 
@@ -144,9 +151,44 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
     result.digest, _ = put_manifest(
         store, name, tag, GROUP_ARTIFACT_TYPE,
         {"mediaType": GROUP_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
-        [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer.digest, "size": layer.size} for layer in layers],
+        lowers.manifest_layers([(layer.digest, layer.size) for layer in layers], images),
         {ANN_KIND: kind, ANN_CREATED: created, ANN_SOURCE: source_desc})
     return result
+
+
+def publish_images(store: Any, name: str, layers: list[BuiltLayer],
+                   known: dict[str, tuple[str, int]]) -> tuple[dict[str, tuple[str, int]], int, int]:
+    """Each layer's EROFS metadata image (plan/lowers.py) in the store: layer digest ->
+    (image digest, size), plus the bytes and blobs uploaded. An image the tag's manifest already
+    names (`known`) is kept if the store still has it; the others are built from the layer's
+    TOC (the local blob, else the store's) and uploaded."""
+    from rollstack.format.reader import read_toc
+    from rollstack.format.source import FileBlobSource
+    from rollstack.store.names import sha256_digest
+    from rollstack.store.source import StoreBlobSource
+
+    out: dict[str, tuple[str, int]] = {}
+    uploaded = blobs = 0
+    for layer in layers:
+        if layer.digest in out:
+            continue
+        if layer.digest in known and store.has_blob(name, known[layer.digest][0]):
+            out[layer.digest] = known[layer.digest]
+            continue
+        if layer.path is not None:
+            with FileBlobSource(layer.path) as src:
+                toc = read_toc(src).toc
+        else:
+            toc = read_toc(StoreBlobSource(store, name, layer.digest, layer.size)).toc
+        image = lowers.image_for(toc, layer.digest)
+        if image is None or len(image) > lowers.MAX_IMAGE_BYTES:
+            continue  # the layer stays on FUSE lowers
+        digest = sha256_digest(image)
+        if store.put_blob(name, digest, image):
+            uploaded += len(image)
+            blobs += 1
+        out[layer.digest] = (digest, len(image))
+    return out, uploaded, blobs
 
 
 def convert_sources(sources: list[Path], work: Path, progress: Progress | None = None) -> list[BuiltLayer]:
@@ -191,7 +233,7 @@ def list_groups(store: Any) -> list[GroupInfo]:
             doc = parse_group_manifest(manifest.data)
             if doc is None:
                 continue
-            layers = doc.get("layers") or []
+            layers = lowers.layer_descriptors(doc)
             ann = doc.get("annotations") or {}
             out.append(GroupInfo(
                 name=repo, tag=tag, digest=manifest.digest, kind=ann.get(ANN_KIND, default_kind(repo)),

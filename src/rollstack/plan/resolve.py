@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstack.errors import FormatError, GroupNotFound, InvalidRequest, ManifestNotFound, RegistryError
+from rollstack.plan import lowers
 from rollstack.plan.groups import parse_group_manifest
 from rollstack.plan.model import Plan, load_plan
 from rollstack.plan.refs import GroupRef
@@ -42,9 +43,14 @@ class LayerRef:
     digest: str
     size: int
     group: str  # the group reference as written in the plan
+    erofs: str = ""  # the digest of its EROFS metadata image published beside it (plan/lowers.py)
+    erofs_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"digest": self.digest, "size": self.size, "group": self.group, "repo": self.repo}
+        doc: dict[str, Any] = {"digest": self.digest, "size": self.size, "group": self.group, "repo": self.repo}
+        if self.erofs:
+            doc["erofs"] = {"digest": self.erofs, "size": self.erofs_size}
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,7 @@ class _Entry:
     digest: str
     layers: list[tuple[str, int]]
     fetched: float  # time.time() of the last check against the store
+    images: dict[str, tuple[str, int]] = field(default_factory=dict)  # layer -> its EROFS image
 
 
 class Resolver:
@@ -128,17 +135,19 @@ class Resolver:
             entry, hit = self._entry(ref, text)
             hits += hit
             groups.append(ResolvedGroup(text, ref.name, entry.digest, len(entry.layers)))
-            layers.extend(LayerRef(ref.name, digest, size, text) for digest, size in entry.layers)
+            layers.extend(LayerRef(ref.name, digest, size, text, *entry.images.get(digest, ("", 0)))
+                          for digest, size in entry.layers)
         return ResolvedStack(_dedupe(layers), groups, None, time.perf_counter() - start, hits)
 
-    def remember(self, name_tag: str, digest: str, layers: list[tuple[str, int]]) -> None:
+    def remember(self, name_tag: str, digest: str, layers: list[tuple[str, int]],
+                 images: dict[str, tuple[str, int]] | None = None) -> None:
         """Record that tag `name_tag` names group manifest `digest` now (what `group publish`
         and `group import` just wrote), so a resolution on this machine sees the new version at
         once instead of after the TTL. Other machines' caches still re-check only after their TTL."""
         ref = GroupRef.parse(name_tag)
         if ref.pinned:
             raise InvalidRequest(f"{name_tag!r}: remember a tag, not a digest")
-        entry = _Entry(digest, [(str(d), int(size)) for d, size in layers], time.time())
+        entry = _Entry(digest, [(str(d), int(size)) for d, size in layers], time.time(), dict(images or {}))
         key = self._key(ref)
         with self._lock:
             self._memory[key] = entry
@@ -182,8 +191,8 @@ class Resolver:
             raise FormatError(f"{text!r} is not a rollstack group (convert images with `rollstack group import`)")
         if ref.pinned and manifest.digest != ref.digest:
             raise FormatError(f"{text!r}: the store returned manifest {manifest.digest}")
-        layers = [(str(layer["digest"]), int(layer["size"])) for layer in doc.get("layers") or []]
-        return _Entry(manifest.digest, layers, time.time())
+        layers = [(str(layer["digest"]), int(layer["size"])) for layer in lowers.layer_descriptors(doc)]
+        return _Entry(manifest.digest, layers, time.time(), lowers.image_descriptors(doc))
 
     def _path(self, key: str) -> Path | None:
         return self.cache_dir / f"{key}.json" if self.cache_dir else None
@@ -194,7 +203,8 @@ class Resolver:
             return None
         try:
             doc = json.loads(path.read_text())
-            entry = _Entry(doc["digest"], [(d, int(s)) for d, s in doc["layers"]], float(doc["fetched"]))
+            entry = _Entry(doc["digest"], [(d, int(s)) for d, s in doc["layers"]], float(doc["fetched"]),
+                           {k: (str(v[0]), int(v[1])) for k, v in (doc.get("images") or {}).items()})
         except (OSError, ValueError, KeyError, TypeError):
             return None
         self._memory[key] = entry
@@ -208,7 +218,8 @@ class Resolver:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "w") as f:
-                json.dump({"digest": entry.digest, "layers": entry.layers, "fetched": entry.fetched}, f)
+                json.dump({"digest": entry.digest, "layers": entry.layers, "fetched": entry.fetched,
+                           "images": entry.images}, f)
             os.replace(tmp, path)
         except OSError as exc:  # the cache is an optimisation: never fail a resolution over it
             log.warning("cannot write resolve cache %s: %s", path, exc)

@@ -1,8 +1,9 @@
-"""EROFS lowers in a node (node/erofs.py, stages' lower choice): after the first environment of a
-stack, later ones stack each layer's EROFS mount instead of its FUSE directory, and behave the
-same (commands, files, diff); a GRPO group waits for the mounts (`erofs_wait`), a lone first
-create does not; with `erofs_lowers`
-off nothing is mounted; a node's stop leaves no mount."""
+"""EROFS lowers in a node (node/erofs.py, stages' lower choice): with the images published beside
+the group (plan/lowers.py) even the first environment stacks EROFS mounts, fetched not built;
+without them, after the first environment of a stack later ones stack each layer's EROFS mount
+instead of its FUSE directory, and behave the same (commands, files, diff); a GRPO group waits
+for the mounts (`erofs_wait`), a lone first create does not; with `erofs_lowers` off nothing is
+mounted; a node's stop leaves no mount."""
 
 from __future__ import annotations
 
@@ -48,10 +49,36 @@ def _exercise(service: NodeService, env_id: str) -> None:
     assert "made.txt" in service.diff(env_id)
 
 
-def test_later_environments_stack_erofs_mounts(corpus: str, tmp_path: Path) -> None:
+def test_published_images_put_the_first_environment_on_erofs(corpus: str, tmp_path: Path) -> None:
     need(supported(), "Linux >= 6.12 with EROFS (file-backed mounts)")
     root = tmp_path / "root"
     service = _node(corpus, root)
+    try:
+        stack = service.stages.resolver.resolve(plan(resources=SMALL))
+        assert stack.layers and all(layer.erofs for layer in stack.layers)  # publish made them
+        first = service.create(plan(resources=SMALL))  # alone and first: waits for a fetch only
+        remember(root, first.id)
+        lowers = _lowers(service, first.id)
+        assert lowers and all(str(root / "erofs") in p for p in lowers), lowers
+        stats = service.stages.erofs.stats()
+        assert stats["fetched"] == len(stack.layers) and stats["failed"] == 0, stats
+        for layer in stack.layers:  # what was fetched is what this node would have built
+            from rollstack.node.erofs import build_image
+
+            hexd = layer.digest.partition(":")[2]
+            built = build_image(root / "lazy" / "state" / "tocs", layer.digest)
+            assert (root / "erofs" / f"{hexd}.img").read_bytes() == built
+        _exercise(service, first.id)
+        service.destroy(first.id)
+    finally:
+        service.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+
+
+def test_later_environments_stack_erofs_mounts(corpus: str, tmp_path: Path) -> None:
+    need(supported(), "Linux >= 6.12 with EROFS (file-backed mounts)")
+    root = tmp_path / "root"
+    service = _node(corpus, root, erofs_published=False)
     try:
         first = service.create(plan(resources=SMALL))
         remember(root, first.id)
@@ -74,7 +101,7 @@ def test_later_environments_stack_erofs_mounts(corpus: str, tmp_path: Path) -> N
 def test_a_group_waits_for_the_mounts_and_a_lone_first_create_does_not(corpus: str, tmp_path: Path) -> None:
     need(supported(), "Linux >= 6.12 with EROFS (file-backed mounts)")
     root = tmp_path / "root"
-    service = _node(corpus, root, erofs_wait=60)
+    service = _node(corpus, root, erofs_wait=60, erofs_published=False)
     try:
         group = service.create_many(plan(resources=SMALL), 2)  # the stack's first create: a group
         for env in group:
@@ -88,7 +115,7 @@ def test_a_group_waits_for_the_mounts_and_a_lone_first_create_does_not(corpus: s
         service.stop()
     assert not any(leftovers(root).values()), leftovers(root)
     root2 = tmp_path / "root2"
-    service = _node(corpus, root2, erofs_wait=60)
+    service = _node(corpus, root2, erofs_wait=60, erofs_published=False)
     try:
         env = service.create(plan(resources=SMALL))  # alone and first: never waits
         remember(root2, env.id)

@@ -17,7 +17,8 @@ import pytest
 from oci_image_helpers import write_oci_image
 from rollstack.errors import GroupNotFound, InvalidRequest
 from rollstack.format.reader import open_toc
-from rollstack.plan.groups import GROUP_ARTIFACT_TYPE, LAYER_MEDIA_TYPE, list_groups, publish_group, summarize
+from rollstack.format import LAYER_MEDIA_TYPE, erofs
+from rollstack.plan.groups import GROUP_ARTIFACT_TYPE, list_groups, publish_group, summarize
 from rollstack.plan.imports import import_image
 from rollstack.plan.resolve import Resolver
 from rollstack.store import StoreBlobSource
@@ -44,14 +45,20 @@ def test_publish_republish_list_resolve(store, tmp_path: Path):
 
     first = publish_group(store, f"{os_name}:bookworm", [base], kind="os")
     second = publish_group(store, f"{repo_name}:23.2.0", [repo])
-    assert first.uploaded_blobs == 2 and first.uploaded_bytes > 0  # layer + config
+    assert first.uploaded_blobs == 3 and first.uploaded_bytes > 0  # layer + its EROFS image + config
     again = publish_group(store, f"{os_name}:bookworm", [base], kind="os")
     assert (again.uploaded_blobs, again.uploaded_bytes, again.unchanged) == (0, 0, True)
     assert again.digest == first.digest
 
     manifest = json.loads(store.get_manifest(os_name, "bookworm").data)
     assert manifest["artifactType"] == GROUP_ARTIFACT_TYPE
-    assert manifest["layers"][0]["mediaType"] == LAYER_MEDIA_TYPE
+    layer, image = manifest["layers"]  # the layer, then its EROFS image (plan/lowers.py)
+    assert layer["mediaType"] == LAYER_MEDIA_TYPE
+    assert image["mediaType"] == erofs.IMAGE_MEDIA_TYPE
+    assert image["annotations"]["io.rollstack.erofs.layer"] == layer["digest"]
+    assert first.layers[0]["erofs"] == {"digest": image["digest"], "size": image["size"]}
+    toc = open_toc(StoreBlobSource(store, os_name, layer["digest"]))
+    assert store.read_blob(os_name, image["digest"], 0, image["size"]) == erofs.build(toc, layer["digest"])[0]
     assert manifest["annotations"]["io.rollstack.kind"] == "os"
 
     groups = {f"{g.name}:{g.tag}": g for g in list_groups(store)}
@@ -66,6 +73,9 @@ def test_publish_republish_list_resolve(store, tmp_path: Path):
     assert [layer.group for layer in stack.layers] == plan["groups"]
     assert [layer.digest for layer in stack.layers] == [first.layers[0]["digest"], second.layers[0]["digest"]]
     assert stack.evaluator is not None and stack.evaluator.layers[0].digest == first.layers[0]["digest"]
+    assert (stack.layers[0].erofs, stack.layers[0].erofs_size) == (image["digest"], image["size"])
+    other = Resolver(store, tmp_path / "cache", ttl=60)  # another process: the disk cache
+    assert other.resolve(plan).layers == stack.layers and other.store_lookups == 0
 
     # the resolved layers are readable through the store, each the tree its group was made of
     # (how overlayfs stacks them is tested against the kernel in tests/integration/run)
@@ -132,6 +142,7 @@ def test_import_from_oci_layout_and_registry(store, registry, tmp_path: Path):
     again = import_image(f"oci:{image}:t", f"{name}:1", store, cache_dir=cache)
     assert (again.converted, again.cached, again.uploaded_bytes) == (0, 2, 0)
     assert again.digest == first.digest
+    assert all(layer["erofs"]["size"] > 0 for layer in first.layers)  # an image beside each layer
 
     stack = Resolver(store).resolve_groups([f"{name}:1"])
     tocs = [open_toc(StoreBlobSource(store, layer.repo, layer.digest)) for layer in stack.layers]

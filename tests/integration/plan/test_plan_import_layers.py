@@ -194,9 +194,11 @@ def test_registry_layers_stream_into_the_converter(tmp_path: Path, registry, reg
     streamed = import_image(f"docker://{remote}", f"{name}:1", registry_store, cache_dir=tmp_path / "c2")
     assert streamed.transfer == "registry-stream" and streamed.converted == len(LAYERS)
     assert [x["digest"] for x in streamed.layers] == [x["digest"] for x in from_layout.layers]
-    assert streamed.uploaded_blobs == len(LAYERS) + 1  # the layers (uploaded while converting) + config
+    # the layers (uploaded while converting), their EROFS images (plan/lowers.py) and the config
+    assert streamed.uploaded_blobs == 2 * len(LAYERS) + 1
     for layer in streamed.layers:
         assert registry_store.has_blob(name, layer["digest"])
+        assert registry_store.has_blob(name, layer["erofs"]["digest"])
 
 
 def test_blob_stream_checks_the_digest() -> None:

@@ -126,3 +126,24 @@ def test_a_decoded_toc_gives_the_same_extents_from_its_columns():
     assert decoded.data_files() == ([1, 5], [5, 9000])
     assert erofs.blob_extents(decoded) == erofs.blob_extents(toc) == [(1, 0, 5), (5, 1, 9000)]
     assert erofs.build(decoded)[0] == erofs.build(toc)[0]
+
+
+def test_check_image_accepts_its_own_image_and_rejects_another_layers_or_a_damaged_one():
+    digest = "sha256:" + "ab" * 32
+    image = erofs.build(_files([10, 5000, 0]), digest)[0]
+    erofs.check_image(image, digest)
+    with pytest.raises(FormatError, match="another layer"):
+        erofs.check_image(image, "sha256:" + "cd" * 32)
+    with pytest.raises(FormatError, match="blocks"):
+        erofs.check_image(image[:-erofs.BLOCK], digest)  # truncated
+    with pytest.raises(FormatError, match="whole number"):
+        erofs.check_image(image[:100], digest)
+    bad = bytearray(image)
+    bad[erofs.SUPER_OFFSET:erofs.SUPER_OFFSET + 4] = b"\0\0\0\0"
+    with pytest.raises(FormatError, match="not an EROFS"):
+        erofs.check_image(bytes(bad), digest)
+    slot = bytearray(image)
+    slot[erofs.SLOT_OFFSET:erofs.SLOT_OFFSET + 64] = ("cd" * 32).encode()
+    with pytest.raises(FormatError, match="another layer's blob"):
+        erofs.check_image(bytes(slot), digest)
+    assert erofs.IMAGE_MEDIA_TYPE.endswith(f".v{erofs.IMAGE_VERSION}")

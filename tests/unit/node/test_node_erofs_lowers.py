@@ -67,3 +67,61 @@ def test_hurry_lifts_a_background_build_to_normal_priority() -> None:
         proc.kill()
         proc.wait()
     _hurry(proc)  # an exited build: nothing to do, no error
+
+
+class _PublishedRef(_Ref):
+    def __init__(self, n: int, image: bytes) -> None:
+        from rollstack.store.names import sha256_digest
+
+        super().__init__(n)
+        self.erofs, self.erofs_size = sha256_digest(image), len(image)
+
+
+def _image(ref: _Ref) -> bytes:
+    from rollstack.format import erofs
+    from rollstack.format.toc import EntryType, Toc, TocEntry
+
+    toc = Toc([TocEntry(path="", type=EntryType.DIR, mode=0o755),
+               TocEntry(path="f", type=EntryType.REG, mode=0o644, size=5)])
+    return erofs.build(toc, ref.digest)[0]
+
+
+def test_a_published_image_is_fetched_checked_and_written_without_a_grace(tmp_path: Path) -> None:
+    good = _PublishedRef(3, _image(_Ref(3)))
+    asked: list[str] = []
+
+    def fetch(ref: _PublishedRef) -> bytes:
+        asked.append(ref.digest)
+        return _image(ref)
+
+    lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs", grace=30.0, fetch_image=fetch).start()
+    try:
+        assert lowers.published([good]) and not lowers.published([_Ref(4)])
+        t = time.monotonic()
+        lowers.used([good])  # no ensure: a fetch does not wait for the grace
+        assert lowers.wait_idle(10) and time.monotonic() - t < 5
+        assert asked == [good.digest] and lowers.stats()["fetched"] == 1
+        hexd = good.digest.partition(":")[2]
+        assert (tmp_path / "erofs" / f"{hexd}.img").read_bytes() == _image(good)
+        # the mount itself fails here (no lazy store blob): the layer then stays on FUSE
+        assert good.digest in lowers.failures() and not lowers.published([good])
+    finally:
+        lowers.stop()
+
+
+def test_an_image_that_fails_its_checks_is_built_here_instead(tmp_path: Path) -> None:
+    other = _image(_Ref(6))  # a valid image, of another layer
+    wrong_layer = _PublishedRef(5, other)  # its digest matches the bytes: only check_image sees it
+    wrong_digest = _PublishedRef(7, _image(_Ref(7)))
+    served = {wrong_layer.digest: other, wrong_digest.digest: _image(_Ref(7)) + b"\0"}
+    lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs",
+                         fetch_image=lambda ref: served[ref.digest]).start()
+    try:
+        for ref in (wrong_layer, wrong_digest):
+            assert lowers.ensure([ref], timeout=10) is False
+            # nothing written from the store; the local build ran (and failed: no TOC cached)
+            assert not (tmp_path / "erofs" / f"{ref.digest.partition(':')[2]}.img").exists()
+            assert "not in" in lowers.failures()[ref.digest]
+        assert lowers.stats()["fetched"] == 0
+    finally:
+        lowers.stop()
