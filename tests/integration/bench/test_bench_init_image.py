@@ -33,7 +33,7 @@ def test_bench_init_image_on_a_single_layer_layout(tmp_path: Path) -> None:
                                          cold=1, warm=1, work=Path("/var/cache/rollstack/bench-init-image-test"),
                                          log=lambda m: None))
     kinds = {s["kind"] for s in doc["samples"]}
-    assert kinds == {"containerd_cold", "containerd_warm", "rollstack_first_ever", "rollstack_warm_fuse",
+    assert kinds == {"containerd_cold", "containerd_warm", "rollstack_first_ever", "rollstack_warm_next",
                      "rollstack_warm_materialized"}
     assert all(s["exit_code"] == 0 for s in doc["samples"]), [s for s in doc["samples"] if s["exit_code"]]
     assert doc["import"]["converted"] == 1 and doc["import"]["reimport_converted"] == 0

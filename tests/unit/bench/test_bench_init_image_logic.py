@@ -27,6 +27,14 @@ def test_summary_and_targets():
     assert targets({}) == {}
 
 
+def test_warm_next_is_compared_with_containerd_warm():
+    s = summary([{"kind": "containerd_warm", "first_cmd_s": 1.0}, {"kind": "containerd_warm", "first_cmd_s": 1.2},
+                 {"kind": "rollstack_warm_next", "first_cmd_s": 1.21}, {"kind": "rollstack_warm_materialized", "first_cmd_s": 0.9}])
+    assert s["rollstack_warm_next"]["vs_containerd_warm"] == pytest.approx(1.1)
+    assert s["rollstack_warm_materialized"]["vs_containerd_warm"] == pytest.approx(0.9 / 1.1)
+    assert targets(s)["warm_next_vs_containerd_warm"]["met"] is False  # never slower than containerd warm
+
+
 def test_exec_summary_ratio():
     out = summarize([{"system": "rollstack", "commands": {"a": 1.2}}, {"system": "rollstack", "commands": {"a": 1.4}},
                      {"system": "docker-equivalent", "commands": {"a": 1.0}}])
