@@ -14,6 +14,12 @@ kernel work on a local image (native speed), and only file data is read from the
 file of the lazy store, on misses of EROFS' own page cache (same fetch, cache and trace path as
 the FUSE tree), which every environment stacking the mount shares.
 
+An image published beside the layer (plan/lowers.py: `group publish`/`import` name it in the
+group manifest, `LayerRef.erofs`) is fetched instead (`fetch_image`), checked (its digest, then
+`format.erofs.check_image`) and mounted by a worker of its own, never queued behind a build:
+~15-20 ms, so a create can wait for it, the first one of a stack included. An image that fails
+a check is built here as if none had been published.
+
 Lower choice per layer (node/stages.py): materialized directory > EROFS mount > FUSE directory.
 A layer EROFS cannot express (format.erofs raises FormatError: an xattr namespace without an
 EROFS index, a name over 255 bytes) stays on FUSE; so does every layer when the kernel lacks
@@ -112,11 +118,14 @@ class ErofsLowers:
         self._failed: dict[str, str] = {}
         self._seconds: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._queue: "queue.Queue[str | None]" = queue.Queue()
+        self._queue: "queue.Queue[str | None]" = queue.Queue()  # builds
+        # fetches of published images: their own worker, never queued behind a build
+        self._fetches: "queue.Queue[str | None]" = queue.Queue()
         self._idle = threading.Event()
+        self._stopping = threading.Event()  # stop(): a build waiting for its grace gives up
         self._idle.set()
         self._done = threading.Condition(self._lock)  # notified when a layer is ready or failed
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._proc: subprocess.Popen[str] | None = None  # the background build under way
 
     def start(self) -> "ErofsLowers":
@@ -130,15 +139,20 @@ class ErofsLowers:
                     log.warning("cannot clear stale EROFS mount %s", child)
             elif child.name.endswith(".tmp"):
                 child.unlink(missing_ok=True)
-        self._thread = threading.Thread(target=self._run, name="erofs-lowers", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, args=(q,), name=name, daemon=True)
+                         for q, name in ((self._queue, "erofs-build"), (self._fetches, "erofs-fetch"))]
+        for t in self._threads:
+            t.start()
         return self
 
     def stop(self) -> None:
-        if self._thread is not None:
+        self._stopping.set()
+        if self._threads:
             self._queue.put(None)
-            self._thread.join(timeout=30)
-            self._thread = None
+            self._fetches.put(None)
+            for t in self._threads:
+                t.join(timeout=30)
+            self._threads = []
         with self._lock:
             ready, self._ready = self._ready, {}
         for path in ready.values():
@@ -179,7 +193,7 @@ class ErofsLowers:
                     self._first_use.setdefault(d, time.monotonic())
                     self._queued.add(d)
                     self._idle.clear()
-                    self._queue.put(d)
+                    (self._fetches if d in self._published else self._queue).put(d)
 
     def ensure(self, refs: Iterable[Any], timeout: float) -> bool:
         """`used(refs)`, then wait up to `timeout` s until every one of them has its mount (or
@@ -218,13 +232,15 @@ class ErofsLowers:
             return dict(self._failed)
 
     # -- the worker ------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, jobs: "queue.Queue[str | None]") -> None:
         while True:
-            digest = self._queue.get()
+            digest = jobs.get()
             if digest is None:
                 return
             try:
                 self._pace(digest)
+                if self._stopping.is_set():
+                    raise RuntimeError("the node is stopping")
                 path = self._prepare(digest)
             except Exception as exc:  # noqa: BLE001 - the layer stays on its FUSE lower
                 log.warning("EROFS lower for %s unavailable: %s", digest, exc)
@@ -260,7 +276,7 @@ class ErofsLowers:
             if digest in self._published:  # a fetch, not a build: nothing to keep off the CPU
                 return 0.0
             until = self._first_use.get(digest, t0) + self.grace
-        while time.monotonic() < until and not self._urgent_now():
+        while time.monotonic() < until and not self._urgent_now() and not self._stopping.is_set():
             time.sleep(min(0.05, max(0.0, until - time.monotonic())))
         if self.min_idle > 0:
             if self._pacer is None:

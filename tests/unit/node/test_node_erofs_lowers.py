@@ -125,3 +125,20 @@ def test_an_image_that_fails_its_checks_is_built_here_instead(tmp_path: Path) ->
         assert lowers.stats()["fetched"] == 0
     finally:
         lowers.stop()
+
+
+def test_a_fetch_is_never_queued_behind_a_build(tmp_path: Path) -> None:
+    published = _PublishedRef(8, _image(_Ref(8)))
+    lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs", grace=30.0,
+                         fetch_image=lambda ref: _image(ref)).start()
+    try:
+        lowers.used([_Ref(9)])  # a build, waiting out its 30 s grace in the build worker
+        time.sleep(0.2)
+        t = time.monotonic()
+        lowers.used([published])
+        while published.digest not in lowers.failures() and time.monotonic() - t < 10:
+            time.sleep(0.02)  # fetched, then its mount fails here (no lazy store blob)
+        assert time.monotonic() - t < 5 and lowers.stats()["fetched"] == 1
+        assert _Ref(9).digest not in lowers.failures()  # the build is still in its grace
+    finally:
+        lowers.stop()
