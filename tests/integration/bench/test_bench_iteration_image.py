@@ -49,8 +49,11 @@ def test_bench_iteration_on_an_imported_image(tmp_path: Path) -> None:
             assert set(r["steps"]) == {"step-1", "step-2", "step-3", "write"} and not any(r["steps"].values()), r
             assert [p["name"] for p in r["phases"]] == ["init", "exec", "eval", "destroy"]
             assert r["eval_cmd_s"] > 0 and set(r["step_s"]) == set(r["steps"])
-    # a fresh node's first environments stack the layer's FUSE directory (nothing materialized yet)
-    assert any(r["fuse_lowers"] for r in doc["rollouts"]["rollstack-cold"])
+    # the import published the layer's EROFS image, so even a fresh node's first environments
+    # stack its EROFS mount, never the FUSE directory (without file-backed EROFS: always FUSE)
+    from rollstack.node.erofs import supported
+
+    assert all(r["fuse_lowers"] is (not supported()) for r in doc["rollouts"]["rollstack-cold"])
     assert all(r["fuse_lowers"] is None for r in doc["rollouts"]["docker-equivalent-cold"])
     for name, s in doc["systems"].items():
         assert s["ok"] == 4 and 0 < s["init_share"] < 1 and s["exec_p50"] > 0, name
