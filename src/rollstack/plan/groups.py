@@ -101,8 +101,11 @@ def parse_group_manifest(data: bytes) -> dict[str, Any] | None:
 
 def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *, kind: str | None = None,
                    source_desc: str | None = None, created: str | None = None,
-                   progress: Progress | None = None) -> PublishResult:
-    """Upload `layers` (bottom first) and tag a group manifest over them."""
+                   progress: Progress | None = None,
+                   images: tuple[dict[str, tuple[str, int]], int, int] | None = None) -> PublishResult:
+    """Upload `layers` (bottom first) and tag a group manifest over them. `images`: what
+    `publish_images` already returned for these layers (an import builds them while its layer
+    uploads run); else their EROFS images are published here."""
     kind = kind or default_kind(name)
     source_desc = source_desc or ", ".join(layer.source for layer in layers if layer.source)
     layer_docs = [{"digest": layer.digest, "size": layer.size, "source": layer.source} for layer in layers]
@@ -123,17 +126,17 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
 
     existing = find_manifest(store, name, tag, parse_group_manifest)
     known = lowers.image_descriptors(existing[1]) if existing is not None else {}
-    images, image_bytes, image_blobs = publish_images(store, name, layers, known)
+    image_set, image_bytes, image_blobs = images or publish_images(store, name, layers, known)
     result.uploaded_bytes += image_bytes
     result.uploaded_blobs += image_blobs
     for doc in layer_docs:
-        if doc["digest"] in images:
-            doc["erofs"] = {"digest": images[doc["digest"]][0], "size": images[doc["digest"]][1]}
+        if doc["digest"] in image_set:
+            doc["erofs"] = {"digest": image_set[doc["digest"]][0], "size": image_set[doc["digest"]][1]}
     if existing is not None and created is None:
         old_digest, old = existing
         ann = old.get("annotations") or {}
         if ([(d["digest"], d["size"]) for d in lowers.layer_descriptors(old)] == [(x.digest, x.size) for x in layers]
-                and known == images and ann.get(ANN_KIND) == kind and ann.get(ANN_SOURCE, "") == source_desc):
+                and known == image_set and ann.get(ANN_KIND) == kind and ann.get(ANN_SOURCE, "") == source_desc):
             result.digest, result.unchanged = old_digest, True
             return result
 
@@ -151,7 +154,7 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
     result.digest, _ = put_manifest(
         store, name, tag, GROUP_ARTIFACT_TYPE,
         {"mediaType": GROUP_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
-        lowers.manifest_layers([(layer.digest, layer.size) for layer in layers], images),
+        lowers.manifest_layers([(layer.digest, layer.size) for layer in layers], image_set),
         {ANN_KIND: kind, ANN_CREATED: created, ANN_SOURCE: source_desc})
     return result
 
