@@ -74,6 +74,9 @@ def publish(
 ) -> None:
     """Publish SRC... as group NAME:TAG; prints the group's digest. Unchanged blobs are not uploaded.
 
+    Each layer's EROFS metadata image is published beside it, so nodes mount it instead of
+    building it (docs/packaging.md).
+
     This machine's resolution cache learns the new digest at once; other machines' caches pick it
     up within their tag TTL (60 s by default, `plan resolve --ttl`)."""
     from rollstack.plan.groups import publish_group
@@ -92,7 +95,9 @@ def publish(
         doc["probe"] = probe_group(st.url, [name_tag], probe)
 
     def human(d: dict[str, Any]) -> None:
-        stderr.print(f"{d['name']}:{d['tag']}: {len(d['layers'])} layer(s), uploaded {d['uploaded_blobs']} blob(s), "
+        images = sum(1 for layer in d["layers"] if layer.get("erofs"))
+        stderr.print(f"{d['name']}:{d['tag']}: {len(d['layers'])} layer(s) ({images} with an EROFS image), "
+                     f"uploaded {d['uploaded_blobs']} blob(s), "
                      f"{d['uploaded_bytes']} bytes{' (unchanged)' if d['unchanged'] else ''}")
         stdout.print(d["digest"])
 
@@ -112,7 +117,8 @@ def import_cmd(
                                         "environment and publish its access trace beside the group (needs root)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
-    """Convert an existing OCI/Docker image's layers into group NAME:TAG (cached by layer digest)."""
+    """Convert an existing OCI/Docker image's layers into group NAME:TAG (cached by layer digest),
+    each layer's EROFS metadata image published beside it (docs/packaging.md)."""
     from rollstack.plan.imports import import_image
     from rollstack.plan.resolve import default_cache_dir
 
