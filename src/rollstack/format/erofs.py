@@ -54,7 +54,11 @@ NAME_MAX = 255
 IMAGE_VERSION = 1
 """Bump when the image layout or `blob_extents` change: an image published by another version
 names other blob offsets, so a node only mounts images of its own version (`IMAGE_MEDIA_TYPE`)."""
-IMAGE_MEDIA_TYPE = f"application/vnd.rollstack.erofs.v{IMAGE_VERSION}"
+IMAGE_MEDIA_TYPE = f"application/vnd.rollstack.erofs.v{IMAGE_VERSION}+zstd"
+"""A published image is stored zstd-compressed (`pack_image`): mostly zero padding and inode
+slack, it shrinks ~6x (2.3 MB -> 0.39 MB for an 18k-entry layer) and unpacks in ~5 ms."""
+MAX_IMAGE_BYTES = 256 << 20
+"""An image larger than this is neither published nor unpacked (~1.3 M entries)."""
 
 FT = {EntryType.REG: 1, EntryType.DIR: 2, EntryType.CHAR: 3, EntryType.WHITEOUT: 3,
       EntryType.BLOCK: 4, EntryType.FIFO: 5, EntryType.SYMLINK: 7}
@@ -406,3 +410,27 @@ def check_image(data: bytes, blob_tag: str) -> None:
     slot_tag = _SLOT.unpack_from(data, SLOT_OFFSET)[0].rstrip(b"\0")
     if slot_tag != tag:
         raise FormatError("EROFS image: its device is another layer's blob")
+
+
+def pack_image(image: bytes) -> bytes:
+    """The stored form of a published image: one zstd frame with its content size."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3, write_content_size=True).compress(image)
+
+
+def unpack_image(data: bytes) -> bytes:
+    """`pack_image`'s input again, or FormatError (not one zstd frame, or over
+    MAX_IMAGE_BYTES once unpacked: a published blob is untrusted until `check_image`)."""
+    import zstandard
+
+    try:
+        size = zstandard.get_frame_parameters(data).content_size
+        if not 0 < size <= MAX_IMAGE_BYTES:
+            raise FormatError(f"EROFS image claims {size} bytes unpacked (limit {MAX_IMAGE_BYTES})")
+        image = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_IMAGE_BYTES)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"EROFS image is not a valid zstd frame: {exc}") from None
+    if len(image) != size:
+        raise FormatError(f"EROFS image unpacks to {len(image)} bytes, its frame says {size}")
+    return image

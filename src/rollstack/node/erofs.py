@@ -16,7 +16,7 @@ the FUSE tree), which every environment stacking the mount shares.
 
 An image published beside the layer (plan/lowers.py: `group publish`/`import` name it in the
 group manifest, `LayerRef.erofs`) is fetched instead (`fetch_image`), checked (its digest, then
-`format.erofs.check_image`) and mounted by a worker of its own, never queued behind a build:
+unpacked with a size bound and `format.erofs.check_image`) and mounted by a worker of its own, never queued behind a build:
 ~15-20 ms, so a create can wait for it, the first one of a stack included. An image that fails
 a check is built here as if none had been published.
 
@@ -331,14 +331,15 @@ class ErofsLowers:
         """The image published beside the layer, checked (its digest, then that it is the
         image of this layer in this format version) and written to `image`. On any failure the
         layer's image is built here instead, as for an unpublished layer."""
-        from rollstack.format.erofs import check_image
+        from rollstack.format.erofs import check_image, unpack_image
         from rollstack.store.names import sha256_digest
 
         try:
             assert self.fetch_image is not None
-            data = self.fetch_image(ref)
-            if sha256_digest(data) != ref.erofs:
+            packed = self.fetch_image(ref)
+            if sha256_digest(packed) != ref.erofs:
                 raise ValueError(f"the image does not match its digest {ref.erofs}")
+            data = unpack_image(packed)
             check_image(data, ref.digest)
         except Exception as exc:  # noqa: BLE001 - an unusable image costs a build, never the layer
             log.warning("published EROFS image of %s unusable (%s); building it here", ref.digest, exc)

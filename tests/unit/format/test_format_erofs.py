@@ -146,4 +146,15 @@ def test_check_image_accepts_its_own_image_and_rejects_another_layers_or_a_damag
     slot[erofs.SLOT_OFFSET:erofs.SLOT_OFFSET + 64] = ("cd" * 32).encode()
     with pytest.raises(FormatError, match="another layer's blob"):
         erofs.check_image(bytes(slot), digest)
-    assert erofs.IMAGE_MEDIA_TYPE.endswith(f".v{erofs.IMAGE_VERSION}")
+    assert erofs.IMAGE_MEDIA_TYPE.endswith(f".v{erofs.IMAGE_VERSION}+zstd")
+
+
+def test_packed_images_round_trip_and_hostile_frames_are_refused():
+    image = erofs.build(_files([10, 5000, 0]), "sha256:" + "ab" * 32)[0]
+    packed = erofs.pack_image(image)
+    assert len(packed) < len(image) and erofs.unpack_image(packed) == image
+    for bad in (b"", b"garbage", packed[:-3], erofs.pack_image(b"")):
+        with pytest.raises(FormatError):
+            erofs.unpack_image(bad)
+    with pytest.raises(FormatError, match="limit"):
+        erofs.unpack_image(erofs.pack_image(bytes(erofs.MAX_IMAGE_BYTES + 1)))

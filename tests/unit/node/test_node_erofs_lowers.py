@@ -77,13 +77,20 @@ class _PublishedRef(_Ref):
         self.erofs, self.erofs_size = sha256_digest(image), len(image)
 
 
-def _image(ref: _Ref) -> bytes:
+def _raw(ref: _Ref) -> bytes:
     from rollstack.format import erofs
     from rollstack.format.toc import EntryType, Toc, TocEntry
 
     toc = Toc([TocEntry(path="", type=EntryType.DIR, mode=0o755),
                TocEntry(path="f", type=EntryType.REG, mode=0o644, size=5)])
     return erofs.build(toc, ref.digest)[0]
+
+
+def _image(ref: _Ref) -> bytes:
+    """The layer's image as published (packed)."""
+    from rollstack.format.erofs import pack_image
+
+    return pack_image(_raw(ref))
 
 
 def test_a_published_image_is_fetched_checked_and_written_without_a_grace(tmp_path: Path) -> None:
@@ -102,7 +109,7 @@ def test_a_published_image_is_fetched_checked_and_written_without_a_grace(tmp_pa
         assert lowers.wait_idle(10) and time.monotonic() - t < 5
         assert asked == [good.digest] and lowers.stats()["fetched"] == 1
         hexd = good.digest.partition(":")[2]
-        assert (tmp_path / "erofs" / f"{hexd}.img").read_bytes() == _image(good)
+        assert (tmp_path / "erofs" / f"{hexd}.img").read_bytes() == _raw(good)  # unpacked
         # the mount itself fails here (no lazy store blob): the layer then stays on FUSE
         assert good.digest in lowers.failures() and not lowers.published([good])
     finally:
@@ -113,11 +120,17 @@ def test_an_image_that_fails_its_checks_is_built_here_instead(tmp_path: Path) ->
     other = _image(_Ref(6))  # a valid image, of another layer
     wrong_layer = _PublishedRef(5, other)  # its digest matches the bytes: only check_image sees it
     wrong_digest = _PublishedRef(7, _image(_Ref(7)))
-    served = {wrong_layer.digest: other, wrong_digest.digest: _image(_Ref(7)) + b"\0"}
+    from rollstack.format.erofs import MAX_IMAGE_BYTES, pack_image
+
+    packed_bomb = pack_image(bytes(MAX_IMAGE_BYTES + 4096))
+    bomb = _PublishedRef(10, packed_bomb)  # its digest is right; it unpacks past the limit
+    garbage = _PublishedRef(11, b"not zstd at all")
+    served = {wrong_layer.digest: other, wrong_digest.digest: _image(_Ref(7)) + b"\0",
+              bomb.digest: packed_bomb, garbage.digest: b"not zstd at all"}
     lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs",
                          fetch_image=lambda ref: served[ref.digest]).start()
     try:
-        for ref in (wrong_layer, wrong_digest):
+        for ref in (wrong_layer, wrong_digest, bomb, garbage):
             assert lowers.ensure([ref], timeout=10) is False
             # nothing written from the store; the local build ran (and failed: no TOC cached)
             assert not (tmp_path / "erofs" / f"{ref.digest.partition(':')[2]}.img").exists()
