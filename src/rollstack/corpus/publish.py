@@ -48,7 +48,7 @@ def build_key(corpus: LoadedCorpus, component: dict[str, Any]) -> str:
     tree = corpus.component_dir(component["name"])
     st = tree.stat()
     return (f"{corpus.stamp(component['name'])}|{st.st_ino}|{st.st_mtime_ns}|{component['bytes']}|{component['files']}"
-            f"|{lowers.media_type()}")
+            f"|{lowers.IMAGE_MEDIA_TYPE}")
 
 
 def _load_cache(path: Path) -> dict[str, Any]:

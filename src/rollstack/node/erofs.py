@@ -16,8 +16,8 @@ the FUSE tree), which every environment stacking the mount shares.
 
 An image published beside the layer (plan/lowers.py: `group publish`/`import` name it in the
 group manifest, `LayerRef.erofs`) is fetched instead (`fetch_image`), checked (its digest, then
-unpacked with a size bound and `format.erofs.check_image`) and mounted by a worker of its own, never queued behind a build:
-~15-20 ms, so a create can wait for it, the first one of a stack included. An image that fails
+unpacked with a size bound and `format.erofs.check_image`) and mounted by a worker of its own,
+never queued behind a build: ~15-20 ms, so a create can wait for it, the first one of a stack included. An image that fails
 a check is built here as if none had been published.
 
 Lower choice per layer (node/stages.py): materialized directory > EROFS mount > FUSE directory.
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rollstack.host import libc, mountinfo
+from rollstack.host import atomic, libc, mountinfo
 from rollstack.host.umount import detach
 
 log = logging.getLogger(__name__)
@@ -326,7 +326,6 @@ class ErofsLowers:
             self._seconds[digest] = time.perf_counter() - t0
         return target
 
-
     def _fetch(self, ref: Any, image: Path) -> None:
         """The image published beside the layer, checked (its digest, then that it is the
         image of this layer in this format version) and written to `image`. On any failure the
@@ -344,9 +343,7 @@ class ErofsLowers:
         except Exception as exc:  # noqa: BLE001 - an unusable image costs a build, never the layer
             log.warning("published EROFS image of %s unusable (%s); building it here", ref.digest, exc)
             return
-        tmp = image.with_name(image.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, image)
+        atomic.replace(image, data)
         with self._lock:
             self._fetched += 1
 

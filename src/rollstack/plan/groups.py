@@ -101,8 +101,7 @@ def parse_group_manifest(data: bytes) -> dict[str, Any] | None:
 
 def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *, kind: str | None = None,
                    source_desc: str | None = None, created: str | None = None,
-                   progress: Progress | None = None,
-                   images: tuple[dict[str, tuple[str, int]], int, int] | None = None) -> PublishResult:
+                   progress: Progress | None = None, images: PublishedImages | None = None) -> PublishResult:
     """Upload `layers` (bottom first) and tag a group manifest over them. `images`: what
     `publish_images` already returned for these layers (an import builds them while its layer
     uploads run); else their EROFS images are published here."""
@@ -124,19 +123,19 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
     if progress:
         progress.done()
 
-    existing = find_manifest(store, name, tag, parse_group_manifest)
-    known = lowers.image_descriptors(existing[1]) if existing is not None else {}
-    image_set, image_bytes, image_blobs = images or publish_images(store, name, layers, known)
-    result.uploaded_bytes += image_bytes
-    result.uploaded_blobs += image_blobs
+    images = images or publish_images(store, name, tag, layers)
+    result.uploaded_bytes += images.uploaded_bytes
+    result.uploaded_blobs += images.uploaded_blobs
     for doc in layer_docs:
-        if doc["digest"] in image_set:
-            doc["erofs"] = {"digest": image_set[doc["digest"]][0], "size": image_set[doc["digest"]][1]}
-    if existing is not None and created is None:
-        old_digest, old = existing
+        if doc["digest"] in images.images:
+            image_digest, image_size = images.images[doc["digest"]]
+            doc["erofs"] = {"digest": image_digest, "size": image_size}
+    if images.existing is not None and created is None:
+        old_digest, old = images.existing
         ann = old.get("annotations") or {}
         if ([(d["digest"], d["size"]) for d in lowers.layer_descriptors(old)] == [(x.digest, x.size) for x in layers]
-                and known == image_set and ann.get(ANN_KIND) == kind and ann.get(ANN_SOURCE, "") == source_desc):
+                and lowers.image_descriptors(old) == images.images
+                and ann.get(ANN_KIND) == kind and ann.get(ANN_SOURCE, "") == source_desc):
             result.digest, result.unchanged = old_digest, True
             return result
 
@@ -154,29 +153,38 @@ def publish_layers(store: Any, name: str, tag: str, layers: list[BuiltLayer], *,
     result.digest, _ = put_manifest(
         store, name, tag, GROUP_ARTIFACT_TYPE,
         {"mediaType": GROUP_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
-        lowers.manifest_layers([(layer.digest, layer.size) for layer in layers], image_set),
+        lowers.manifest_layers([(layer.digest, layer.size) for layer in layers], images.images),
         {ANN_KIND: kind, ANN_CREATED: created, ANN_SOURCE: source_desc})
     return result
 
 
-def publish_images(store: Any, name: str, layers: list[BuiltLayer],
-                   known: dict[str, tuple[str, int]]) -> tuple[dict[str, tuple[str, int]], int, int]:
-    """Each layer's EROFS metadata image (plan/lowers.py) in the store: layer digest ->
-    (image digest, size), plus the bytes and blobs uploaded. An image the tag's manifest already
-    names (`known`) is kept if the store still has it; the others are built from the layer's
-    TOC (the local blob, else the store's) and uploaded."""
+@dataclass(slots=True)
+class PublishedImages:
+    """What `publish_images` did for a group's layers."""
+
+    images: dict[str, tuple[str, int]]  # layer digest -> (image digest, size)
+    existing: tuple[str, dict[str, Any]] | None  # the manifest the tag named before: (digest, doc)
+    uploaded_bytes: int = 0
+    uploaded_blobs: int = 0
+
+
+def publish_images(store: Any, name: str, tag: str, layers: list[BuiltLayer]) -> PublishedImages:
+    """Each layer's EROFS metadata image (plan/lowers.py) in the store. An image the manifest
+    that `tag` names already has is kept if the store still holds it; the others are built from
+    the layer's TOC (the local blob, else the store's) and uploaded."""
     from rollstack.format.reader import read_toc
     from rollstack.format.source import FileBlobSource
     from rollstack.store.names import sha256_digest
     from rollstack.store.source import StoreBlobSource
 
-    out: dict[str, tuple[str, int]] = {}
-    uploaded = blobs = 0
+    existing = find_manifest(store, name, tag, parse_group_manifest)
+    known = lowers.image_descriptors(existing[1]) if existing is not None else {}
+    out = PublishedImages({}, existing)
     for layer in layers:
-        if layer.digest in out:
+        if layer.digest in out.images:
             continue
         if layer.digest in known and store.has_blob(name, known[layer.digest][0]):
-            out[layer.digest] = known[layer.digest]
+            out.images[layer.digest] = known[layer.digest]
             continue
         if layer.path is not None:
             with FileBlobSource(layer.path) as src:
@@ -188,10 +196,10 @@ def publish_images(store: Any, name: str, layers: list[BuiltLayer],
             continue  # the layer stays on FUSE lowers
         digest = sha256_digest(image)
         if store.put_blob(name, digest, image):
-            uploaded += len(image)
-            blobs += 1
-        out[layer.digest] = (digest, len(image))
-    return out, uploaded, blobs
+            out.uploaded_bytes += len(image)
+            out.uploaded_blobs += 1
+        out.images[layer.digest] = (digest, len(image))
+    return out
 
 
 def convert_sources(sources: list[Path], work: Path, progress: Progress | None = None) -> list[BuiltLayer]:

@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
 from rollstack.errors import InvalidRequest, ManifestNotFound, RegistryError, SourceInvalid
-from rollstack.plan.artifacts import find_manifest
-from rollstack.plan.groups import (BuiltLayer, Progress, parse_group_manifest, publish_images, publish_layers,
-                                   split_name_tag)
-from rollstack.plan.lowers import image_descriptors
+from rollstack.plan.groups import BuiltLayer, Progress, publish_images, publish_layers, split_name_tag
 from rollstack.plan.import_io import LowerLayers, Uploader
 
 INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
@@ -272,9 +269,7 @@ def import_image(image_ref: str, name_tag: str, store: Any, *, cache_dir: Path, 
                 uploader.submit(built[-1])
         if progress and todo:
             progress.done()
-        # the layers' EROFS images (plan/lowers.py), built while the last uploads still run
-        existing = find_manifest(store, name, tag, parse_group_manifest)
-        images = publish_images(store, name, built, image_descriptors(existing[1]) if existing else {})
+        images = publish_images(store, name, tag, built)  # plan/lowers.py, while the last uploads run
         uploader.wait()
         published = publish_layers(store, name, tag, built, kind=kind, source_desc=image_ref,
                                    created=created, progress=progress, images=images)

@@ -30,14 +30,7 @@ from rollstack.format import LAYER_MEDIA_TYPE
 from rollstack.format.erofs import IMAGE_MEDIA_TYPE, MAX_IMAGE_BYTES
 
 ANN_LAYER = "io.rollstack.erofs.layer"
-IMAGE_MEDIA_PREFIX = "application/vnd.rollstack.erofs."
-__all__ = ["ANN_LAYER", "IMAGE_MEDIA_PREFIX", "MAX_IMAGE_BYTES", "descriptor", "image_descriptors", "image_for",
-           "layer_descriptors", "manifest_layers", "media_type"]
-
-
-def media_type() -> str:
-    """The media type of this version's published images (`format.erofs.IMAGE_MEDIA_TYPE`)."""
-    return IMAGE_MEDIA_TYPE
+IMAGE_MEDIA_PREFIX = "application/vnd.rollstack.erofs."  # any version: never a layer
 
 
 def layer_descriptors(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -60,7 +53,7 @@ def image_descriptors(doc: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
     layers = {str(d.get("digest")) for d in layer_descriptors(doc)}
     out: dict[str, tuple[str, int]] = {}
     for d in doc.get("layers") or []:
-        if d.get("mediaType") != media_type():
+        if d.get("mediaType") != IMAGE_MEDIA_TYPE:
             continue
         layer = (d.get("annotations") or {}).get(ANN_LAYER)
         digest, size = d.get("digest"), d.get("size")
@@ -71,7 +64,7 @@ def image_descriptors(doc: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
 
 
 def descriptor(layer_digest: str, image_digest: str, size: int) -> dict[str, Any]:
-    return {"mediaType": media_type(), "digest": image_digest, "size": size,
+    return {"mediaType": IMAGE_MEDIA_TYPE, "digest": image_digest, "size": size,
             "annotations": {ANN_LAYER: layer_digest}}
 
 
