@@ -14,7 +14,10 @@ The image (on-disk format: erofs-utils `include/erofs_fs.h`, which this follows)
   Directories and symlinks whose data fits keep it inline after the inode (FLAT_INLINE); bigger
   ones get whole blocks after the inode area (FLAT_PLAIN). Regular files are CHUNK_BASED with one
   chunk index (the chunk size is the file's size rounded up to a power of two) naming device 1
-  and the file's first block in the blob. Extended attributes (and the opaque marker) are inline.
+  and the file's first block in the blob, except the small files whose bytes the builder is given
+  (`inline`, at most INLINE_FILE_MAX each): those are FLAT_INLINE like a short symlink, so the
+  kernel reads them from the image and never from the blob. Extended attributes (and the opaque
+  marker) are inline.
 - Hardlinks share one inode; a 0/0 character device stays a 0/0 character device (a whiteout).
 
 The blob (`blob_extents`): the layer's non-empty regular files in TOC order, each starting on a
@@ -32,7 +35,7 @@ import stat
 import struct
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from rollstack.errors import FormatError
 from rollstack.format.toc import EntryType, Toc, TocEntry
@@ -50,10 +53,15 @@ FLAT_PLAIN, FLAT_INLINE, CHUNK_BASED = 0, 2, 4
 CHUNK_INDEXES = 0x20
 NULL_ADDR = 0xFFFFFFFF
 INLINE_MAX = 2048  # directory/symlink data up to this size is stored after its inode
+INLINE_FILE_MAX = 2048
+"""Regular files up to this size are stored in a published image (`inline_candidates`): the
+small files every start reads (runc's /etc/passwd and /etc/group, `__init__.py`s, dist-info
+records) then cost no FUSE request and no fetch. 5.9k of python-project's 15k files, 4.9 MB."""
 NAME_MAX = 255
-IMAGE_VERSION = 1
+IMAGE_VERSION = 2
 """Bump when the image layout or `blob_extents` change: an image published by another version
-names other blob offsets, so a node only mounts images of its own version (`IMAGE_MEDIA_TYPE`)."""
+names other blob offsets, so a node only mounts images of its own version (`IMAGE_MEDIA_TYPE`).
+v2: small files' bytes inline (v1 images named every file in the blob)."""
 IMAGE_MEDIA_TYPE = f"application/vnd.rollstack.erofs.v{IMAGE_VERSION}+zstd"
 """A published image is stored zstd-compressed (`pack_image`): mostly zero padding and inode
 slack, it shrinks ~6x (2.3 MB -> 0.39 MB for an 18k-entry layer) and unpacks in ~5 ms."""
@@ -80,6 +88,12 @@ assert _SUPER.size == 128 and _SLOT.size == 128 and _INODE.size == INODE_SIZE an
 
 def _blocks(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK
+
+
+def inline_candidates(toc: Toc, limit: int = INLINE_FILE_MAX) -> list[int]:
+    """TOC positions of the regular files (owning their data) small enough to inline, in TOC order."""
+    positions, sizes = toc.data_files()
+    return [p for p, size in zip(positions, sizes) if size <= limit]
 
 
 def blob_extents(toc: Toc) -> list[tuple[int, int, int]]:
@@ -151,7 +165,7 @@ class _Node:
     pos: int = -1  # TOC position (-1: a synthetic root)
     nlink: int = 1
     xattrs: bytes = b""
-    data: bytes = b""  # directory/symlink payload (directory: dirent blocks, nids filled in later)
+    data: bytes = b""  # directory/symlink/inline file payload (directory: dirent blocks, nids later)
     layout: int = FLAT_PLAIN
     offset: int = 0  # of the inode record in the image
     data_block: int = NULL_ADDR
@@ -218,11 +232,15 @@ def _encode_dir(blocks: list[list[tuple[bytes, int, int]]]) -> bytes:
 
 
 class ErofsImage:
-    """Build with `ErofsImage(toc, blob_tag).encode()`; `nodes` and `blob_blocks` for inspection."""
+    """Build with `ErofsImage(toc, blob_tag).encode()`; `nodes` and `blob_blocks` for inspection.
 
-    def __init__(self, toc: Toc, blob_tag: str = "") -> None:
+    `inline`: TOC position -> the bytes of that regular file, stored in the image instead of read
+    from the blob (ignored unless exactly the file's size and the inode record fits one block)."""
+
+    def __init__(self, toc: Toc, blob_tag: str = "", inline: Mapping[int, bytes] | None = None) -> None:
         self.toc = toc
         self.tag = (blob_tag.partition(":")[2] or blob_tag).encode()[:64]  # a digest: its 64 hex digits
+        self.inline = inline or {}
         self.nodes: list[_Node] = []
         self.blob_blocks = 0
         self._build()
@@ -292,8 +310,12 @@ class ErofsImage:
         for n in self.nodes:
             extra = 0
             if n.entry.type is EntryType.REG and n.entry.size > 0:
-                n.layout = CHUNK_BASED
-                extra = (-(INODE_SIZE + len(n.xattrs)) % 8) + _CHUNK_INDEX.size
+                data = self.inline.get(n.pos)
+                if data is not None and len(data) == n.entry.size and INODE_SIZE + len(n.xattrs) + len(data) <= BLOCK:
+                    n.data, n.layout, extra = data, FLAT_INLINE, len(data)
+                else:
+                    n.layout = CHUNK_BASED
+                    extra = (-(INODE_SIZE + len(n.xattrs)) % 8) + _CHUNK_INDEX.size
             elif n.data and len(n.data) <= INLINE_MAX:
                 n.layout = FLAT_INLINE
                 extra = len(n.data)
@@ -348,7 +370,9 @@ class ErofsImage:
         tail = b""
         if t is EntryType.REG:
             size = e.size
-            if n.layout == CHUNK_BASED:
+            if n.layout == FLAT_INLINE:
+                tail = n.data
+            elif n.layout == CHUNK_BASED:
                 chunkbits = max(0, (_blocks(size) - 1).bit_length())
                 iu = chunkbits | CHUNK_INDEXES  # erofs_inode_chunk_info.format (low 16 bits)
                 pad = -(INODE_SIZE + len(n.xattrs)) % 8
@@ -379,9 +403,9 @@ def _new_encode_dev(major: int, minor: int) -> int:
     return (minor & 0xFF) | (major << 8) | ((minor & ~0xFF) << 12)
 
 
-def build(toc: Toc, blob_tag: str = "") -> tuple[bytes, int]:
-    """(metadata image, blob size in bytes) for a layer's TOC."""
-    image = ErofsImage(toc, blob_tag)
+def build(toc: Toc, blob_tag: str = "", inline: Mapping[int, bytes] | None = None) -> tuple[bytes, int]:
+    """(metadata image, blob size in bytes) for a layer's TOC; `inline` as for `ErofsImage`."""
+    image = ErofsImage(toc, blob_tag, inline)
     return image.encode(), image.blob_blocks * BLOCK
 
 

@@ -135,3 +135,38 @@ def _clamp(entry: TocEntry, offset: int, length: int) -> tuple[int, int]:
         return entry.size, 0
     end = entry.size if length < 0 else min(entry.size, offset + length)
     return offset, end - offset
+
+
+def read_files(source: BlobSource, toc: Toc, positions: list[int], *, max_gap: int = 256 << 10,
+               max_span: int = 8 << 20) -> dict[int, bytes]:
+    """TOC position -> the verified bytes of each regular file at `positions` (small files:
+    their stored chunks are read in coalesced ranges of up to `max_span` bytes, gaps of up to
+    `max_gap` read through, so a few thousand files cost a few requests, not one each)."""
+    wanted: list[tuple[int, int, list[Chunk]]] = []  # (first stored byte, position, chunks)
+    for pos in positions:
+        entry = toc.at(pos)
+        if entry.type is not EntryType.REG or entry.size == 0:
+            continue
+        chunks = chunks_for(entry)
+        if sum(c.size for c in chunks) != entry.size:
+            raise FormatError(f"chunk table of {entry.path!r} does not cover its {entry.size} bytes")
+        wanted.append((min(c.blob_offset for c in chunks), pos, chunks))
+    wanted.sort()
+    out: dict[int, bytes] = {}
+    i = 0
+    while i < len(wanted):
+        start = wanted[i][0]
+        end = max(c.blob_offset + c.blob_size for c in wanted[i][2])
+        j = i + 1
+        while j < len(wanted):
+            nxt_end = max(c.blob_offset + c.blob_size for c in wanted[j][2])
+            if wanted[j][0] - end > max_gap or max(end, nxt_end) - start > max_span:
+                break
+            end = max(end, nxt_end)
+            j += 1
+        data = source.read_at(start, end - start)
+        for _, pos, chunks in wanted[i:j]:
+            out[pos] = b"".join(decode_chunk(c, data[c.blob_offset - start:c.blob_offset - start + c.blob_size])
+                                for c in chunks)
+        i = j
+    return out

@@ -171,8 +171,10 @@ class PublishedImages:
 def publish_images(store: Any, name: str, tag: str, layers: list[BuiltLayer]) -> PublishedImages:
     """Each layer's EROFS metadata image (plan/lowers.py) in the store. An image the manifest
     that `tag` names already has is kept if the store still holds it; the others are built from
-    the layer's TOC (the local blob, else the store's) and uploaded."""
-    from rollstack.format.reader import read_toc
+    the layer's TOC and its small files' verified bytes (`format.erofs.inline_candidates`; the
+    local blob, else the store's, read in a few coalesced ranges) and uploaded."""
+    from rollstack.format.erofs import inline_candidates
+    from rollstack.format.reader import read_files, read_toc
     from rollstack.format.source import FileBlobSource
     from rollstack.store.names import sha256_digest
     from rollstack.store.source import StoreBlobSource
@@ -189,9 +191,12 @@ def publish_images(store: Any, name: str, tag: str, layers: list[BuiltLayer]) ->
         if layer.path is not None:
             with FileBlobSource(layer.path) as src:
                 toc = read_toc(src).toc
+                inline = read_files(src, toc, inline_candidates(toc))
         else:
-            toc = read_toc(StoreBlobSource(store, name, layer.digest, layer.size)).toc
-        image = lowers.image_for(toc, layer.digest)
+            src = StoreBlobSource(store, name, layer.digest, layer.size)
+            toc = read_toc(src).toc
+            inline = read_files(src, toc, inline_candidates(toc))
+        image = lowers.image_for(toc, layer.digest, inline)
         if image is None:
             continue  # the layer stays on FUSE lowers
         digest = sha256_digest(image)

@@ -68,14 +68,15 @@ def descriptor(layer_digest: str, image_digest: str, size: int) -> dict[str, Any
             "annotations": {ANN_LAYER: layer_digest}}
 
 
-def image_for(toc: Any, layer_digest: str) -> bytes | None:
-    """The layer's image in its stored form (`format.erofs.pack_image`), or None if EROFS cannot
-    express the layer (it stays on FUSE) or the image would be over MAX_IMAGE_BYTES."""
+def image_for(toc: Any, layer_digest: str, inline: Mapping[int, bytes] | None = None) -> bytes | None:
+    """The layer's image in its stored form (`format.erofs.pack_image`), with the small files of
+    `inline` (TOC position -> bytes, `format.erofs.inline_candidates`) stored in it; None if
+    EROFS cannot express the layer (it stays on FUSE) or the image would be over MAX_IMAGE_BYTES."""
     from rollstack.errors import FormatError
     from rollstack.format import erofs
 
     try:
-        image = erofs.build(toc, layer_digest)[0]
+        image = erofs.build(toc, layer_digest, inline)[0]
     except FormatError:
         return None
     return erofs.pack_image(image) if len(image) <= MAX_IMAGE_BYTES else None

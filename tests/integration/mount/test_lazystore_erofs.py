@@ -15,7 +15,7 @@ from components import need
 from lazystore_fixtures import build_tree, overlay, publish, walk
 
 from rollstack.format import erofs
-from rollstack.format.reader import LayerReader
+from rollstack.format.reader import LayerReader, read_files, read_toc
 from rollstack.format.source import FileBlobSource
 from rollstack.host.umount import detach
 from rollstack.node.erofs import ErofsLowers, mount_image, supported
@@ -92,6 +92,48 @@ def test_the_image_over_the_daemon_blob_is_the_fuse_tree(tmp_path, oci_store, la
         ops1 = lazy.stats()["fuse_ops"]
         for op in ("lookup", "getattr", "getxattr", "readdir", "readlink"):
             assert ops1.get(op, 0) == ops0.get(op, 0), op  # metadata never reaches the daemon
+    finally:
+        detach(mnt)
+
+
+def test_small_files_inline_in_the_image_are_read_without_the_daemon(tmp_path, oci_store, lazy_factory):
+    """A published image (plan/groups.publish_images) carries the bytes of the layer's small
+    files: the kernel serves them from the image, the tree is the FUSE tree byte for byte, and
+    reading them sends the daemon no read; bigger files still come from the blob."""
+    need(supported(), "Linux >= 6.12 with EROFS (file-backed mounts)")
+    src = _tree(tmp_path)
+    (src / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")  # what runc reads at every start
+    (src / "exactly-limit").write_bytes(b"x" * erofs.INLINE_FILE_MAX)
+    (src / "one-over-limit").write_bytes(b"y" * (erofs.INLINE_FILE_MAX + 1))
+    blob = tmp_path / "layer.blob"
+    digest = publish(oci_store, src, blob, "test/erofs")
+    lazy = lazy_factory(oci_store.url)
+    lazy.add_layers([{"repo": "test/erofs", "digest": digest}])
+    with FileBlobSource(blob) as source:
+        toc = read_toc(source).toc
+        inline = read_files(source, toc, erofs.inline_candidates(toc))
+    small = {toc.at(p).path for p in inline}
+    assert {"etc/passwd", "etc/hostname", "exactly-limit"} <= small
+    assert "one-over-limit" not in small and "big.bin" not in small
+    image = erofs.build(toc, digest, inline)[0]
+    erofs.check_image(image, digest)
+    assert len(image) > len(erofs.build(toc, digest)[0])
+    img = tmp_path / "layer.img"
+    img.write_bytes(image)
+    mnt = tmp_path / "erofs"
+    mount_image(img, lazy.mountpoint / "blobs" / digest.partition(":")[2], mnt)
+    def reads() -> int:
+        return sum(n for op, n in lazy.stats()["fuse_ops"].items() if op in ("read", "read_unopened"))
+
+    try:
+        reads0 = reads()
+        for path in sorted(small):
+            assert (mnt / path).read_bytes() == inline[toc.index(path)], path
+        assert (mnt / "usr/bin/tool-hardlink").read_text() == "#!/bin/sh\necho tool\n"
+        assert reads() == reads0  # none reached the daemon
+        assert (mnt / "one-over-limit").read_bytes() == b"y" * (erofs.INLINE_FILE_MAX + 1)
+        assert reads() > reads0
+        _same(lazy.layer_dir(digest), mnt)
     finally:
         detach(mnt)
 

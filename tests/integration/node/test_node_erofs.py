@@ -13,10 +13,14 @@ import pytest
 
 from components import need
 from node_fixtures import leftovers, plan, publish_corpus, remember
+from rollstack.format import erofs
+from rollstack.format.reader import read_files, read_toc
 from rollstack.node.config import NodeConfig
-from rollstack.node.erofs import supported
+from rollstack.node.erofs import build_image, supported
 from rollstack.node.models import ExecRequest
 from rollstack.node.service import NodeService
+from rollstack.store.source import StoreBlobSource
+from rollstack.store.spec import open_store
 
 pytestmark = pytest.mark.integration
 SMALL = {"cpu": 0.1, "memory": "64Mi", "max_cpu": 1, "max_memory": "256Mi"}
@@ -62,12 +66,16 @@ def test_published_images_put_the_first_environment_on_erofs(corpus: str, tmp_pa
         assert lowers and all(str(root / "erofs") in p for p in lowers), lowers
         stats = service.stages.erofs.stats()
         assert stats["fetched"] == len(stack.layers) and stats["failed"] == 0, stats
-        for layer in stack.layers:  # what was fetched is what this node would have built
-            from rollstack.node.erofs import build_image
-
+        store = open_store(corpus)
+        for layer in stack.layers:  # what was fetched: this node's own build plus the small files
+            source = StoreBlobSource(store, layer.repo, layer.digest, layer.size)
+            toc = read_toc(source).toc
+            inline = read_files(source, toc, erofs.inline_candidates(toc))
+            assert inline  # every corpus layer has small files (/etc/passwd in the os layer)
             hexd = layer.digest.partition(":")[2]
-            built = build_image(root / "lazy" / "state" / "tocs", layer.digest)
-            assert (root / "erofs" / f"{hexd}.img").read_bytes() == built
+            fetched = (root / "erofs" / f"{hexd}.img").read_bytes()
+            assert fetched == erofs.build(toc, layer.digest, inline)[0]
+            assert fetched != build_image(root / "lazy" / "state" / "tocs", layer.digest)
         _exercise(service, first.id)
         service.destroy(first.id)
     finally:

@@ -16,7 +16,7 @@ import pytest
 
 from oci_image_helpers import write_oci_image
 from rollstack.errors import GroupNotFound, InvalidRequest
-from rollstack.format.reader import open_toc
+from rollstack.format.reader import open_toc, read_files
 from rollstack.format import LAYER_MEDIA_TYPE, erofs
 from rollstack.plan.groups import GROUP_ARTIFACT_TYPE, list_groups, publish_group, summarize
 from rollstack.plan.imports import import_image
@@ -57,9 +57,13 @@ def test_publish_republish_list_resolve(store, tmp_path: Path):
     assert image["mediaType"] == erofs.IMAGE_MEDIA_TYPE
     assert image["annotations"]["io.rollstack.erofs.layer"] == layer["digest"]
     assert first.layers[0]["erofs"] == {"digest": image["digest"], "size": image["size"]}
-    toc = open_toc(StoreBlobSource(store, os_name, layer["digest"]))
+    source = StoreBlobSource(store, os_name, layer["digest"])
+    toc = open_toc(source)
     packed = store.read_blob(os_name, image["digest"], 0, image["size"])
-    assert erofs.unpack_image(packed) == erofs.build(toc, layer["digest"])[0]
+    inline = read_files(source, toc, erofs.inline_candidates(toc))  # the small files ride in the image
+    assert {toc.at(p).path: data for p, data in inline.items()} == {
+        "etc/os-release": b"debian\n", "usr/bin/python3": b"#!py\n"}
+    assert erofs.unpack_image(packed) == erofs.build(toc, layer["digest"], inline)[0]
     assert manifest["annotations"]["io.rollstack.kind"] == "os"
 
     groups = {f"{g.name}:{g.tag}": g for g in list_groups(store)}

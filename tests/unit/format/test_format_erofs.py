@@ -158,3 +158,59 @@ def test_packed_images_round_trip_and_hostile_frames_are_refused():
             erofs.unpack_image(bad)
     with pytest.raises(FormatError, match="limit"):
         erofs.unpack_image(erofs.pack_image(bytes(erofs.MAX_IMAGE_BYTES + 1)))
+
+
+# -- small files inline (published images) -------------------------------------------------------
+
+def _inode_at(img: bytes, node) -> tuple[int, int]:
+    """(data layout, i_size) of a node's inode record in the image."""
+    fmt, _, _, _, size = struct.unpack_from("<HHHHQ", img, node.offset)
+    return (fmt >> 1) & 0x7, size
+
+
+def test_inline_files_are_flat_inline_with_their_bytes_after_the_inode():
+    toc = _toc(TocEntry(path="passwd", type=EntryType.REG, size=5),
+               TocEntry(path="big", type=EntryType.REG, size=5000),
+               TocEntry(path="wrong", type=EntryType.REG, size=3))
+    inline = {toc.index("passwd"): b"root\n", toc.index("wrong"): b"too long"}  # not its size: ignored
+    image = erofs.ErofsImage(toc, "sha256:" + "0" * 64, inline)
+    img = image.encode()
+    by = {n.entry.path: n for n in image.nodes}
+    assert _inode_at(img, by["passwd"]) == (erofs.FLAT_INLINE, 5)
+    at = by["passwd"].offset + erofs.INODE_SIZE
+    assert img[at:at + 5] == b"root\n"
+    assert _inode_at(img, by["big"]) == (erofs.CHUNK_BASED, 5000)
+    assert _inode_at(img, by["wrong"]) == (erofs.CHUNK_BASED, 3)
+    erofs.check_image(img, "sha256:" + "0" * 64)  # same features and header as an image without
+    # the blob keeps every file's extent: both sides map reads with the same function
+    assert image.blob_blocks == erofs.ErofsImage(toc, "sha256:" + "0" * 64).blob_blocks
+
+
+def test_an_inline_record_over_one_block_keeps_the_file_in_the_blob():
+    xattrs = {"user.big": b"v" * 2000}
+    toc = _toc(TocEntry(path="f", type=EntryType.REG, size=2048, xattrs=xattrs))
+    image = erofs.ErofsImage(toc, "", {1: b"x" * 2048})
+    assert image.nodes[1].layout == erofs.CHUNK_BASED
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 3 * 4096), min_size=1, max_size=40))
+def test_inline_records_never_cross_a_block(sizes):
+    toc = _files(sizes)
+    inline = {p: b"z" * toc.at(p).size for p in erofs.inline_candidates(toc)}
+    image = erofs.ErofsImage(toc, "", inline)
+    image.encode()
+    for n in image.nodes:
+        if n.layout == erofs.FLAT_INLINE:
+            end = n.offset + erofs.INODE_SIZE + len(n.xattrs) + len(n.data)
+            assert n.offset // erofs.BLOCK == (end - 1) // erofs.BLOCK
+
+
+def test_inline_candidates_are_small_files_owning_their_data():
+    toc = _toc(TocEntry(path="a", type=EntryType.REG, size=10),
+               TocEntry(path="b", type=EntryType.REG, size=0),
+               TocEntry(path="c", type=EntryType.HARDLINK, link="a"),
+               TocEntry(path="d", type=EntryType.REG, size=erofs.INLINE_FILE_MAX),
+               TocEntry(path="e", type=EntryType.REG, size=erofs.INLINE_FILE_MAX + 1))
+    assert erofs.inline_candidates(toc) == [1, 4]
+    assert erofs.inline_candidates(toc, 9) == []

@@ -7,6 +7,8 @@ import io
 import os
 import tarfile
 
+import pytest
+
 from format_tar_helpers import tar_bytes, ti
 from rollstack.format import (BytesBlobSource, Chunk, EntryType, LayerReader, Toc, TocEntry,
                               convert_tar, open_toc)
@@ -108,3 +110,24 @@ def _convert(tar: bytes) -> bytes:
     out = io.BytesIO()
     convert_tar(io.BytesIO(tar), out)
     return out.getvalue()
+
+
+def test_read_files_coalesces_small_files_and_verifies_them() -> None:
+    from rollstack.errors import IntegrityError
+    from rollstack.format.reader import read_files, read_toc
+
+    files = {f"d/f{i:02d}": f"content {i}\n".encode() * (i + 1) for i in range(30)}
+    blob = _layer([(ti(p), data) for p, data in files.items()])
+    src = BytesBlobSource(blob)
+    toc = read_toc(src).toc
+    positions = [toc.index(p) for p in files]
+    before = src.requests
+    got = read_files(src, toc, positions)
+    assert {toc.at(p).path: data for p, data in got.items()} == files
+    assert src.requests - before == 1  # one range covers them all
+    assert len(read_files(src, toc, positions, max_gap=0, max_span=1)) == 30  # one read each still works
+    chunk = toc.at(positions[5]).chunks[0]
+    bad = bytearray(blob)
+    bad[chunk.blob_offset] ^= 0xFF
+    with pytest.raises(IntegrityError):
+        read_files(BytesBlobSource(bytes(bad)), toc, positions)
