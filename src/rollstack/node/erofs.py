@@ -24,7 +24,7 @@ Lower choice per layer (node/stages.py): materialized directory > EROFS mount > 
 A layer EROFS cannot express (format.erofs raises FormatError: an xattr namespace without an
 EROFS index, a name over 255 bytes) stays on FUSE; so does every layer when the kernel lacks
 file-backed EROFS (Linux < 6.12). Mounts are detached when the node stops and at the next start
-(images are kept: they are a pure function of the TOC).
+(images are kept: a layer's image, built here or published, never changes).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """EROFS metadata images published beside a group's layers, so no node builds them.
 
 A node stacks a layer as an in-kernel EROFS mount over its lazy-store blob (node/erofs.py) once
-it has the layer's EROFS metadata image, a pure function of the layer's TOC (format/erofs.py).
+it has the layer's EROFS metadata image, built from the layer's TOC (format/erofs.py) and, when
+published, carrying the bytes of its small files (`format.erofs.inline_candidates`).
 Built on the node, that image costs a process and ~0.1-0.8 s of CPU beside the environment's
 cold start, so the first environment of a stack ran on FUSE lowers and the second waited for the
 build or read everything again through a new mount's cold page cache. Published at
@@ -12,7 +13,7 @@ In the group manifest each image is one more descriptor in `layers`, after the r
 layers, so a registry keeps it (garbage collection follows `layers`) and it is trusted exactly
 as far as the manifest that names the layers:
 
-    {"mediaType": "application/vnd.rollstack.erofs.v1+zstd", "digest": D, "size": N,
+    {"mediaType": "application/vnd.rollstack.erofs.v2+zstd", "digest": D, "size": N,
      "annotations": {"io.rollstack.erofs.layer": "<the layer's digest>"}}
 
 The blob is the image zstd-compressed (`format.erofs.pack_image`, ~6x smaller).
