@@ -158,6 +158,12 @@ class WarmPool:
             self._cond.notify_all()
         return got
 
+    def has(self, digests: Sequence[str]) -> bool:
+        """Whether a sandbox of this stack is waiting (ready or stale): a create may get one."""
+        with self._cond:
+            stack = self._pools.get(tuple(digests))
+            return stack is not None and bool(stack.ready or stack.stale)
+
     def ready(self) -> int:
         with self._cond:
             return sum(len(s.ready) for s in self._pools.values())
