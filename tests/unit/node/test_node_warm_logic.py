@@ -52,8 +52,10 @@ def _ready(pool: WarmPool) -> list[int]:
 def test_first_take_misses_then_fills_then_hits() -> None:
     pool, rt = _pool()
     try:
+        assert not pool.has(["a"])
         assert pool.take(["a"], [Path("/l/a")]) is None
         assert pool.wait_full(10) and _ready(pool) == [2]
+        assert pool.has(["a"]) and not pool.has(["b"])  # what a lone create checks before it begins early
         env = pool.take(["a"], [Path("/l/a")])
         assert env is not None and env.lowers == ["/l/a"]
         assert pool.wait_full(10) and _ready(pool) == [2]
