@@ -301,6 +301,7 @@ class Stages:
         from rollstack.run.ocispec import SpecParams
 
         from rollstack.node.netplan import harness_env, network_spec, new_token
+        from rollstack.node.warm import eligible
 
         plan = rec.plan
         net = network_spec(plan, reserved_node_ports=(self.config.host_port()[1],))  # names resolve now
@@ -317,8 +318,14 @@ class Stages:
         shared = prepared or self.prepare(plan, timings, on_layers=begin_early)
         stack, refs, lowers, group = shared.stack, shared.refs, shared.lowers, shared.group
         # a group took its warm sandboxes and began its environments in the lazy store at once
-        warm = None if begun else \
-            self._take_warm(rec, plan, net, refs, lowers) if group is None else group.warm.pop(rec.id, None)
+        if group is not None:
+            warm = group.warm.pop(rec.id, None)
+        elif begun:  # went cold: the stack's pool still learns of the demand
+            warm = None
+            if self.warm is not None and eligible(plan, net):
+                self.warm.note_cold([r.digest for r in refs], lowers, plan.workdir)
+        else:
+            warm = self._take_warm(rec, plan, net, refs, lowers)
         if not begun and (group is None or rec.id not in group.begun):
             t = time.perf_counter()
             self._begin(rec.id, plan, stack, refs)

@@ -205,3 +205,13 @@ def test_no_room_on_the_node_means_no_refill_and_a_trim() -> None:
 def test_bad_sizes_are_refused(kw) -> None:
     with pytest.raises(ValueError):
         WarmPool(FakeRuntime(), **{"size": 2, **kw})  # type: ignore[arg-type]
+
+
+def test_a_create_that_went_cold_without_asking_still_targets_its_stack() -> None:
+    pool, _ = _pool()
+    try:
+        pool.note_cold(["a"], [Path("/l/a")])  # began in the lazy store before its lowers were known
+        assert pool.wait_full(10) and _ready(pool) == [2] and pool.has(["a"])
+        assert pool.counters["misses"] == 1 and pool.counters["hits"] == 0
+    finally:
+        pool.stop()
