@@ -265,12 +265,9 @@ class Stages:
 
     # -- create / teardown ----------------------------------------------------------------------
 
-    def prepare(self, plan: Any, timings: Timings | None = None, count: int = 1,
-                on_layers: Callable[[Any, list[Any]], None] | None = None) -> Prepared:
+    def prepare(self, plan: Any, timings: Timings | None = None, count: int = 1) -> Prepared:
         """The work every environment of one plan shares: resolve, the layers' TOCs, the lowers.
-        `count` creates (a GRPO group) do it once. `on_layers(stack, refs)` runs as soon as the
-        lazy store has the layers, before any wait for EROFS mounts (a lone create begins its
-        environment there, so its trace prefetch overlaps the image fetch and mount).
+        `count` creates (a GRPO group) do it once.
 
         EROFS lowers (node/erofs.py): the layers' builds start here, as early as possible. The
         create that asks first for a layer does not wait for it (a lone cold start keeps its
@@ -283,8 +280,6 @@ class Stages:
         self.lazy.add_layers(refs)
         if plan.fetch.eager:
             self.lazy.fetch_all(refs)
-        if on_layers is not None:
-            on_layers(stack, refs)
         if self.erofs is not None:
             first = self.erofs.request(refs)
             # a group, a sibling of a wave, or layers whose images only need fetching
@@ -301,34 +296,19 @@ class Stages:
         from rollstack.run.ocispec import SpecParams
 
         from rollstack.node.netplan import harness_env, network_spec, new_token
-        from rollstack.node.warm import eligible
 
         plan = rec.plan
         net = network_spec(plan, reserved_node_ports=(self.config.host_port()[1],))  # names resolve now
         token = new_token() if net.needs_netns else ""
-        begun = False
-
-        def begin_early(stack: Any, refs: list[Any]) -> None:
-            """A create that cannot get a warm sandbox (whose id it would take) begins now."""
-            nonlocal begun
-            if self.warm is None or not self.warm.has([r.digest for r in refs]):
-                self._begin(rec.id, plan, stack, refs)
-                begun = True
-
-        shared = prepared or self.prepare(plan, timings, on_layers=begin_early)
+        shared = prepared or self.prepare(plan, timings)
         stack, refs, lowers, group = shared.stack, shared.refs, shared.lowers, shared.group
         # a group took its warm sandboxes and began its environments in the lazy store at once
-        if group is not None:
-            warm = group.warm.pop(rec.id, None)
-        elif begun:  # went cold: the stack's pool still learns of the demand
-            warm = None
-            if self.warm is not None and eligible(plan, net):
-                self.warm.note_cold([r.digest for r in refs], lowers, plan.workdir)
-        else:
-            warm = self._take_warm(rec, plan, net, refs, lowers)
-        if not begun and (group is None or rec.id not in group.begun):
+        warm = self._take_warm(rec, plan, net, refs, lowers) if group is None else group.warm.pop(rec.id, None)
+        if group is None or rec.id not in group.begun:
             t = time.perf_counter()
-            self._begin(rec.id, plan, stack, refs)
+            trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
+            self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
+                                trace_key=trace_key, fallback_key=stack_key)
             timings.toc = round(timings.toc + time.perf_counter() - t, 6)
         mutate = group.mutate if group is not None else _mutator(plan)  # a group's: planned once
 
@@ -371,13 +351,6 @@ class Stages:
             "expose": list(net.expose)}
         return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch,
                      network=network)
-
-    def _begin(self, env_id: str, plan: Plan, stack: Any, refs: list[Any]) -> None:
-        """The environment in the lazy store: its reads are counted and traced under `env_id`,
-        and the stack's shared trace (if any) starts prefetching."""
-        trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
-        self.lazy.begin_env(env_id, refs, background=plan.fetch.background and not plan.fetch.eager,
-                            trace_key=trace_key, fallback_key=stack_key)
 
     def _take_warm(self, rec: EnvRecord, plan: Plan, net: Any, refs: list[Any],
                    lowers: list[Path]) -> Environment | None:

@@ -158,19 +158,6 @@ class WarmPool:
             self._cond.notify_all()
         return got
 
-    def note_cold(self, digests: Sequence[str], lowers: Sequence[Path], workdir: str | None = None) -> None:
-        """A create of this stack went cold without asking for a sandbox (it began in the lazy
-        store before its lowers were known): the stack's pool is targeted as after a miss."""
-        self.take_many(digests, lowers, 0, workdir)
-        with self._cond:
-            self.counters["misses"] += 1
-
-    def has(self, digests: Sequence[str]) -> bool:
-        """Whether a sandbox of this stack is waiting (ready or stale): a create may get one."""
-        with self._cond:
-            stack = self._pools.get(tuple(digests))
-            return stack is not None and bool(stack.ready or stack.stale)
-
     def ready(self) -> int:
         with self._cond:
             return sum(len(s.ready) for s in self._pools.values())
