@@ -1,5 +1,5 @@
 """The C library, loaded once through ctypes, with the prototypes of the calls the node makes
-itself: mount(2), umount2(2), prctl(2) and syscall(2) (the new mount API, open_tree,
+itself: mount(2), umount2(2), syncfs(2), prctl(2) and syscall(2) (the new mount API, open_tree,
 mount_setattr). Each caller turns an errno into its own error."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.syscall.restype = ctypes.c_long
+libc.syncfs.argtypes = [ctypes.c_int]
 
 
 def mount(source: bytes | None, target: str | os.PathLike[str], fstype: bytes | None,
@@ -27,6 +28,17 @@ def umount2(target: str | os.PathLike[str], flags: int = 0) -> int:
     if libc.umount2(os.fsencode(target), flags) == 0:
         return 0
     return ctypes.get_errno()
+
+
+def syncfs(path: str | os.PathLike[str]) -> None:
+    """syncfs(2): write back the dirty data of the filesystem holding `path`; OSError on failure."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
 
 
 def syscall(nr: int, *args: object) -> int:

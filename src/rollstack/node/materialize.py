@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from rollstack.host import mountinfo
+from rollstack.host.libc import syncfs
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +263,12 @@ class LayerMaterializer:
         size = tree_bytes(tmp)
         self._make_room(size)
         _size_file(final).write_text(str(size))  # a restart need not walk the copy again
+        # On disk before it is published: a restart reuses the copy, so a crash must not leave
+        # a renamed directory of empty files; and the writeback happens here, in the background,
+        # not at some later syncfs on an environment's path.
+        syncfs(tmp)
         os.rename(tmp, final)
+        syncfs(self.root)  # the rename
         with self._lock:
             self._ready[ref.digest] = final
             self._sizes[ref.digest] = size

@@ -15,6 +15,13 @@ which must fit in a page (RuntimeFailure otherwise).
 Options are pinned so the upper dir keeps the simple format `rollstack.run.diff` reads:
 `redirect_dir=off` (a renamed lower dir is copied up, not redirected), `metacopy=off` (every
 copied-up file carries its data), `index=off`, `xino=off`.
+
+`volatile` (Linux >= 5.10): overlayfs skips every sync of the upper filesystem. An environment's
+upper is thrown away with it and never mounted again, so there is nothing to make durable, and
+without it each unmount (every destroy) runs syncfs(2) on the node's whole filesystem: it wrote
+back whatever any other writer left dirty, 1.05 s once after a 431 MB layer was materialized,
+beside the next create (docs/benchmarks.md, "Tenth pass"). `fsync` inside an environment becomes
+a no-op too. A kernel that refuses the option mounts without it.
 """
 
 from __future__ import annotations
@@ -34,11 +41,12 @@ OVERLAY_MAX_LOWERS = 500
 PAGE_LIMIT = 4095
 MOUNT_SOURCE = "rollstack"  # shown in mountinfo: lets recovery tell our overlays apart
 PINNED_OPTIONS = (("redirect_dir", "off"), ("metacopy", "off"), ("index", "off"), ("xino", "off"))
+FLAG_OPTIONS = ("volatile",)
 
 # New mount API syscall numbers are the same on every architecture (allocated after 5.0).
 _SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 429, 430, 431, 432
 _FSOPEN_CLOEXEC = 0x1
-_FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 1, 6
+_FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _FSMOUNT_CLOEXEC = 0x1
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _AT_FDCWD = -100
@@ -96,6 +104,13 @@ def _mount_new_api(lowers: list[Path], upper: Path, work: Path, target: Path) ->
             setstr("workdir", _check_path(work, "work"))
             for key, value in PINNED_OPTIONS:
                 setstr(key, value.encode())
+            for key in FLAG_OPTIONS:
+                try:
+                    libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_SET_FLAG),
+                                 key.encode(), None, ctypes.c_int(0))
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
             libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_CMD_CREATE),
                          None, None, ctypes.c_int(0))
             mfd = libc.syscall(_SYS_FSMOUNT, ctypes.c_int(fsfd), ctypes.c_uint(_FSMOUNT_CLOEXEC),
@@ -115,10 +130,10 @@ def _mount_new_api(lowers: list[Path], upper: Path, work: Path, target: Path) ->
         os.close(fsfd)
 
 
-def classic_options(lowers: list[Path], upper: Path, work: Path) -> str:
+def classic_options(lowers: list[Path], upper: Path, work: Path, flags: bool = True) -> str:
     """The single mount(2) option string (used on kernels without `lowerdir+`)."""
     lower = ":".join(os.fspath(p) for p in lowers)
-    pinned = ",".join(f"{k}={v}" for k, v in PINNED_OPTIONS)
+    pinned = ",".join([f"{k}={v}" for k, v in PINNED_OPTIONS] + (list(FLAG_OPTIONS) if flags else []))
     return f"lowerdir={lower},upperdir={upper},workdir={work},{pinned}"
 
 
@@ -130,6 +145,9 @@ def _mount_classic(lowers: list[Path], upper: Path, work: Path, target: Path) ->
         raise RuntimeFailure(f"overlay options for {len(lowers)} lowers are {len(opts)} bytes, "
                              f"over mount(2)'s page limit, and this kernel lacks lowerdir+")
     err = libc.mount(MOUNT_SOURCE.encode(), target, b"overlay", 0, opts.encode())
+    if err == errno.EINVAL:  # a kernel older than the flag options (volatile: 5.10)
+        err = libc.mount(MOUNT_SOURCE.encode(), target, b"overlay", 0,
+                         classic_options(lowers, upper, work, flags=False).encode())
     if err:
         raise RuntimeFailure(f"overlay mount of {target} failed: {os.strerror(err)}", errno=err)
 

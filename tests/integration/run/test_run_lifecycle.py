@@ -184,6 +184,31 @@ def test_many_layers_beyond_the_page_limit(tmp_path, busybox_lower):
     assert not overlay.is_mounted(tmp_path / "m")
 
 
+def test_the_overlay_is_volatile(tmp_path, busybox_lower):
+    """An environment's upper is thrown away with it: overlayfs is asked never to sync it, so an
+    unmount (every destroy) does not write back the node's whole filesystem."""
+    for d in ("u", "w", "m"):
+        (tmp_path / d).mkdir()
+    overlay.mount_overlay([busybox_lower], tmp_path / "u", tmp_path / "w", tmp_path / "m")
+    try:
+        target = os.fspath(tmp_path / "m")
+        lines = [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if ln.split()[4] == target]
+        assert lines, target
+        fstype, source, super_options = lines[-1].split(" - ", 1)[1].split()[:3]
+        assert (fstype, source) == ("overlay", overlay.MOUNT_SOURCE)
+        opts = super_options.split(",")
+        assert "volatile" in opts or "fsync=volatile" in opts, super_options  # newer kernels say fsync=
+        (tmp_path / "m" / "written").write_text("x")
+        fd = os.open(tmp_path / "m" / "written", os.O_RDONLY)
+        try:
+            os.fsync(fd)  # a no-op on a volatile overlay, never an error
+        finally:
+            os.close(fd)
+        assert (tmp_path / "u" / "written").read_text() == "x"
+    finally:
+        overlay.unmount(tmp_path / "m")
+
+
 def test_unmount_busy_falls_back_to_lazy(tmp_path, busybox_lower):
     for d in ("u", "w", "m"):
         (tmp_path / d).mkdir()

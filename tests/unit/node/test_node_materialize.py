@@ -151,3 +151,25 @@ def test_a_full_disk_is_never_filled_with_copies(tmp_path):
         assert m.lower_for(ref(9).digest) is None
     finally:
         m.stop()
+
+
+def test_a_copy_is_written_back_before_it_is_published(tmp_path, monkeypatch):
+    """A restart reuses copies: the data reaches the disk (syncfs) before the rename makes the
+    directory a layer, then the rename itself."""
+    import rollstack.node.materialize as materialize
+
+    seen: list[tuple[str, bool, bool]] = []
+
+    def syncfs(path) -> None:
+        final = tmp_path / "layers" / ref(3).digest.partition(":")[2]
+        seen.append((Path(path).name, (final.parent / (final.name + ".tmp") / "payload").exists(), final.exists()))
+
+    monkeypatch.setattr(materialize, "syncfs", syncfs)
+    m, _, _, _ = make(tmp_path, after=1)
+    try:
+        m.used([ref(3)])
+        assert m.wait_idle(5) and m.lower_for(ref(3).digest) is not None
+    finally:
+        m.stop()
+    hexd = ref(3).digest.partition(":")[2]
+    assert seen == [(f"{hexd}.tmp", True, False), ("layers", False, True)]
