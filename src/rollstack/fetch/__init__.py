@@ -5,7 +5,6 @@ orchestrated by `ChunkFetcher` (trio: single-flight, coalesced parallel range GE
 chunks, deadlines); access traces (`TraceStore`) drive prefetch.
 """
 
-from rollstack.fetch.coalesce import RangeRequest, coalesce
 from rollstack.fetch.config import FetchConfig
 from rollstack.fetch.disk import DiskChunkCache
 from rollstack.fetch.fetcher import ChunkFetcher
@@ -14,6 +13,7 @@ from rollstack.fetch.memory import MemoryChunkCache
 from rollstack.fetch.peers import PeerClient
 from rollstack.fetch.stats import Account, FetchMetrics, Priority, Tier
 from rollstack.fetch.traces import Trace, TraceChunk, TraceRecorder, TraceStore
+from rollstack.format.ranges import RangeRequest, coalesce
 
 ChunkCache = MemoryChunkCache
 

@@ -45,13 +45,14 @@ import trio
 
 from rollstack.errors import FormatError, IntegrityError, NotFound, RegistryUnavailable, RollstackError
 from rollstack.fetch.background import BackgroundGate, idle_thread
-from rollstack.fetch.coalesce import RangeRequest, coalesce, following, pack, window, window_back
+from rollstack.fetch.coalesce import following, pack, window, window_back
 from rollstack.fetch.config import FetchConfig
 from rollstack.fetch.disk import DiskChunkCache
 from rollstack.fetch.layer import RemoteLayer
 from rollstack.fetch.memory import MemoryChunkCache
 from rollstack.fetch.peers import PeerClient
 from rollstack.fetch.stats import Account, FetchMetrics, Priority, Tier
+from rollstack.format.ranges import RangeRequest, coalesce
 from rollstack.format.toc import Chunk, Compression
 
 Decoder = Callable[[Chunk, bytes], bytes]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from rollstack.errors import FormatError, IntegrityError, NotFound
 from rollstack.format.chunk import decode_chunk
 from rollstack.format.footer import FOOTER_SIZE, Footer
+from rollstack.format.ranges import coalesce
 from rollstack.format.source import BlobSource
 from rollstack.format.toc import Chunk, EntryType, Toc, TocEntry
 from rollstack.format import toc_codec
@@ -138,11 +139,11 @@ def _clamp(entry: TocEntry, offset: int, length: int) -> tuple[int, int]:
 
 
 def read_files(source: BlobSource, toc: Toc, positions: list[int], *, max_gap: int = 256 << 10,
-               max_span: int = 8 << 20) -> dict[int, bytes]:
-    """TOC position -> the verified bytes of each regular file at `positions` (small files:
-    their stored chunks are read in coalesced ranges of up to `max_span` bytes, gaps of up to
-    `max_gap` read through, so a few thousand files cost a few requests, not one each)."""
-    wanted: list[tuple[int, int, list[Chunk]]] = []  # (first stored byte, position, chunks)
+               max_request: int = 8 << 20) -> dict[int, bytes]:
+    """TOC position -> the verified bytes of each regular file at `positions` (meant for small
+    files: their chunks are read in the ranges `ranges.coalesce` plans, gaps of up to `max_gap`
+    read through, so a few thousand files cost a few reads, not one each)."""
+    files: dict[int, list[Chunk]] = {}
     for pos in positions:
         entry = toc.at(pos)
         if entry.type is not EntryType.REG or entry.size == 0:
@@ -150,23 +151,10 @@ def read_files(source: BlobSource, toc: Toc, positions: list[int], *, max_gap: i
         chunks = chunks_for(entry)
         if sum(c.size for c in chunks) != entry.size:
             raise FormatError(f"chunk table of {entry.path!r} does not cover its {entry.size} bytes")
-        wanted.append((min(c.blob_offset for c in chunks), pos, chunks))
-    wanted.sort()
-    out: dict[int, bytes] = {}
-    i = 0
-    while i < len(wanted):
-        start = wanted[i][0]
-        end = max(c.blob_offset + c.blob_size for c in wanted[i][2])
-        j = i + 1
-        while j < len(wanted):
-            nxt_end = max(c.blob_offset + c.blob_size for c in wanted[j][2])
-            if wanted[j][0] - end > max_gap or max(end, nxt_end) - start > max_span:
-                break
-            end = max(end, nxt_end)
-            j += 1
-        data = source.read_at(start, end - start)
-        for _, pos, chunks in wanted[i:j]:
-            out[pos] = b"".join(decode_chunk(c, data[c.blob_offset - start:c.blob_offset - start + c.blob_size])
-                                for c in chunks)
-        i = j
-    return out
+        files[pos] = chunks
+    plain: dict[int, bytes] = {}  # blob offset -> the chunk's verified bytes
+    for req in coalesce((c for chunks in files.values() for c in chunks), max_request=max_request, max_gap=max_gap):
+        data = source.read_at(req.offset, req.length)
+        for c in req.chunks:
+            plain[c.blob_offset] = decode_chunk(c, data[c.blob_offset - req.offset:c.blob_offset - req.offset + c.blob_size])
+    return {pos: b"".join(plain[c.blob_offset] for c in chunks) for pos, chunks in files.items()}

@@ -12,6 +12,7 @@ layers, kind and source, the existing manifest is kept and nothing at all is upl
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -188,12 +189,8 @@ def publish_images(store: Any, name: str, tag: str, layers: list[BuiltLayer]) ->
         if layer.digest in known and store.has_blob(name, known[layer.digest][0]):
             out.images[layer.digest] = known[layer.digest]
             continue
-        if layer.path is not None:
-            with FileBlobSource(layer.path) as src:
-                toc = read_toc(src).toc
-                inline = read_files(src, toc, inline_candidates(toc))
-        else:
-            src = StoreBlobSource(store, name, layer.digest, layer.size)
+        with (FileBlobSource(layer.path) if layer.path is not None
+              else contextlib.nullcontext(StoreBlobSource(store, name, layer.digest, layer.size))) as src:
             toc = read_toc(src).toc
             inline = read_files(src, toc, inline_candidates(toc))
         image = lowers.image_for(toc, layer.digest, inline)

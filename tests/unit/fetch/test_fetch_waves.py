@@ -50,7 +50,8 @@ def test_bad_limits_are_refused():
 
 
 def test_pack_groups_consecutive_requests_by_count_and_bytes():
-    from rollstack.fetch.coalesce import RangeRequest, pack
+    from rollstack.fetch.coalesce import pack
+    from rollstack.format.ranges import RangeRequest
 
     reqs = [RangeRequest(i * 100, 10 * (i + 1), ()) for i in range(10)]
     groups = pack(reqs, max_spans=3, max_bytes=100)

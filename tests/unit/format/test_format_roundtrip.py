@@ -125,7 +125,7 @@ def test_read_files_coalesces_small_files_and_verifies_them() -> None:
     got = read_files(src, toc, positions)
     assert {toc.at(p).path: data for p, data in got.items()} == files
     assert src.requests - before == 1  # one range covers them all
-    assert len(read_files(src, toc, positions, max_gap=0, max_span=1)) == 30  # one read each still works
+    assert len(read_files(src, toc, positions, max_gap=0, max_request=1)) == 30  # one read each still works
     chunk = toc.at(positions[5]).chunks[0]
     bad = bytearray(blob)
     bad[chunk.blob_offset] ^= 0xFF
