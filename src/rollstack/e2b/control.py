@@ -59,7 +59,7 @@ def create_control_app(table: SandboxTable, service: Any, token: str | None, thr
             limiter["l"] = anyio.CapacityLimiter(threads)
         return await anyio.to_thread.run_sync(partial(fn, *args), limiter=limiter["l"])
 
-    def api_key(request: Request) -> None:
+    async def api_key(request: Request) -> None:  # async: FastAPI runs a sync dependency in a thread
         if token is None:
             return
         given = request.headers.get("x-api-key", "")

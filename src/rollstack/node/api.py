@@ -86,7 +86,7 @@ def create_app(
         finally:
             metrics.observe(op, time.perf_counter() - start)
 
-    def authorize(request: Request) -> None:
+    async def authorize(request: Request) -> None:  # async: FastAPI runs a sync dependency in a thread
         if token is None:
             return
         header = request.headers.get("authorization", "")
