@@ -18,7 +18,8 @@ An image published beside the layer (plan/lowers.py: `group publish`/`import` na
 group manifest, `LayerRef.erofs`) is fetched instead (`fetch_image`), checked (its digest, then
 unpacked with a size bound and `format.erofs.check_image`) and mounted by a worker of its own,
 never queued behind a build: ~15-20 ms, so a create can wait for it, the first one of a stack included. An image that fails
-a check is built here as if none had been published.
+a check is handed to the build worker and built here as if none had been published (the fetch
+worker never builds: one build at a time, and the next fetch is not held up).
 
 Lower choice per layer (node/stages.py): materialized directory > EROFS mount > FUSE directory.
 A layer EROFS cannot express (format.erofs raises FormatError: an xattr namespace without an
@@ -106,6 +107,7 @@ class ErofsLowers:
         # reads the image published beside a layer (ref.erofs, plan/lowers.py) from the store
         self.fetch_image = fetch_image
         self._published: dict[str, Any] = {}  # digest -> a LayerRef naming its published image
+        self._unusable: set[str] = set()  # published images that failed their checks: built here
         self._fetched = 0  # images taken from the store instead of built
         # a build nobody waits for first waits (up to max_wait s) for min_idle idle cores
         self.min_idle, self.max_wait, self.grace = min_idle, max_wait, grace
@@ -180,14 +182,14 @@ class ErofsLowers:
         if self.fetch_image is None:
             return False
         with self._lock:
-            return all(r.digest in self._ready or (getattr(r, "erofs", "") and r.digest not in self._failed)
-                       for r in refs)
+            return all(r.digest in self._ready or (getattr(r, "erofs", "") and r.digest not in self._failed
+                                                    and r.digest not in self._unusable) for r in refs)
 
     def used(self, refs: Iterable[Any]) -> None:
         with self._lock:
             for ref in refs:
                 d = ref.digest
-                if getattr(ref, "erofs", "") and self.fetch_image is not None:
+                if getattr(ref, "erofs", "") and self.fetch_image is not None and d not in self._unusable:
                     self._published.setdefault(d, ref)
                 if d not in self._ready and d not in self._queued and d not in self._failed:
                     self._first_use.setdefault(d, time.monotonic())
@@ -237,11 +239,15 @@ class ErofsLowers:
             digest = jobs.get()
             if digest is None:
                 return
+            handed_over = False
             try:
                 self._pace(digest)
                 if self._stopping.is_set():
                     raise RuntimeError("the node is stopping")
                 path = self._prepare(digest)
+            except _BuildInstead:
+                handed_over = True  # still queued: the build worker's now
+                self._queue.put(digest)
             except Exception as exc:  # noqa: BLE001 - the layer stays on its FUSE lower
                 log.warning("EROFS lower for %s unavailable: %s", digest, exc)
                 with self._lock:
@@ -255,12 +261,17 @@ class ErofsLowers:
                     except Exception:  # noqa: BLE001 - a hook must not stop the worker
                         log.exception("EROFS on_ready hook failed")
             finally:
-                with self._lock:
-                    self._queued.discard(digest)
-                    self._urgent.discard(digest)
-                    self._done.notify_all()
-                    if not self._queued:
-                        self._idle.set()
+                if not handed_over:
+                    self._settled(digest)
+
+    def _settled(self, digest: str) -> None:
+        """The layer is mounted or failed: no longer queued; waiters look again."""
+        with self._lock:
+            self._queued.discard(digest)
+            self._urgent.discard(digest)
+            self._done.notify_all()
+            if not self._queued:
+                self._idle.set()
 
     def _urgent_now(self) -> bool:
         with self._lock:
@@ -292,8 +303,11 @@ class ErofsLowers:
         t0 = time.perf_counter()
         with self._lock:
             ref = self._published.get(digest)
-        if ref is not None and not image.exists():
-            self._fetch(ref, image)
+        if ref is not None and not image.exists() and not self._fetch(ref, image):
+            with self._lock:  # from now on a layer without a (usable) published image
+                self._published.pop(digest, None)
+                self._unusable.add(digest)
+            raise _BuildInstead(digest)
         if not image.exists():
             tmp = image.with_name(image.name + ".tmp")
             with self._lock:
@@ -326,10 +340,10 @@ class ErofsLowers:
             self._seconds[digest] = time.perf_counter() - t0
         return target
 
-    def _fetch(self, ref: Any, image: Path) -> None:
+    def _fetch(self, ref: Any, image: Path) -> bool:
         """The image published beside the layer, checked (its digest, then that it is the
-        image of this layer in this format version) and written to `image`. On any failure the
-        layer's image is built here instead, as for an unpublished layer."""
+        image of this layer in this format version) and written to `image`. False on any
+        failure: the layer's image is then built here, as for an unpublished layer."""
         from rollstack.format.erofs import check_image, unpack_image
         from rollstack.store.names import sha256_digest
 
@@ -342,10 +356,15 @@ class ErofsLowers:
             check_image(data, ref.digest)
         except Exception as exc:  # noqa: BLE001 - an unusable image costs a build, never the layer
             log.warning("published EROFS image of %s unusable (%s); building it here", ref.digest, exc)
-            return
+            return False
         atomic.replace(image, data)
         with self._lock:
             self._fetched += 1
+        return True
+
+
+class _BuildInstead(Exception):
+    """The fetch worker hands a layer whose published image is unusable to the build worker."""
 
 
 def _hurry(proc: "subprocess.Popen[str]") -> None:

@@ -155,3 +155,45 @@ def test_a_fetch_is_never_queued_behind_a_build(tmp_path: Path) -> None:
         assert _Ref(9).digest not in lowers.failures()  # the build is still in its grace
     finally:
         lowers.stop()
+
+
+def test_an_unusable_image_is_built_by_the_build_worker_and_never_fetched_again(tmp_path: Path) -> None:
+    import threading
+
+    bad = _PublishedRef(12, b"not zstd at all")
+    good = _PublishedRef(13, _image(_Ref(13)))
+    asked: list[str] = []
+
+    def fetch(ref: _PublishedRef) -> bytes:
+        asked.append(ref.digest)
+        return b"not zstd at all" if ref.digest == bad.digest else _image(ref)
+
+    lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs", grace=30.0, fetch_image=fetch)
+    built_by: list[str] = []
+    real_build = lowers._prepare
+
+    def prepare(digest: str) -> Path:  # which worker thread builds (or fetches) the layer
+        built_by.append(threading.current_thread().name)
+        return real_build(digest)
+
+    lowers._prepare = prepare  # type: ignore[method-assign]
+    lowers.start()
+    try:
+        lowers.used([bad])
+        t = time.monotonic()
+        while lowers.published([bad]) and time.monotonic() - t < 10:
+            time.sleep(0.02)
+        assert not lowers.published([bad])  # a create no longer waits for it as for a fetch
+        # handed to the build worker, which waits out its 30 s grace: not built in the fetch worker
+        assert built_by == ["erofs-fetch"] and bad.digest not in lowers.failures()
+        assert lowers.stats()["queued"] == 1
+        lowers.used([good])  # the fetch worker is free for the next published image
+        while good.digest not in lowers.failures() and time.monotonic() - t < 10:
+            time.sleep(0.02)
+        assert lowers.stats()["fetched"] == 1
+        lowers.used([bad])  # used again: not fetched again, still the one queued build
+        assert lowers.ensure([bad], timeout=10) is False  # a create waits: built now, no grace
+        assert built_by.count("erofs-build") == 1 and "not in" in lowers.failures()[bad.digest]
+        assert asked.count(bad.digest) == 1
+    finally:
+        lowers.stop()
