@@ -128,6 +128,9 @@ def _pigz(stream: BinaryIO, head: bytes, start: int | None) -> Decoded:
     errors = tempfile.TemporaryFile()
     if start is not None:
         stream.seek(start)
+        # pigz reads the descriptor itself: set its offset (a buffered reader's seek back into
+        # its own read-ahead moves only the buffer, leaving the descriptor past the head)
+        os.lseek(stream.fileno(), start, os.SEEK_SET)
         proc = subprocess.Popen(PIGZ, stdin=stream, stdout=subprocess.PIPE, stderr=errors)
         _big_pipe(proc)
         return Decoded(proc.stdout, proc, None, errors)  # type: ignore[arg-type]

@@ -37,3 +37,20 @@ def test_a_corrupt_gzip_file_is_refused(tmp_path: Path, make_ti, make_tar) -> No
         with pytest.raises(SourceInvalid):
             convert_mod.convert(src, tmp_path / f"bad{i}.blob")
         assert not (tmp_path / f"bad{i}.blob").exists()
+
+
+@pytest.mark.parametrize("buffering", [0, -1, 4096])
+def test_convert_tar_reads_a_gzip_file_opened_any_way(tmp_path: Path, make_ti, make_tar, buffering: int) -> None:
+    """pigz reads the file's descriptor itself: a buffered reader's read-ahead of the magic bytes
+    must not move where it starts (it did: 'empty file' or a stream cut at the buffer's end)."""
+    import io
+
+    tar = make_tar([(make_ti("d/f"), os.urandom(200_000)), (make_ti("g"), b"g" * 5000)])
+    (tmp_path / "l.tar.gz").write_bytes(b"\0" * 100 + gzip.compress(tar))  # not at offset 0 either
+    expected = io.BytesIO()
+    convert_mod.convert_tar(io.BytesIO(tar), expected)
+    out = io.BytesIO()
+    with open(tmp_path / "l.tar.gz", "rb", buffering=buffering) as f:
+        f.seek(100)
+        convert_mod.convert_tar(f, out)
+    assert out.getvalue() == expected.getvalue()
