@@ -86,9 +86,12 @@ def _mount_new_api(lowers: list[Path], upper: Path, work: Path, target: Path) ->
             raise _OldKernel from e
         raise RuntimeFailure(f"fsopen(overlay) failed: {e.strerror}", errno=e.errno) from e
     try:
+        def fsconfig(cmd: int, key: str | None = None, value: bytes | None = None) -> None:
+            libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(cmd),
+                         None if key is None else key.encode(), value, ctypes.c_int(0))
+
         def setstr(key: str, value: bytes | None) -> None:
-            libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_SET_STRING),
-                         key.encode(), value, ctypes.c_int(0))
+            fsconfig(_FSCONFIG_SET_STRING, key, value)
 
         try:
             setstr("lowerdir+", _check_path(lowers[0], "lower"))
@@ -106,13 +109,11 @@ def _mount_new_api(lowers: list[Path], upper: Path, work: Path, target: Path) ->
                 setstr(key, value.encode())
             for key in FLAG_OPTIONS:
                 try:
-                    libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_SET_FLAG),
-                                 key.encode(), None, ctypes.c_int(0))
+                    fsconfig(_FSCONFIG_SET_FLAG, key)
                 except OSError as e:
                     if e.errno != errno.EINVAL:
                         raise
-            libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fsfd), ctypes.c_uint(_FSCONFIG_CMD_CREATE),
-                         None, None, ctypes.c_int(0))
+            fsconfig(_FSCONFIG_CMD_CREATE)
             mfd = libc.syscall(_SYS_FSMOUNT, ctypes.c_int(fsfd), ctypes.c_uint(_FSMOUNT_CLOEXEC),
                                ctypes.c_uint(0))
         except OSError as e:
