@@ -5,7 +5,9 @@ A real agent (`rollstack node start` in a temporary root, loopback port) over th
 - `exec true`: p50/p99 latency and node CPU per exec (the agent process and the children it
   reaps), with the in-sandbox agent and with `runc exec` (a second node, `exec_agent=False`);
   containerd: `ctr task exec` into a running task (CPU of ctr + containerd + its shims);
-- exec throughput: `--callers` threads, one environment each, `exec true` for `--seconds`
+- exec throughput: `--callers` threads, one environment each, `exec true` for `--seconds`; and
+  the same load from wrk (`--callers` keep-alive connections; rollstack.bench.node_wrk), whose
+  CPU per request is ~20x below the SDK's, so the figure is the node's
   (latency and throughput use the corpus plan's 0.5-core environments: at 0.1 core, back-to-back
   execs are CFS-throttled until the provisioner grows the quota);
 - GRPO fan-out: create(count=8) + one exec each vs one create + exec;
@@ -105,6 +107,21 @@ def _throughput(client: Any, plan: dict[str, Any], callers: int, seconds: float)
         for e in envs:
             e.destroy()
     return {"callers": callers, "execs": sum(counts), "execs_per_s": round(sum(counts) / wall, 1)}
+
+
+def _throughput_wrk(client: Any, config: Any, plan: dict[str, Any], connections: int,
+                    seconds: float, pid: int) -> dict[str, Any]:
+    """The same load from wrk (rollstack.bench.node_wrk): the node's figure without the
+    Python client's CPU on the same 2 cores."""
+    from rollstack.bench import node_wrk
+
+    envs = client.create(plan, count=connections)
+    try:
+        return node_wrk.measure(config.url(), config.token_path.read_text().strip(), [e.id for e in envs],
+                                connections, seconds, [pid], lambda: _metric(client, "execs_total"))
+    finally:
+        for e in envs:
+            e.destroy()
 
 
 def _fanout(client: Any, plan: dict[str, Any], count: int, rounds: int, warm: int = 0,
@@ -250,6 +267,8 @@ def run_bench(execs: int, callers: int, seconds: float, fanout: int, burst: int,
                 if mode == "agent":
                     _log(f"throughput: {callers} callers for {seconds}s")
                     part["throughput"] = _throughput(client, busy, callers, seconds)
+                    _log(f"throughput: wrk, {callers} connections for {seconds}s")
+                    part["throughput_wrk"] = _throughput_wrk(client, config, busy, callers, seconds, pid)
                     from rollstack.bench.node_fanout import node_pids, other_mode
 
                     _log(f"fan-out of {fanout}")
@@ -301,6 +320,9 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         "runc_exec_p50_ms": round(doc["runc"]["exec_true"]["p50"] * 1e3, 2),
         "runc_exec_node_cpu_ms": round(doc["runc"]["exec_true"]["node_cpu_per_exec_s"] * 1e3, 2),
         "execs_per_s": a["throughput"]["execs_per_s"],
+        **({"execs_per_s_wrk": a["throughput_wrk"]["execs_per_s"],
+            "exec_node_cpu_ms_wrk": round(a["throughput_wrk"]["node_cpu_per_exec_s"] * 1e3, 2),
+            "exec_failures_wrk": a["throughput_wrk"]["failures"]} if "throughput_wrk" in a else {}),
         "fanout_ratio": a["fanout"]["ratio"],
         **_fanout_summary(doc),
         "burst_envs_per_s_p50": _pct(ours, 50),
@@ -347,7 +369,10 @@ def _human(doc: dict[str, Any]) -> None:
           f" | runc exec p50 {s['runc_exec_p50_ms']} ms, node CPU {s['runc_exec_node_cpu_ms']} ms"
           + (f" | ctr task exec p50 {s['containerd_exec_p50_ms']} ms, CPU {s['containerd_exec_cpu_ms']} ms"
              if "containerd_exec_p50_ms" in s else ""))
-    print(f"throughput: {s['execs_per_s']} execs/s; fan-out of {doc['agent']['fanout']['count']}: "
+    print(f"throughput: {s['execs_per_s']} execs/s (SDK threads)"
+          + (f", {s['execs_per_s_wrk']} execs/s (wrk; node CPU {s['exec_node_cpu_ms_wrk']} ms/exec, "
+             f"failures {s['exec_failures_wrk']})" if "execs_per_s_wrk" in s else "")
+          + f"; fan-out of {doc['agent']['fanout']['count']}: "
           f"{s['fanout_ratio']}x one")
     print("fan-out: " + ", ".join(f"{k.removeprefix('fanout_')} {v}" for k, v in s.items()
                                    if k.startswith(("fanout_warm", "fanout_cold"))))
