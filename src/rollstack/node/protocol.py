@@ -2,7 +2,9 @@
 in tests. The HTTP API wraps one, the in-process `Node` wraps one, and the SDK's `Client`
 implements the same calls over HTTP, so an `Environment` handle works the same on all three.
 
-All methods are blocking; callers on an event loop run them in a worker thread.
+All methods are blocking; callers on an event loop run them in a worker thread. A service may
+also have `async exec_async(env_id, request, offload)` (the real one does): the HTTP API then
+awaits it on its loop, and the service hands any blocking part to `await offload(fn)`.
 """
 
 from __future__ import annotations

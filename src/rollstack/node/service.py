@@ -23,6 +23,7 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from functools import partial
 from typing import Any, Iterator
 
 from rollstack.errors import (
@@ -367,25 +368,53 @@ class NodeService:
         self.counters.bump("execs")
         return stream(lambda on_output: self._exec(rec, request, on_output), to_wire, name=f"exec-{env_id}")
 
-    def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any, control: Any = None) -> Any:
-        """Run the command; an OOM ending (provisioner or kernel) becomes OomTerminated."""
+    async def exec_async(self, env_id: str, request: ExecRequest, offload: Any) -> ExecResult:
+        """`exec` for the API's event loop: an agent exec runs on the loop, without a worker
+        thread (`Environment.exec_async`); the rest, and any blocking check, through
+        `offload(fn)` (the API's worker threads)."""
+        rec = self._running(env_id)
+        self.counters.bump("execs")
         stages = self._stages()
-        kills = stages.oom_kills(rec)
-        with self._lock:  # parallel execs in one environment
-            rec.execs += 1
+        kills = self._exec_begin(rec, stages)
         try:
-            result = stages.exec(rec, request, on_output, control)
+            result = await stages.exec_async(rec, request, offload)
         except (EnvironmentGone, RuntimeFailure):
-            # runc cannot start a process in an environment being ended for lack of memory
-            self._check_kernel_oom(rec, stages, kills)
-            self._raise_if_oom(rec)
+            await offload(partial(self._exec_end, rec, stages, kills))
             raise
         finally:
             with self._lock:
                 rec.execs -= 1
+        if rec.state != st.RUNNING or stages.oom_kills(rec) > kills:  # a cgroupfs read: fine on the loop
+            await offload(partial(self._exec_end, rec, stages, kills))  # ending it blocks
+        return to_wire(result)
+
+    def _exec(self, rec: EnvRecord, request: ExecRequest, on_output: Any, control: Any = None) -> Any:
+        """Run the command; an OOM ending (provisioner or kernel) becomes OomTerminated."""
+        stages = self._stages()
+        kills = self._exec_begin(rec, stages)
+        try:
+            result = stages.exec(rec, request, on_output, control)
+        except (EnvironmentGone, RuntimeFailure):
+            # runc cannot start a process in an environment being ended for lack of memory
+            self._exec_end(rec, stages, kills)
+            raise
+        finally:
+            with self._lock:
+                rec.execs -= 1
+        self._exec_end(rec, stages, kills)
+        return result
+
+    def _exec_begin(self, rec: EnvRecord, stages: Stages) -> int:
+        """Count the exec in; the kernel's OOM kills so far (compared after it)."""
+        kills = stages.oom_kills(rec)
+        with self._lock:  # parallel execs in one environment
+            rec.execs += 1
+        return kills
+
+    def _exec_end(self, rec: EnvRecord, stages: Stages, kills: int) -> None:
+        """An OOM ending during the exec (provisioner or kernel) raises OomTerminated."""
         self._check_kernel_oom(rec, stages, kills)
         self._raise_if_oom(rec)
-        return result
 
     def exec_attached(self, env_id: str, request: ExecRequest, on_output: Any, control: Any) -> ExecResult:
         """A blocking exec whose caller holds `control` (`rollstack.run.execpump.ExecControl`):

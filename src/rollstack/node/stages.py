@@ -436,6 +436,17 @@ class Stages:
             **extra,
         )
 
+    async def exec_async(self, rec: EnvRecord, req: ExecRequest, offload: Any) -> ExecResult:
+        """`exec` on the caller's event loop (rollstack.run.handle.Environment.exec_async)."""
+        runtime = rec.runtime
+        argv = req.resolved_argv()
+        stdin = req.stdin.encode() if req.stdin is not None else None
+        exec_async = getattr(runtime, "exec_async", None)
+        if exec_async is None:  # a runtime without a loop path
+            return await offload(lambda: self.exec(rec, req, None))
+        return await exec_async(argv, cwd=req.cwd, env=req.env or None, stdin=stdin, timeout=req.timeout,
+                                output_limit=self.config.exec_output_limit, offload=offload)
+
     def oom_kills(self, rec: EnvRecord) -> int:
         """Processes the kernel's OOM killer ended in the environment so far (a cheap file read)."""
         if rec.oom_file is None:

@@ -20,6 +20,7 @@ is a `RuntimeFailure`; the environment's next exec gets a fresh shim.
 from __future__ import annotations
 
 import array
+import asyncio
 import os
 import selectors
 import socket
@@ -37,11 +38,17 @@ SOCKET_NAME = "execd.sock"
 KILL_GRACE = 10.0
 """Seconds the shim gets to end a timed-out tree and report before we give up on it."""
 _MAX_REPLY = 65536
+_ASYNC_MAX_REQUEST = 32768
+"""Largest request `run_async` sends from the loop (a fresh unix socket buffers ~200 KiB)."""
 _BACKLOG = 512
 
 
 class AgentUnavailable(Exception):
     """Nobody serves the environment's exec socket: run the command through runc instead."""
+
+
+class AgentBusy(Exception):
+    """The exec socket's backlog is full (a non-blocking connect): run the exec in a thread."""
 
 
 def socket_path(env_dir: Path) -> Path:
@@ -119,13 +126,17 @@ class AgentPump:
         self.buf = {"stdout": bytearray(), "stderr": bytearray()}
         self.truncated = False
 
-    def _connect(self) -> socket.socket:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    def _connect(self, blocking: bool = True) -> socket.socket:
+        flags = socket.SOCK_STREAM | socket.SOCK_CLOEXEC | (0 if blocking else socket.SOCK_NONBLOCK)
+        conn = socket.socket(socket.AF_UNIX, flags)
         try:
             _short(self.sock_path, conn.connect)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as e:
             conn.close()
             raise AgentUnavailable(str(e)) from e
+        except BlockingIOError as e:  # non-blocking only: the listener's backlog is full
+            conn.close()
+            raise AgentBusy(str(e)) from e
         except BaseException:
             conn.close()
             raise
@@ -136,22 +147,9 @@ class AgentPump:
         conn = self._connect()
         fds: list[int] = []
         try:
-            out_r, out_w = os.pipe2(os.O_CLOEXEC)
-            fds += [out_r, out_w]
-            err_r, err_w = os.pipe2(os.O_CLOEXEC)
-            fds += [err_r, err_w]
-            if self.stdin is not None:
-                in_r, in_w = os.pipe2(os.O_CLOEXEC)
-                fds += [in_r, in_w]
-            else:
-                in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
-                fds.append(in_r)
-            self._send(conn, [in_r, out_w, err_w])
-            for fd in (in_r, out_w, err_w):  # the command holds its own copies now
-                os.close(fd)
-                fds.remove(fd)
+            readers, in_w = self._start(conn, fds)
             try:
-                wstatus, timed_out = self._pump(conn, {out_r: "stdout", err_r: "stderr"}, in_w, start)
+                wstatus, timed_out = self._pump(conn, readers, in_w, start)
             except BaseException:
                 _kill_and_wait(conn)  # the command is gone before the caller sees the error
                 raise
@@ -159,6 +157,52 @@ class AgentPump:
             conn.close()  # before the command ended: the shim kills its tree
             for fd in fds:
                 _close(fd)
+        return self._result(wstatus, timed_out, start)
+
+    async def run_async(self) -> ExecResult:
+        """`run` on the caller's event loop, without a worker thread: the same protocol, limits,
+        timeout and errors. `AgentBusy` (before anything was sent) when the socket's backlog is
+        full: the caller runs `run` in a thread instead, so a stuck agent never blocks the loop.
+        A cancelled caller (its client went away) ends the command's tree, as `run` does."""
+        if len(self.request) > _ASYNC_MAX_REQUEST:  # may not fit the socket buffer at once
+            raise AgentBusy(f"a {len(self.request)}-byte request is sent from a thread")
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        conn = self._connect(blocking=False)
+        fds: list[int] = []
+        try:
+            readers, in_w = self._start(conn, fds)
+            try:
+                wstatus, timed_out = await _LoopPump(self, loop, conn, readers, in_w, start).wait()
+            except BaseException:
+                await _kill_and_wait_async(loop, conn)
+                raise
+        finally:
+            conn.close()
+            for fd in fds:
+                _close(fd)
+        return self._result(wstatus, timed_out, start)
+
+    def _start(self, conn: socket.socket, fds: list[int]) -> tuple[dict[int, str], int]:
+        """Pipes made, the request sent with the command's ends, our copies of those closed:
+        ({read fd: stream name}, stdin write fd or -1). Every fd we still hold is in `fds`."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        fds += [out_r, out_w]
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        fds += [err_r, err_w]
+        if self.stdin is not None:
+            in_r, in_w = os.pipe2(os.O_CLOEXEC)
+            fds += [in_r, in_w]
+        else:
+            in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
+            fds.append(in_r)
+        self._send(conn, [in_r, out_w, err_w])
+        for fd in (in_r, out_w, err_w):  # the command holds its own copies now
+            os.close(fd)
+            fds.remove(fd)
+        return {out_r: "stdout", err_r: "stderr"}, in_w
+
+    def _result(self, wstatus: int, timed_out: bool, start: float) -> ExecResult:
         code = TIMEOUT_EXIT_CODE if timed_out else exit_code(wstatus)
         return ExecResult(code, bytes(self.buf["stdout"]), bytes(self.buf["stderr"]),
                           time.monotonic() - start, timed_out, self.truncated)
@@ -171,6 +215,8 @@ class AgentPump:
                 conn.sendall(self.request[sent:])
         except (BrokenPipeError, ConnectionResetError) as e:
             raise RuntimeFailure(f"exec agent of {self.container_id} hung up: {e}") from e
+        except BlockingIOError as e:  # non-blocking only; the shim never got a whole request
+            raise AgentBusy(f"exec socket of {self.container_id} is full: {e}") from e
 
     def _pump(self, conn: socket.socket, readers: dict[int, str], stdin_w: int,
               start: float) -> tuple[int, bool]:
@@ -228,18 +274,25 @@ class AgentPump:
 
     def _on_reply(self, conn: socket.socket, sel: selectors.BaseSelector, replies: bytearray,
                   status: int | None) -> int | None:
+        status, closed = self._read_reply(conn, replies, status)
+        if closed:
+            sel.unregister(conn)
+        return status
+
+    def _read_reply(self, conn: socket.socket, replies: bytearray,
+                    status: int | None) -> tuple[int | None, bool]:
+        """Read what the shim sent: (wait status once known, the connection closed)."""
         try:
             data = conn.recv(65536)
         except BlockingIOError:
-            return status
+            return status, False
         except ConnectionResetError:
             data = b""
         if not data:
-            sel.unregister(conn)
             if status is None:
                 raise RuntimeFailure(f"exec agent of {self.container_id} closed the connection "
                                      "without a result (its shim died)")
-            return status
+            return status, True
         replies.extend(data)
         for tag, payload in parse_replies(replies):
             if tag == "E":
@@ -250,7 +303,130 @@ class AgentPump:
                     raise InvalidRequest("command line or environment too long")
                 raise RuntimeFailure(f"exec agent of {self.container_id}: {msg}", stderr=msg)
             (status,) = struct.unpack("<i", payload)
-        return status
+        return status, False
+
+
+class _LoopPump:
+    """`AgentPump._pump` as event-loop callbacks: the pipes and the reply socket are watched by
+    the running loop (`add_reader`), the deadline and the drain grace are loop timers."""
+
+    def __init__(self, pump: AgentPump, loop: asyncio.AbstractEventLoop, conn: socket.socket,
+                 readers: dict[int, str], stdin_w: int, start: float) -> None:
+        self.pump, self.loop, self.conn, self.readers = pump, loop, conn, readers
+        self.open = set(readers)
+        self.stdin_w, self.pending = stdin_w, memoryview(pump.stdin or b"")
+        self.replies, self.status, self.timed_out = bytearray(), None, False
+        self.conn_open = True
+        self.done: asyncio.Future[tuple[int, bool]] = loop.create_future()
+        self.timers: list[asyncio.TimerHandle] = []
+        for fd in readers:
+            os.set_blocking(fd, False)
+            loop.add_reader(fd, self._guard, self._read, fd)
+        loop.add_reader(conn.fileno(), self._guard, self._reply)
+        if stdin_w >= 0:
+            os.set_blocking(stdin_w, False)
+            loop.add_writer(stdin_w, self._guard, self._write)
+        if pump.timeout is not None:
+            self.timers.append(loop.call_at(loop.time() + max(0.0, start + pump.timeout - time.monotonic()),
+                                            self._guard, self._expire))
+
+    async def wait(self) -> tuple[int, bool]:
+        try:
+            return await self.done
+        finally:
+            self._stop()
+
+    def _guard(self, fn: Callable[..., None], *args: object) -> None:
+        """Run a callback; its exception ends the exec (never the loop's handler)."""
+        if self.done.done():
+            return
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting exec
+            self._finish(exc=e)
+
+    def _read(self, fd: int) -> None:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.loop.remove_reader(fd)
+            self.open.discard(fd)
+            self._check_done()
+            return
+        name = self.readers[fd]
+        self.pump.truncated |= capture(self.pump.buf[name], self.pump.limit, name, chunk,
+                                       self.pump.on_output)
+
+    def _reply(self) -> None:
+        known = self.status is not None
+        self.status, closed = self.pump._read_reply(self.conn, self.replies, self.status)
+        if closed:
+            self.loop.remove_reader(self.conn.fileno())
+            self.conn_open = False
+        if self.status is not None and not known:  # output may still be draining: a grace
+            self.timers.append(self.loop.call_later(self.pump.drain_grace, self._guard, self._finish))
+        self._check_done()
+
+    def _write(self) -> None:
+        try:
+            n = os.write(self.stdin_w, self.pending[:65536])
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            n = len(self.pending)  # the command stopped reading: drop the rest, as `run` does
+        self.pending = self.pending[n:]
+        if not self.pending:
+            self.loop.remove_writer(self.stdin_w)
+            _close(self.stdin_w)
+            self.stdin_w = -1
+
+    def _expire(self) -> None:
+        if self.status is not None:
+            return
+        if not self.timed_out:  # kill the tree; the shim reports, or hangs up, within the grace
+            self.timed_out = True
+            _send_kill(self.conn)
+            self.timers.append(self.loop.call_later(KILL_GRACE, self._guard, self._expire))
+            return
+        raise RuntimeFailure(f"exec agent of {self.pump.container_id} did not end a "
+                             f"timed-out command within {KILL_GRACE}s")
+
+    def _check_done(self) -> None:
+        if self.status is not None and not self.open:
+            self._finish()
+
+    def _finish(self, exc: BaseException | None = None) -> None:
+        if self.done.done():
+            return
+        if exc is not None:
+            self.done.set_exception(exc)
+        else:
+            self.done.set_result((int(self.status), self.timed_out))  # type: ignore[arg-type]
+
+    def _stop(self) -> None:
+        for t in self.timers:
+            t.cancel()
+        for fd in self.open:
+            self.loop.remove_reader(fd)
+        if self.conn_open:
+            self.loop.remove_reader(self.conn.fileno())
+        if self.stdin_w >= 0:
+            self.loop.remove_writer(self.stdin_w)
+            _close(self.stdin_w)
+            self.stdin_w = -1
+
+
+async def _kill_and_wait_async(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    """`_kill_and_wait` without blocking the loop (also after our caller was cancelled)."""
+    _send_kill(conn)
+    try:
+        async with asyncio.timeout(KILL_GRACE):
+            while await loop.sock_recv(conn, 65536):
+                pass
+    except (OSError, TimeoutError, asyncio.CancelledError):
+        pass  # gone already, the grace ran out, or cancelled again: the close still kills it
 
 
 def _kill_and_wait(conn: socket.socket) -> None:

@@ -6,9 +6,11 @@ and in runc. Teardown is rollstack.run.teardown.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.host import atomic
@@ -23,6 +25,14 @@ from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 
 if TYPE_CHECKING:
     from rollstack.run.runtime import EnvironmentRuntime
+
+
+Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
+"""Runs a blocking call off the event loop: `await offload(fn)` -> fn()'s result."""
+
+
+async def _to_thread(fn: Callable[[], Any]) -> Any:
+    return await asyncio.to_thread(fn)
 
 
 class Environment:
@@ -135,31 +145,73 @@ class Environment:
 
         `control`: a handle the caller keeps while it runs (open stdin, signals, pid); such an
         exec always goes through `runc exec` (the agent protocol has no open stdin or signals)."""
+        argv, cwd, env, pump = self._exec_plan(cmd, cwd, env, stdin, timeout, output_limit,
+                                               on_output, control)
+        if pump is not None:
+            try:
+                return pump.run()
+            except agent.AgentUnavailable as e:
+                self._agent_unavailable(e)
+            except RuntimeFailure as e:
+                self._agent_failed(e)
+        return self.engine.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
+                                      timeout=timeout, output_limit=output_limit,
+                                      on_output=on_output, control=control)
+
+    async def exec_async(self, cmd: Sequence[str] | str, *, cwd: str | None = None,
+                         env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+                         timeout: float | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
+                         offload: Offload | None = None) -> ExecResult:
+        """`exec` for a caller on an event loop (the node's API): through the agent, the exec runs
+        on the loop itself (`AgentPump.run_async`: no worker thread, no hand-off between threads
+        per command); every other path (`runc exec`, a full agent backlog, a large request, the
+        checks after a failure) runs `exec` in a thread through `offload(fn)` (default:
+        `asyncio.to_thread`). Same results and errors as `exec`."""
+        offload = offload or _to_thread
+        argv, cwd_, env_, pump = self._exec_plan(cmd, cwd, env, stdin, timeout, output_limit, None, None)
+        if pump is not None:
+            try:
+                return await pump.run_async()
+            except agent.AgentBusy:
+                pass  # nothing was run: the blocking path below waits for the agent in a thread
+            except agent.AgentUnavailable as e:
+                await offload(partial(self._agent_unavailable, e))
+                return await offload(partial(self.engine.exec, self.id, argv, cwd=cwd_, env=env_, stdin=stdin,
+                                             timeout=timeout, output_limit=output_limit))
+            except RuntimeFailure as e:
+                await offload(partial(self._agent_failed, e))
+        return await offload(partial(self.exec, cmd, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+                                     output_limit=output_limit))
+
+    def _exec_plan(self, cmd: Sequence[str] | str, cwd: str | None, env: Mapping[str, str] | None,
+                   stdin: bytes | None, timeout: float | None, output_limit: int,
+                   on_output: OnOutput | None, control: ExecControl | None,
+                   ) -> tuple[list[str], str | None, Mapping[str, str] | None, agent.AgentPump | None]:
+        """(argv, cwd, env with the exec defaults, the agent exec or None for `runc exec`)."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         engine, default_cwd, default_env = self._exec_info()
         cwd = cwd or default_cwd
         if default_env:
             env = {**default_env, **(env or {})}
-        if self.runtime.config.exec_agent and control is None and engine == "runc":
-            check_request(argv, cwd, env, timeout, output_limit)
-            pump = agent.AgentPump(agent.socket_path(self.dir), argv, cwd, env, stdin, timeout,
-                                   output_limit, on_output, 0.2, self.id)
-            try:
-                return pump.run()
-            except agent.AgentUnavailable as e:
-                if not self.meta_path.exists():
-                    raise EnvironmentGone(f"environment {self.id} has no state") from e
-                # no agent (catatonit init, made before the agent) or it is not listening
-                # (the container is gone: runc exec says so precisely)
-            except RuntimeFailure as e:
-                # the shim dies with everything else when PID 1 is killed (destroy, OOM end)
-                init = self._init_pid()
-                if init is None or teardown.wait_exit(init, [], timeout=0.5) or self.status() != "running":
-                    raise EnvironmentGone(f"environment {self.id} is not running: {e}") from e
-                raise
-        return self.engine.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
-                                      timeout=timeout, output_limit=output_limit,
-                                      on_output=on_output, control=control)
+        if not (self.runtime.config.exec_agent and control is None and engine == "runc"):
+            return argv, cwd, env, None
+        check_request(argv, cwd, env, timeout, output_limit)
+        return argv, cwd, env, agent.AgentPump(agent.socket_path(self.dir), argv, cwd, env, stdin, timeout,
+                                               output_limit, on_output, 0.2, self.id)
+
+    def _agent_unavailable(self, e: agent.AgentUnavailable) -> None:
+        """Nobody serves the agent socket: EnvironmentGone without state, else (no agent, catatonit
+        init, or the container is gone: runc exec says so precisely) the caller uses runc exec."""
+        if not self.meta_path.exists():
+            raise EnvironmentGone(f"environment {self.id} has no state") from e
+
+    def _agent_failed(self, e: RuntimeFailure) -> None:
+        """Always raises: EnvironmentGone when PID 1 is gone (the shim dies with everything else
+        when PID 1 is killed: destroy, OOM end), else `e`."""
+        init = self._init_pid()
+        if init is None or teardown.wait_exit(init, [], timeout=0.5) or self.status() != "running":
+            raise EnvironmentGone(f"environment {self.id} is not running: {e}") from e
+        raise e
 
     @property
     def files(self) -> SafeRoot:

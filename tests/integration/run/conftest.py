@@ -1,7 +1,8 @@
 """Fixtures for the runtime's integration tests (real overlayfs, runc, cgroups; root).
 
 - `busybox_lower` (session): a minimal rootfs dir (static busybox + applet symlinks, /etc/passwd).
-- `exec_mode`: "agent" (default) or "runc"; parametrize it indirectly to run a suite on both.
+- `exec_mode`: "agent" (default), "agent-async" (the agent driven from an event loop:
+  `Environment.exec_async`) or "runc"; parametrize it indirectly to run a suite on each.
 - `runtime`: an `EnvironmentRuntime` under a fresh state dir; leftovers cleaned up at teardown.
 - `wait_stopped`: `wait_stopped(env)` waits (up to 5 s) until the environment no longer runs.
 - `make_env`: creates environments (`make_env(lowers=None, network=None, runtime_name="runc",
@@ -48,10 +49,11 @@ def busybox_lower(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def exec_mode(request: pytest.FixtureRequest) -> str:
-    """How `runtime`'s environments run commands: "agent" (rollstack-execd, the default) or
-    "runc" (`runc exec`). Modules parametrize it indirectly to run one suite on both paths."""
+    """How `runtime`'s environments run commands: "agent" (rollstack-execd, the default),
+    "agent-async" (the same agent, each exec through `exec_async` on an event loop) or "runc"
+    (`runc exec`). Modules parametrize it indirectly to run one suite on every path."""
     mode = getattr(request, "param", "agent")
-    assert mode in ("agent", "runc"), mode
+    assert mode in ("agent", "agent-async", "runc"), mode
     return mode
 
 
@@ -59,8 +61,8 @@ def exec_mode(request: pytest.FixtureRequest) -> str:
 def runtime(tmp_path: Path, exec_mode: str):
     from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 
-    rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt", exec_agent=exec_mode == "agent"))
-    if exec_mode == "agent":  # CI must build it (make setup): never silently test runc twice
+    rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt", exec_agent=exec_mode != "runc"))
+    if exec_mode != "runc":  # CI must build it (make setup): never silently test runc twice
         assert rt.init.agent, "rollstack-execd is not built: run native/build.sh (make setup)"
     try:
         yield rt
@@ -68,8 +70,26 @@ def runtime(tmp_path: Path, exec_mode: str):
         rt.cleanup_leftovers()
 
 
+class LoopExec:
+    """An `Environment` whose `exec` goes through `exec_async` on an event loop (a fresh one per
+    call, as a test has none); streaming and controlled execs have no loop form and stay sync."""
+
+    def __init__(self, env) -> None:
+        self._env = env
+
+    def __getattr__(self, name: str):
+        return getattr(self._env, name)
+
+    def exec(self, cmd, *, on_output=None, control=None, **kw):
+        import asyncio
+
+        if on_output is not None or control is not None:
+            return self._env.exec(cmd, on_output=on_output, control=control, **kw)
+        return asyncio.run(self._env.exec_async(cmd, **kw))
+
+
 @pytest.fixture
-def make_env(runtime, busybox_lower: Path):
+def make_env(runtime, busybox_lower: Path, exec_mode: str):
     from rollstack.run.ocispec import SpecParams
 
     created = []
@@ -80,7 +100,7 @@ def make_env(runtime, busybox_lower: Path):
         env = runtime.create(env_id, lowers or [busybox_lower], SpecParams(env_id, **spec_kw),
                              network=network, runtime=runtime_name)
         created.append(env)
-        return env
+        return LoopExec(env) if exec_mode == "agent-async" else env
 
     try:
         yield make

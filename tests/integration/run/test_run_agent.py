@@ -21,7 +21,8 @@ from rollstack.run import agent
 from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 from rollstack.run.ocispec import SpecParams
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,  # the agent driven from a thread and from an event loop
+              pytest.mark.parametrize("exec_mode", ["agent", "agent-async"], indirect=True)]
 
 SANDBOX_PROBE = ("grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp|Seccomp_filters):' "
                  "/proc/self/status; cat /proc/self/cgroup | sort; readlink /proc/self/ns/pid "

@@ -10,7 +10,7 @@ import pytest
 from rollstack.errors import EnvironmentGone, InvalidRequest
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.parametrize("exec_mode", ["agent", "runc"], indirect=True)]
+              pytest.mark.parametrize("exec_mode", ["agent", "agent-async", "runc"], indirect=True)]
 
 
 def test_exec_basics(make_env):
