@@ -7,6 +7,8 @@ import io
 import os
 
 import pytest
+
+from components import require_tool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,10 +58,13 @@ def test_duplicate_chunks_across_batches_are_stored_once_at_the_first_position()
     assert r.read("same-as-f0") == members[0][1]
 
 
-@pytest.mark.parametrize("decoder", ["pigz", "thread"])
+@pytest.mark.parametrize("decoder", ["igzip", "pigz", "thread"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_gzip_decoders(monkeypatch, decoder: str, stream: bool) -> None:
     monkeypatch.setattr(tarstream, "GZIP_DECODER", decoder)
+    if decoder != "thread":  # the child must be the one asked for, not a silent thread fallback
+        require_tool(decoder)
+        assert (tarstream.gzip_child() or [""])[0] == decoder
     tar = tar_bytes([(ti("a"), os.urandom(200_000)), (ti("b"), b"b" * 5000)])
     want = _convert(tar, 1)
     gz = gzip.compress(tar)

@@ -1,5 +1,6 @@
-"""`convert()` of a gzip tarball file (decompressed by `pigz -dc` where installed, format.tarstream):
-the same layer as the uncompressed path, and a corrupt stream (bad data, bad CRC trailer, truncation) is refused."""
+"""`convert()` of a gzip tarball file, decompressed by each decoder child (`igzip -dc`, `pigz -dc`;
+format.tarstream) and by the zlib thread: the same layer as the uncompressed path, and a corrupt
+stream (bad data, bad CRC trailer, truncation) is refused."""
 
 from __future__ import annotations
 
@@ -10,19 +11,30 @@ from pathlib import Path
 
 import pytest
 
+from components import require_tool
 from rollstack.errors import SourceInvalid
+from rollstack.format import tarstream
 
 convert_mod = importlib.import_module("rollstack.format.convert")
 
 
-def test_pigz_gives_the_same_layer_as_the_python_path(tmp_path: Path, make_ti, make_tar) -> None:
+@pytest.fixture(params=["igzip", "pigz", "thread"], autouse=True)
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(tarstream, "GZIP_DECODER", request.param)
+    if request.param != "thread":
+        require_tool(request.param)
+        assert (tarstream.gzip_child() or [""])[0] == request.param
+    return request.param
+
+
+def test_each_decoder_gives_the_same_layer_as_the_uncompressed_path(tmp_path: Path, make_ti, make_tar) -> None:
     tar = make_tar([(make_ti("d/f", mode=0o640), os.urandom(300_000)), (make_ti("g"), b"g" * 5000)])
     (tmp_path / "l.tar.gz").write_bytes(gzip.compress(tar))
     (tmp_path / "l.tar").write_bytes(tar)
-    with_pigz = convert_mod.convert(tmp_path / "l.tar.gz", tmp_path / "a.blob")
+    gzipped = convert_mod.convert(tmp_path / "l.tar.gz", tmp_path / "a.blob")
     plain = convert_mod.convert(tmp_path / "l.tar", tmp_path / "b.blob")
     assert (tmp_path / "a.blob").read_bytes() == (tmp_path / "b.blob").read_bytes()
-    assert with_pigz.digest == plain.digest
+    assert gzipped.digest == plain.digest
 
 
 def test_a_corrupt_gzip_file_is_refused(tmp_path: Path, make_ti, make_tar) -> None:
@@ -41,7 +53,7 @@ def test_a_corrupt_gzip_file_is_refused(tmp_path: Path, make_ti, make_tar) -> No
 
 @pytest.mark.parametrize("buffering", [0, -1, 4096])
 def test_convert_tar_reads_a_gzip_file_opened_any_way(tmp_path: Path, make_ti, make_tar, buffering: int) -> None:
-    """pigz reads the file's descriptor itself: a buffered reader's read-ahead of the magic bytes
+    """A child decoder reads the file's descriptor itself: a buffered reader's read-ahead of the magic bytes
     must not move where it starts (it did: 'empty file' or a stream cut at the buffer's end)."""
     import io
 
