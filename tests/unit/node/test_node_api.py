@@ -160,3 +160,38 @@ def test_oversized_upload_is_refused_before_reading(service: FakeService) -> Non
         r = http.put(f"/v1/environments/{env_id}/files", params={"path": "/x"}, content=b"x" * 11, headers=AUTH)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
         assert http.put(f"/v1/environments/{env_id}/files", params={"path": "/x"}, content=b"x" * 10, headers=AUTH).status_code == 204
+
+
+class LoopExecService(FakeService):
+    """A service with the node's `exec_async`: awaited on the API's loop, blocking parts offloaded."""
+
+    def __init__(self) -> None:
+        super().__init__(max_environments=2)
+        self.threads: dict[str, int] = {}
+
+    async def exec_async(self, env_id: str, request, offload):
+        import threading
+
+        self.threads["exec_async"] = threading.get_ident()
+        result = await offload(lambda: self.exec(env_id, request))
+        self.threads["offloaded"] = threading.get_ident()
+        return result
+
+    def exec(self, env_id: str, request):
+        import threading
+
+        self.threads["blocking"] = threading.get_ident()
+        return super().exec(env_id, request)
+
+
+def test_exec_is_awaited_on_the_loop_and_offloads_blocking_parts() -> None:
+    service = LoopExecService()
+    with TestClient(create_app(service, TOKEN)) as http:
+        env_id = create(http)
+        r = http.post(f"/v1/environments/{env_id}/exec", json={"argv": ["echo", "x"]}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["stdout"] == "echo x\n"
+        assert service.threads["exec_async"] == service.threads["offloaded"]  # the loop's thread
+        assert service.threads["blocking"] != service.threads["exec_async"]  # a worker thread
+        r = http.post("/v1/environments/nope/exec", json={"argv": ["true"]}, headers=AUTH)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "environment_not_found"
+        assert 'rollstack_api_seconds_count{op="exec"} 2.0' in http.get("/metrics", headers=AUTH).text
