@@ -9,7 +9,7 @@ these images: they exist so `bench init --image` is checked on something other t
 |---|---|---|
 | `python-project` | minbase + python3/pip/git + pytest, hypothesis, requests, rich, pydantic, numpy, attrs (system site-packages) | `python3 -c "import pytest, hypothesis, requests, rich, pydantic, numpy"` |
 | `node-project` | minbase + Debian's nodejs + an npm project at /app with express, lodash, typescript, jest | `cd /app && node -e "require('express'); require('lodash'); require('typescript'); require('jest')"` |
-| `web-project` | minbase + python3 with a web stack (Django, Flask, SQLAlchemy, Jinja2, gunicorn, psycopg, pytest; pip, system site-packages) + Debian's nodejs + an npm front end at /app (react, react-dom, vite, eslint); added in the twelfth pass, after every optimization it is measured against | `python3 -c "import django, flask, sqlalchemy, jinja2, psycopg"` then `node -e` requiring react, vite, eslint |
+| `web-project` | minbase + python3 and libpq with a web stack (Django, Flask, SQLAlchemy, Jinja2, gunicorn, psycopg, pytest; pip, system site-packages) + Debian's nodejs + an npm front end at /app (react, react-dom, vite, eslint); added in the twelfth pass, after every optimization it is measured against | `python3 -c "import django, flask, sqlalchemy, jinja2, psycopg"` then `node -e` requiring react, vite, eslint |
 | `swe-project` | the shape of issue 13's SWE image: minbase + python3 with a test and science stack and the mini-swe-agent harness (pip, system site-packages) + nodejs with the Claude Code and Codex CLIs (npm, /app) | `python3 -c "import pytest, numpy, pandas, scipy.stats, sympy, django, minisweagent"` |
 
 `build_image(name)` is cached (a stamp beside the layout holds the spec's hash); the tree
@@ -65,7 +65,7 @@ IMAGES: dict[str, ImageSpec] = {
     ),
     "web-project": ImageSpec(
         "web-project",
-        ("python3", "python3-pip", "python3-venv", "git", "ca-certificates", "nodejs"),
+        ("python3", "python3-pip", "python3-venv", "git", "ca-certificates", "libpq5", "nodejs"),
         "pip install --break-system-packages django==5.1.4 flask==3.1.0 sqlalchemy==2.0.36 jinja2==3.1.5 "
         "gunicorn==23.0.0 psycopg==3.2.3 pytest==8.3.4 requests==2.32.3\n",
         {"react": "18.3.1", "react-dom": "18.3.1", "vite": "6.0.7", "eslint": "9.17.0"},
