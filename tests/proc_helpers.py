@@ -21,3 +21,10 @@ def kill_exec_shim(init_pid: int, settle: float = 0.2) -> int:
             return kids[0]
         time.sleep(0.02)
     raise AssertionError(f"no exec shim appeared under pid {init_pid}")
+
+
+def assert_tree_gone(env, *markers: bytes, settle: float = 0.2) -> None:
+    """No process in `env` whose command line holds one of `markers` (after `settle` s)."""
+    time.sleep(settle)
+    ps = env.exec(["ps", "-o", "args"]).stdout
+    assert not any(m in ps for m in markers), ps

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proc_helpers import kill_exec_shim
+from proc_helpers import assert_tree_gone, kill_exec_shim
 
 from rollstack.errors import EnvironmentGone, RuntimeFailure
 from rollstack.run import agent
@@ -127,9 +127,7 @@ def test_consumer_gone_mid_stream_kills_the_tree(make_env):
 
     with pytest.raises(RuntimeError):
         env.exec("echo first; sleep 301 & sleep 300", on_output=explode)
-    time.sleep(0.2)
-    ps = env.exec(["ps", "-o", "args"]).stdout
-    assert b"sleep 300" not in ps and b"sleep 301" not in ps, ps
+    assert_tree_gone(env, b"sleep 300", b"sleep 301")
 
 
 def test_many_concurrent_execs(make_env):

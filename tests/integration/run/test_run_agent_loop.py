@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from proc_helpers import assert_tree_gone
 from rollstack.errors import EnvironmentGone
 from rollstack.run import agent
 
@@ -47,9 +48,7 @@ def test_a_cancelled_caller_ends_the_commands_tree(make_env):
             await task
 
     asyncio.run(main())
-    time.sleep(0.2)
-    ps = env.exec(["ps", "-o", "args"]).stdout
-    assert b"sleep 300" not in ps and b"sleep 301" not in ps, ps
+    assert_tree_gone(env, b"sleep 300", b"sleep 301")
 
 
 def test_a_large_request_goes_through_a_thread_and_works(make_env):
