@@ -6,8 +6,9 @@ headers and the chunk workers compress, and the child runs on even when this pro
 contend for the GIL. igzip inflates ~3x faster than pigz (whose inflate is single-threaded too):
 a 423 MB tar from its 146 MB gzip in 0.57 vs 2.1 CPU-s, the same bytes. Without either (or with
 `ROLLSTACK_GZIP_DECODER=thread`) zlib inflates on a thread of its own; `=pigz` / `=igzip` pick
-one child. All check the CRC-32 and length trailers. zstd, bzip2 and xz are decoded in-process. `Forward` gives tarfile's
-seeking mode a forward-only view of the stream (much cheaper per member than its stream mode).
+one child. All check the CRC-32 and length trailers. zstd, bzip2 and xz are decoded in-process.
+`Forward` gives tarfile's seeking mode a forward-only view of the stream (much cheaper per member
+than its stream mode).
 """
 
 from __future__ import annotations

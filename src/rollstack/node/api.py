@@ -15,7 +15,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, AsyncIterator, Callable, Iterator, Literal, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -79,16 +79,19 @@ def create_app(
     )
     metrics = _Metrics(service)
 
-    async def call(op: str, fn: Callable[..., T], *args: Any) -> T:
+    async def offload(fn: Callable[[], T]) -> T:
+        """A blocking call in the app's worker threads."""
+        return await anyio.to_thread.run_sync(fn, limiter=limiter())
+
+    async def timed(op: str, call: Awaitable[T]) -> T:
         start = time.perf_counter()
         try:
-            return await anyio.to_thread.run_sync(partial(fn, *args), limiter=limiter())
+            return await call
         finally:
             metrics.observe(op, time.perf_counter() - start)
 
-    async def offload(fn: Callable[[], T]) -> T:
-        """A blocking part of an otherwise on-loop call, in the worker threads."""
-        return await anyio.to_thread.run_sync(fn, limiter=limiter())
+    async def call(op: str, fn: Callable[..., T], *args: Any) -> T:
+        return await timed(op, offload(partial(fn, *args)))
 
     async def authorize(request: Request) -> None:  # async: FastAPI runs a sync dependency in a thread
         if token is None:
@@ -142,11 +145,7 @@ def create_app(
         fast = getattr(service, "exec_async", None)  # the node's: an agent exec on this loop
         if fast is None:
             return await call("exec", service.exec, env_id, req)
-        start = time.perf_counter()
-        try:
-            return await fast(env_id, req, offload)
-        finally:
-            metrics.observe("exec", time.perf_counter() - start)
+        return await timed("exec", fast(env_id, req, offload))
 
     @app.post(
         "/v1/environments/{env_id}/exec/stream",

@@ -425,27 +425,20 @@ class Stages:
     def exec(self, rec: EnvRecord, req: ExecRequest, on_output: OnOutput | None,
              control: ExecControl | None = None) -> ExecResult:
         extra = {} if control is None else {"control": control}
-        return rec.runtime.exec(
-            req.resolved_argv(),
-            cwd=req.cwd,
-            env=req.env or None,
-            stdin=req.stdin.encode() if req.stdin is not None else None,
-            timeout=req.timeout,
-            output_limit=self.config.exec_output_limit,
-            on_output=on_output,
-            **extra,
-        )
+        return rec.runtime.exec(req.resolved_argv(), on_output=on_output, **self._exec_options(req), **extra)
 
     async def exec_async(self, rec: EnvRecord, req: ExecRequest, offload: Any) -> ExecResult:
         """`exec` on the caller's event loop (rollstack.run.handle.Environment.exec_async)."""
-        runtime = rec.runtime
-        argv = req.resolved_argv()
-        stdin = req.stdin.encode() if req.stdin is not None else None
-        exec_async = getattr(runtime, "exec_async", None)
+        exec_async = getattr(rec.runtime, "exec_async", None)
         if exec_async is None:  # a runtime without a loop path
             return await offload(lambda: self.exec(rec, req, None))
-        return await exec_async(argv, cwd=req.cwd, env=req.env or None, stdin=stdin, timeout=req.timeout,
-                                output_limit=self.config.exec_output_limit, offload=offload)
+        return await exec_async(req.resolved_argv(), offload=offload, **self._exec_options(req))
+
+    def _exec_options(self, req: ExecRequest) -> dict[str, Any]:
+        """A request's cwd, env, stdin, timeout and the node's output cap, as the runtime takes them."""
+        return {"cwd": req.cwd, "env": req.env or None,
+                "stdin": req.stdin.encode() if req.stdin is not None else None,
+                "timeout": req.timeout, "output_limit": self.config.exec_output_limit}
 
     def oom_kills(self, rec: EnvRecord) -> int:
         """Processes the kernel's OOM killer ended in the environment so far (a cheap file read)."""

@@ -255,7 +255,7 @@ class AgentPump:
                         if status is not None and ended_at is None:
                             ended_at = time.monotonic()
                     elif key.fd == stdin_w:
-                        pending = write_pending(sel, stdin_w, pending)
+                        pending = write_pending(sel.unregister, stdin_w, pending)
                         if not pending:
                             stdin_w = -1
                     else:
@@ -370,16 +370,8 @@ class _LoopPump:
         self._check_done()
 
     def _write(self) -> None:
-        try:
-            n = os.write(self.stdin_w, self.pending[:65536])
-        except BlockingIOError:
-            return
-        except BrokenPipeError:
-            n = len(self.pending)  # the command stopped reading: drop the rest, as `run` does
-        self.pending = self.pending[n:]
+        self.pending = write_pending(self.loop.remove_writer, self.stdin_w, self.pending)
         if not self.pending:
-            self.loop.remove_writer(self.stdin_w)
-            _close(self.stdin_w)
             self.stdin_w = -1
 
     def _expire(self) -> None:

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.host import fdwait
@@ -161,11 +161,12 @@ def capture(buf: bytearray, limit: int, name: str, chunk: bytes,
     return cut
 
 
-def write_pending(sel: selectors.BaseSelector, fd: int, pending: memoryview) -> memoryview:
+def write_pending(unregister: Callable[[int], Any], fd: int, pending: memoryview) -> memoryview:
     """Write to the non-blocking stdin pipe `fd` what it takes now; what is left is returned.
 
-    Once all is written (or the reader has gone), `fd` is unregistered from `sel` and closed, and
-    the empty rest is returned: an empty result means `fd` is closed."""
+    Once all is written (or the reader has gone), `unregister(fd)` (a selector's, or an event
+    loop's `remove_writer`) is called and `fd` closed, and the empty rest is returned: an empty
+    result means `fd` is closed."""
     try:
         n = os.write(fd, pending[:65536])
         pending = pending[n:]
@@ -174,7 +175,7 @@ def write_pending(sel: selectors.BaseSelector, fd: int, pending: memoryview) -> 
     except BrokenPipeError:
         pending = pending[:0]
     if not pending:
-        sel.unregister(fd)
+        unregister(fd)
         os.close(fd)
     return pending
 
@@ -369,7 +370,7 @@ class ExecPump:
                             code = 128 - code
                         exited_at = time.monotonic()
                     elif fd == stdin_w:
-                        pending = write_pending(sel, fd, pending)
+                        pending = write_pending(sel.unregister, fd, pending)
                         if not pending:
                             stdin_w = -1
                     else:

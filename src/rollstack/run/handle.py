@@ -154,9 +154,14 @@ class Environment:
                 self._agent_unavailable(e)
             except RuntimeFailure as e:
                 self._agent_failed(e)
-        return self.engine.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin,
-                                      timeout=timeout, output_limit=output_limit,
-                                      on_output=on_output, control=control)
+        return self._runc_exec(argv, cwd, env, stdin, timeout, output_limit, on_output, control)
+
+    def _runc_exec(self, argv: list[str], cwd: str | None, env: Mapping[str, str] | None,
+                   stdin: bytes | None, timeout: float | None, output_limit: int,
+                   on_output: OnOutput | None = None, control: ExecControl | None = None) -> ExecResult:
+        """The fallback path: `runc exec` (or runsc's) with the exec defaults already applied."""
+        return self.engine.exec(self.id, argv, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+                                output_limit=output_limit, on_output=on_output, control=control)
 
     async def exec_async(self, cmd: Sequence[str] | str, *, cwd: str | None = None,
                          env: Mapping[str, str] | None = None, stdin: bytes | None = None,
@@ -176,8 +181,7 @@ class Environment:
                 pass  # nothing was run: the blocking path below waits for the agent in a thread
             except agent.AgentUnavailable as e:
                 await offload(partial(self._agent_unavailable, e))
-                return await offload(partial(self.engine.exec, self.id, argv, cwd=cwd_, env=env_, stdin=stdin,
-                                             timeout=timeout, output_limit=output_limit))
+                return await offload(partial(self._runc_exec, argv, cwd_, env_, stdin, timeout, output_limit))
             except RuntimeFailure as e:
                 await offload(partial(self._agent_failed, e))
         return await offload(partial(self.exec, cmd, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
