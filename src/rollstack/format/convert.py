@@ -29,6 +29,7 @@ import zstandard
 from rollstack.errors import InvalidRequest, RollstackError, SourceInvalid, UnsafePath
 from rollstack.format import paths as layer_paths
 from rollstack.format.toc import EntryType, TocEntry
+from rollstack.format.tarheader import FastTarInfo
 from rollstack.format.tarstream import Forward, decompressing, drain
 from rollstack.format.writer import DEFAULT_CHUNK_SIZE, DEFAULT_LEVEL, LayerInfo, LayerWriter
 
@@ -124,7 +125,7 @@ def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAUL
     try:
         with decompressing(tar_stream) as stream:
             reader = Forward(stream)
-            tf = tarfile.open(fileobj=reader, mode="r:")  # type: ignore[arg-type]  (forward seeks only)
+            tf = tarfile.open(fileobj=reader, mode="r:", tarinfo=FastTarInfo)  # type: ignore[arg-type]  (forward seeks only)
             while True:
                 ti = tf.next()
                 if ti is None:
