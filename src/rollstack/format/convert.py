@@ -176,10 +176,28 @@ def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInf
     elif ti.isfifo():
         writer.add(TocEntry(path, EntryType.FIFO, xattrs=xattrs, **common))
     else:  # regular (and, as POSIX says, any unknown type)
-        f = tf.extractfile(ti)
+        f = _Payload(tf.fileobj, ti.offset_data, ti.size) if ti.sparse is None else tf.extractfile(ti)
         entry = writer.add(TocEntry(path, EntryType.REG, xattrs=xattrs, **common), f or io.BytesIO())
         if entry.size != ti.size:
             raise SourceInvalid(f"entry {path!r}: archive is truncated ({entry.size} of {ti.size} bytes)")
+
+
+class _Payload:
+    """A regular member's bytes read straight off the forward stream: tarfile's `extractfile`
+    stacks a BufferedReader and a Python `readinto` on every read of every member, which is
+    most of the cost of a small file. Sparse members still go through tarfile."""
+
+    def __init__(self, stream: BinaryIO, start: int, size: int) -> None:
+        stream.seek(start)  # forward only, and a no-op: the header was just read
+        self._stream, self._left = stream, size
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._stream.read(n)
+        self._left = self._left - len(data) if len(data) == n else 0  # short: the archive ended
+        return data
 
 
 def _copy_up(writer: LayerWriter, lower: Lower, target: str) -> None:
