@@ -1,4 +1,5 @@
-"""`rollstack node start|stop|status`: the node agent (and its lazy store daemon)."""
+"""`rollstack node start|stop|status|doctor`: the node agent (and its lazy store daemon), and
+what nodes left on this host."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 
 from rollstack.cli.output import emit, stdout
 
-app = typer.Typer(no_args_is_help=True, help="The node agent: start, stop, status.")
+app = typer.Typer(no_args_is_help=True, help="The node agent: start, stop, status, doctor.")
 
 RootOpt = Annotated[Optional[Path], typer.Option("--root", envvar="ROLLSTACK_ROOT", help="state directory [default: /var/lib/rollstack]")]
 ListenOpt = Annotated[Optional[str], typer.Option("--listen", help="host:port [default: 127.0.0.1:7878]")]
@@ -86,3 +87,46 @@ def _print_status(doc: dict[str, Any]) -> None:
         stdout.print(f"running: pid {doc['pid']}, {doc['url']}, {h.get('environments', 0)} environments")
     else:
         stdout.print(f"not running (root {doc['root']})")
+
+
+@app.command("doctor")
+def doctor(
+    roots: Annotated[Optional[list[Path]], typer.Option("--root", help="a node root (repeatable) [default: $ROLLSTACK_ROOT or /var/lib/rollstack]")] = None,
+    fix: Annotated[bool, typer.Option("--fix", help="reclaim what is found (never a running agent's)")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """What nodes left under their roots (mounts, FUSE connections, daemons, containers,
+    cgroups, netns, dirs); --fix reclaims it. Exit 0 when clean (or cleaned), 1 otherwise."""
+    from rollstack.errors import InvalidRequest
+    from rollstack.node import doctor as doc_
+    from rollstack.node.config import DEFAULT_ROOT
+
+    chosen = [r.absolute() for r in roots or []] or [Path(os.environ.get("ROLLSTACK_ROOT") or DEFAULT_ROOT).absolute()]
+    for r in chosen:
+        if r.exists() and not r.is_dir():
+            raise InvalidRequest(f"node root {r} is not a directory")
+    facts, found = doc_.scan(chosen)
+    fixed, remaining = doc_.fix(found) if fix and any(f.fixable for f in found) else ([], None)
+    if fix and remaining is None:
+        remaining = found
+    doc = doc_.report(facts, found, fixed, remaining)
+    emit(doc, as_json, _print_doctor)
+    if not doc["clean"]:
+        raise typer.Exit(1)
+
+
+def _print_doctor(doc: dict[str, Any]) -> None:
+    for r in doc["roots"]:
+        extra = f", agent pid {r['pid']} at {r['url']}" if r["state"] == "running" else ""
+        stdout.print(f"root {r['path']}: {r['state']}{extra}")
+    for f in doc["findings"]:
+        stdout.print(f"- {f['kind']} {f['target']}: {f['detail']}" + ("" if f["fixable"] else " [not fixable]"))
+    for x in doc["fixed"]:
+        stdout.print(f"  {'reclaimed' if x['ok'] else 'NOT reclaimed'}: {x['kind']} {x['target']}"
+                     + (f" ({x['error']})" if x["error"] else ""))
+    left = doc.get("remaining", doc["findings"])
+    if doc["clean"]:
+        stdout.print("doctor: clean" + (f" (reclaimed {len(doc['fixed'])})" if doc["fixed"] else ""))
+    else:
+        hint = "" if "remaining" in doc else "; --fix reclaims the fixable ones"
+        stdout.print(f"doctor: {len(left)} finding(s) left{hint}")

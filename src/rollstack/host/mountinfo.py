@@ -115,3 +115,20 @@ def mounts_under(prefix: Path | str, text: str | None = None) -> list[str]:
     """Mount points strictly below the directory `prefix`, in mount order."""
     base = str(prefix).rstrip("/") + "/"
     return [m.mount_point for m in read(text) if m.mount_point.startswith(base)]
+
+
+def devices(text: str | None = None) -> dict[str, tuple[int, int]]:
+    """Mount point -> (major, minor) of the filesystem mounted there (the top one when several
+    stack), from mountinfo's third field: known without touching the mount, which a hung FUSE
+    mount would never answer (its connection is `/sys/fs/fuse/connections/<dev>`)."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in _text(text).split("\n"):
+        fields = line.split(" ", 5)
+        if len(fields) < 5 or ":" not in fields[2]:
+            continue
+        major, _, minor = fields[2].partition(":")
+        try:
+            out[unescape(fields[4])] = (int(major), int(minor))
+        except ValueError:
+            continue
+    return out
