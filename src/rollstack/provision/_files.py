@@ -52,7 +52,12 @@ def parse_psi_some_total(data: bytes) -> int:
 
 
 class FdCache:
-    """Read-only descriptors for one cgroup's files, in a fixed order, opened on first use."""
+    """Read-only descriptors for one cgroup's files, in a fixed order, opened on first use.
+
+    The cache owns them (the `fds` list handed to a sample is borrowed for that call). Not
+    locked: a path's samples and its `forget` are serialized by the caller (the Provisioner's
+    lock; `register` samples a path before it is registered, so before anything forgets it).
+    """
 
     __slots__ = ("paths", "fds", "_extra")
 
@@ -89,10 +94,16 @@ class FdCache:
         return os.pread(fd, 4096, 0)
 
     def close(self) -> None:
-        for fd in (self.fds or []) + list(self._extra.values()):
+        """Close every descriptor once. They leave the cache before any is closed, so a second
+        `close` finds nothing (never a number closed already, maybe reused by another thread),
+        and an error (EBADF: closed behind our back) is raised once all are closed, not hidden."""
+        fds, extra = self.fds or [], self._extra
+        self.fds, self._extra = None, {}
+        error: OSError | None = None
+        for fd in fds + list(extra.values()):
             try:
                 os.close(fd)
-            except OSError:
-                pass
-        self.fds = None
-        self._extra.clear()
+            except OSError as exc:
+                error = error or exc
+        if error is not None:
+            raise error

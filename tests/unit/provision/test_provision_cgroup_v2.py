@@ -171,3 +171,35 @@ def test_procs_and_remove_of_missing_cgroup(fake_root: Path):
     (d / "cgroup.procs").write_text("")
     assert b.procs("rollstack/e") == []
     b.remove("rollstack/missing")  # nothing to do, no error
+
+
+def test_fd_cache_closes_each_descriptor_once(tmp_path: Path, monkeypatch):
+    """`FdCache.close` takes the descriptors out before closing them: a second close (a
+    `forget` after a failed sample's) closes nothing, and an EBADF is raised, not hidden."""
+    import errno
+    import os
+
+    from rollstack.provision._files import FdCache
+
+    files = [tmp_path / n for n in ("a", "b", "c")]
+    for f in files:
+        f.write_text("1\n")
+    cache = FdCache(tuple(files[:2]))
+    assert cache.read_all() == [b"1\n", b"1\n"]
+    assert cache.read(files[2]) == b"1\n"
+    fds = list(cache.fds or []) + [*cache._extra.values()]
+    closed: list[int] = []
+    real_close = os.close
+    monkeypatch.setattr(os, "close", lambda n: (closed.append(n), real_close(n))[1])
+    cache.close()
+    cache.close()
+    assert sorted(closed) == sorted(fds)
+    closed.clear()
+    cache.read_all()
+    real_close(cache.fds[0])  # closed behind the cache's back
+    with pytest.raises(OSError) as exc:
+        cache.close()
+    assert exc.value.errno == errno.EBADF
+    assert len(closed) == 2 and cache.fds is None  # the other one was still closed
+    cache.close()
+    assert len(closed) == 2
