@@ -68,9 +68,13 @@ class FileBlobSource(_Counted):
         return buf
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        # the number is taken (under the lock) before it is closed: two racing closes, or a
+        # close whose os.close raised and then __del__, never close it twice (by then it may
+        # be another thread's file). Reads must not race the close (the caller's to order).
+        with self._lock:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def __enter__(self) -> "FileBlobSource":
         return self
