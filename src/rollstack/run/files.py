@@ -132,7 +132,11 @@ class SafeRoot:
         except OSError as e:  # replaced right after mkdir: refuse rather than guess
             raise UnsafePath(f"{name} changed during resolution") from e
         if made and owner:
-            os.fchown(fd, owner, owner)
+            try:
+                os.fchown(fd, owner, owner)
+            except BaseException:
+                os.close(fd)  # not handed out yet: ours to close
+                raise
         return fd
 
     @staticmethod
@@ -267,8 +271,8 @@ class SafeRoot:
                     break
                 os.chown(name, st.st_uid, st.st_gid, dir_fd=fd, follow_symlinks=False)
                 nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)  # O_NOFOLLOW: not swapped for a link
-                os.close(fd)
-                fd = nxt
+                fd, prev = nxt, fd  # before the close: a failing close is not retried below
+                os.close(prev)
                 if statmod.S_IMODE(st.st_mode) & 0o6000:  # a chown may clear setgid
                     os.fchmod(fd, statmod.S_IMODE(st.st_mode))
                 n += 1
