@@ -187,6 +187,8 @@ def take(state_dir: Path) -> tuple[int, socket.socket] | None:
         s.close()
         return None
     if msg.strip() != b"FD" or not fds:
+        for fd in fds:  # a stray copy of the connection would keep it alive: not ours to keep
+            os.close(fd)
         s.close()
         return None
     s.settimeout(None)
