@@ -222,7 +222,11 @@ def probe(mount_point: str, timeout: float = PROBE_TIMEOUT) -> str:
 def _agent_pids(root: str) -> list[int]:
     from rollstack.mount.recovery import processes
 
-    return [pid for pid, argv in processes() if pid != os.getpid() and agent_root(argv) == root]
+    def serves(argv: list[bytes]) -> bool:
+        named = agent_root(argv)
+        return named is not None and (named == root or os.path.realpath(named) == root)
+
+    return [pid for pid, argv in processes() if pid != os.getpid() and serves(argv)]
 
 
 def _agent(facts: RootFacts) -> None:
