@@ -41,6 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
 from rollstack.host import fdwait
+from rollstack.host.fd import Fd
 from rollstack.run.execpump import (
     DEFAULT_OUTPUT_LIMIT, TIMEOUT_EXIT_CODE, ExecControl, ExecPump, ExecResult, OnOutput, check_request,
     runc_message,
@@ -204,19 +205,16 @@ def _spawn_wait(cmd: list[str], fd3: int | None, timeout: float) -> int:
     if fd3 is None:
         return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, timeout=timeout).returncode
-    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    # dup2(3, 3) would keep fd 3's close-on-exec flag: place it from another number
-    src = fcntl.fcntl(fd3, fcntl.F_DUPFD_CLOEXEC, 10)
-    try:
-        actions = [(os.POSIX_SPAWN_DUP2, devnull, i) for i in range(3)]
-        actions.append((os.POSIX_SPAWN_DUP2, src, 3))
+    # dup2(3, 3) would keep fd 3's close-on-exec flag: place it from another number. Both are
+    # ours alone and closed once on every path (devnull too when the dup fails).
+    with Fd.open(os.devnull, os.O_RDWR) as devnull, \
+            Fd(fcntl.fcntl(fd3, fcntl.F_DUPFD_CLOEXEC, 10), "runc fd 3") as src:
+        actions = [(os.POSIX_SPAWN_DUP2, devnull.fileno(), i) for i in range(3)]
+        actions.append((os.POSIX_SPAWN_DUP2, src.fileno(), 3))
         try:
             pid = os.posix_spawnp(cmd[0], cmd, os.environ, file_actions=actions)
         except OSError as e:
             raise RuntimeFailure(f"cannot start runc: {e}") from e
-    finally:
-        os.close(devnull)
-        os.close(src)
     pidfd = os.pidfd_open(pid)
     try:
         if not fdwait.wait([pidfd], timeout):
