@@ -89,7 +89,7 @@ class EnvironmentRuntime:
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
         self.runc = Runc(self.root / "runc", config.runc_binary)
         self._runsc: Runc | None = None
-        self._idmap = None
+        self._idmap = uns.IdMap()  # one for every create (its namespace is made on first use)
         self._init = config.init
         self._network = config.network
         if config.subreaper:
@@ -133,9 +133,11 @@ class EnvironmentRuntime:
             self.network.start_pool(f"{self.root}:", self.config.network_warm, lazy=lazy)
 
     def close(self) -> None:
-        """Stop the warm network pool and remove its unclaimed slots."""
+        """Stop the warm network pool and remove its unclaimed slots; close the id mapping's
+        user namespace fd (a later user-namespaced create makes a new one)."""
         if self._network is not None:
             self._network.stop_pool()
+        self._idmap.close()
 
     def env_dir(self, env_id: str) -> Path:
         return self.root / "envs" / env_id
@@ -253,8 +255,6 @@ class EnvironmentRuntime:
 
     def _idmapped(self, env: Environment, lowers: list[Path]) -> list[Path]:
         """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root."""
-        if self._idmap is None:
-            self._idmap = uns.IdMap()
         out = []
         for i, lower in enumerate(lowers):
             twin = uns.layer_view(lower)

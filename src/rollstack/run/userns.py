@@ -36,6 +36,7 @@ from pathlib import Path
 
 from rollstack.errors import RuntimeFailure
 from rollstack.host import libc
+from rollstack.host.fd import Fd
 from rollstack.host.libc import libc as _libc
 from rollstack.mount import shift
 
@@ -58,24 +59,34 @@ class _MountAttr(ctypes.Structure):
 
 
 class IdMap:
-    """A user namespace carrying the node's mapping, held open by fd (made on first use)."""
+    """A user namespace carrying the node's mapping, held open by fd (made on first use).
+
+    One per node, used by every create's thread: its descriptor is used only under the lock
+    (`idmap`), never handed out as a number, so `close` cannot close it under a mount_setattr
+    in flight (which would then pass a closed number, or another thread's reused one)."""
 
     def __init__(self, base: int = HOST_BASE, size: int = SIZE) -> None:
         self.base, self.size = base, size
-        self._fd: int | None = None
+        self._fd: Fd | None = None
         self._lock = threading.Lock()
 
-    def fd(self) -> int:
+    def idmap(self, tree: int) -> int:
+        """mount_setattr(MOUNT_ATTR_IDMAP) of the detached mount `tree` with this namespace: the
+        syscall's result (< 0: the errno is in ctypes.get_errno())."""
         with self._lock:
             if self._fd is None:
-                self._fd = _make_userns(self.base, self.size)
-            return self._fd
+                self._fd = Fd(_make_userns(self.base, self.size), "userns of the id mapping")
+            attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, self._fd.fileno())
+            return _libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
+                                 ctypes.sizeof(attr))
 
     def close(self) -> None:
+        """Close the namespace's fd (idmapped mounts keep their own reference); a later `idmap`
+        makes a new one."""
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                fd.close()
 
     def mount(self, src: Path, dst: Path) -> None:
         """An idmapped clone of directory `src` at `dst` (an empty directory)."""
@@ -84,9 +95,7 @@ class IdMap:
         if fd < 0:
             raise _err("open_tree", src)
         try:
-            attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, self.fd())
-            if _libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
-                             ctypes.sizeof(attr)) < 0:
+            if self.idmap(fd) < 0:
                 raise _err("idmapping", src)
             if _libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(dst),
                              _MOVE_MOUNT_F_EMPTY_PATH) < 0:
@@ -146,11 +155,11 @@ def unsupported() -> str | None:
                 if fd < 0:
                     why = f"open_tree: {os.strerror(ctypes.get_errno())}"
                 else:
-                    attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, probe.fd())
-                    if _libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
-                                     ctypes.sizeof(attr)) < 0:
-                        why = f"idmapped mounts: {os.strerror(ctypes.get_errno())}"
-                    os.close(fd)
+                    try:  # closed also when making the namespace fails (RuntimeFailure)
+                        if probe.idmap(fd) < 0:
+                            why = f"idmapped mounts: {os.strerror(ctypes.get_errno())}"
+                    finally:
+                        os.close(fd)
             finally:
                 probe.close()
         except RuntimeFailure as e:

@@ -68,6 +68,7 @@ def runtime(tmp_path: Path, exec_mode: str):
         yield rt
     finally:
         rt.cleanup_leftovers()
+        rt.close()  # the id mapping's user namespace fd (an unclosed one warns when collected)
 
 
 class LoopExec:

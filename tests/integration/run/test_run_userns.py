@@ -30,6 +30,7 @@ def open_runtime():
         yield rt
     finally:
         rt.cleanup_leftovers()
+        rt.close()
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
