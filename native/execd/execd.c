@@ -18,7 +18,8 @@
  *            string: 'a' argv element (in order), 'e' "KEY=VALUE" (overrides PID 1's env),
  *            'c' cwd.
  *   control  host -> shim: 'K' = kill the command's whole tree now (timeout). EOF (the node
- *            went away or gave up) does the same.
+ *            went away or gave up) does the same. 'S' u8 signo = send signo to the command's
+ *            process group (it runs in a session of its own); an invalid signo is ignored.
  *   replies  shim -> host: tag byte + u32 len + payload: 'X' i32 wait status (the command's
  *            end; always the last message), 'E' error text (the command did not start).
  * A command that cannot be executed (not found, not executable) starts and exits 127/126 with
@@ -376,6 +377,15 @@ static void shim(int conn) {
             char c = 0;
             ssize_t n = recv(conn, &c, 1, MSG_DONTWAIT);
             if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            if (n == 1 && c == 'S') {
+                unsigned char signo = 0;
+                ssize_t m;
+                do { m = recv(conn, &signo, 1, MSG_WAITALL); } while (m < 0 && errno == EINTR);
+                if (m == 1) {
+                    if (signo > 0 && signo < NSIG) kill(-main_pid, signo);
+                    continue;
+                }
+            }
             /* 'K' (timeout), EOF or an error (the node is gone): end the whole tree */
             kill_tree(sigfd);
             killed = 1;

@@ -23,15 +23,18 @@ import array
 import asyncio
 import os
 import selectors
+import signal
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
-from rollstack.run.execpump import (TIMEOUT_EXIT_CODE, ExecResult, OnOutput, capture,
-                                     write_pending)
+from rollstack.host.fd import Fd
+from rollstack.run.execpump import (TIMEOUT_EXIT_CODE, ExecControl, ExecResult, OnOutput,
+                                     capture, write_pending)
 
 AGENT_DIR = "agent"
 SOCKET_NAME = "execd.sock"
@@ -119,12 +122,17 @@ class AgentPump:
     def __init__(self, sock_path: Path, argv: Sequence[str], cwd: str | None,
                  env: Mapping[str, str] | None, stdin: bytes | None, timeout: float | None,
                  limit: int, on_output: OnOutput | None, drain_grace: float,
-                 container_id: str) -> None:
+                 container_id: str, control: ExecControl | None = None) -> None:
+        if control is not None:
+            control.check(stdin)
         self.sock_path, self.request = sock_path, encode_request(argv, cwd, env)
         self.stdin, self.timeout, self.limit = stdin, timeout, limit
         self.on_output, self.drain_grace, self.container_id = on_output, drain_grace, container_id
+        self.control = control
         self.buf = {"stdout": bytearray(), "stderr": bytearray()}
         self.truncated = False
+        self._conn: socket.socket | None = None  # while a control may signal through it
+        self._ctl_lock = threading.Lock()
 
     def _connect(self, blocking: bool = True) -> socket.socket:
         flags = socket.SOCK_STREAM | socket.SOCK_CLOEXEC | (0 if blocking else socket.SOCK_NONBLOCK)
@@ -143,21 +151,52 @@ class AgentPump:
         return conn
 
     def run(self) -> ExecResult:
+        """The exec, blocking. With a control, its open stdin and signals go through this
+        connection from other threads while it runs (AgentUnavailable leaves it unattached,
+        for the runc path to attach)."""
         start = time.monotonic()
         conn = self._connect()
-        fds: list[int] = []
+        self._conn = conn
+        readers: dict[Fd, str] = {}
+        stdin_w: Fd | None = None
         try:
-            readers, in_w = self._start(conn, fds)
+            readers, stdin_w = self._start(conn)
+            if self.control is not None:
+                # an open stdin is the control's from here on: the pump never writes or closes it
+                self.control._attach(self, stdin_w if self.control.open_stdin else None)
+                if self.control.open_stdin:
+                    stdin_w = None
             try:
-                wstatus, timed_out = self._pump(conn, readers, in_w, start)
+                wstatus, timed_out = self._pump(conn, readers, stdin_w, start)
             except BaseException:
                 _kill_and_wait(conn)  # the command is gone before the caller sees the error
                 raise
         finally:
-            conn.close()  # before the command ended: the shim kills its tree
-            for fd in fds:
-                _close(fd)
+            if self.control is not None:
+                self.control._detach()
+            with self._ctl_lock:  # no signal is sent on a closed socket
+                self._conn = None
+                conn.close()  # before the command ended: the shim kills its tree
+            _close_all(readers, stdin_w)
         return self._result(wstatus, timed_out, start)
+
+    def _signal(self, sig: int, wait: float) -> bool:
+        """`ExecControl.signal` on this exec: 'K' (the whole tree) for SIGKILL, else 'S' signo
+        for the command's process group. False once the exec is over."""
+        with self._ctl_lock:
+            conn = self._conn
+            if conn is None:
+                return False
+            try:
+                msg = b"K" if sig == signal.SIGKILL else b"S" + bytes([sig])  # a signal fits a byte
+                conn.send(msg, socket.MSG_DONTWAIT)
+            except OSError:  # the shim hung up (the exec is ending) or its buffer is full
+                return False
+            return True
+
+    def _exec_pid(self, wait: float) -> int | None:
+        """The command's host pid is not reported over the agent protocol."""
+        return None
 
     async def run_async(self) -> ExecResult:
         """`run` on the caller's event loop, without a worker thread: the same protocol, limits,
@@ -169,37 +208,44 @@ class AgentPump:
         loop = asyncio.get_running_loop()
         start = time.monotonic()
         conn = self._connect(blocking=False)
-        fds: list[int] = []
+        readers: dict[Fd, str] = {}
+        stdin_w: Fd | None = None
         try:
-            readers, in_w = self._start(conn, fds)
+            readers, stdin_w = self._start(conn)
             try:
-                wstatus, timed_out = await _LoopPump(self, loop, conn, readers, in_w, start).wait()
+                wstatus, timed_out = await _LoopPump(self, loop, conn, readers, stdin_w, start).wait()
             except BaseException:
                 await _kill_and_wait_async(loop, conn)
                 raise
         finally:
             conn.close()
-            for fd in fds:
-                _close(fd)
+            _close_all(readers, stdin_w)  # after the loop stopped watching them (_LoopPump.wait)
         return self._result(wstatus, timed_out, start)
 
-    def _start(self, conn: socket.socket, fds: list[int]) -> tuple[dict[int, str], int]:
+    def _start(self, conn: socket.socket) -> tuple[dict[Fd, str], Fd | None]:
         """Pipes made, the request sent with the command's ends, our copies of those closed:
-        ({read fd: stream name}, stdin write fd or -1). Every fd we still hold is in `fds`."""
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        fds += [out_r, out_w]
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        fds += [err_r, err_w]
-        if self.stdin is not None:
-            in_r, in_w = os.pipe2(os.O_CLOEXEC)
-            fds += [in_r, in_w]
-        else:
-            in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
-            fds.append(in_r)
-        self._send(conn, [in_r, out_w, err_w])
+        ({read end: stream name}, stdin write end or None), both the caller's to close.
+        On an error every descriptor made here is closed here."""
+        made: list[Fd] = []
+        try:
+            out_r, out_w = Fd.pipe("exec stdout")
+            made += [out_r, out_w]
+            err_r, err_w = Fd.pipe("exec stderr")
+            made += [err_r, err_w]
+            in_w = None
+            if self.stdin is not None or (self.control is not None and self.control.open_stdin):
+                in_r, in_w = Fd.pipe("exec stdin")
+                made += [in_r, in_w]
+            else:
+                in_r = Fd.open(os.devnull, os.O_RDONLY)
+                made.append(in_r)
+            self._send(conn, [in_r.fileno(), out_w.fileno(), err_w.fileno()])
+        except BaseException:
+            for fd in made:
+                fd.close()
+            raise
         for fd in (in_r, out_w, err_w):  # the command holds its own copies now
-            os.close(fd)
-            fds.remove(fd)
+            fd.close()
         return {out_r: "stdout", err_r: "stderr"}, in_w
 
     def _result(self, wstatus: int, timed_out: bool, start: float) -> ExecResult:
@@ -218,23 +264,24 @@ class AgentPump:
         except BlockingIOError as e:  # non-blocking only; the shim never got a whole request
             raise AgentBusy(f"exec socket of {self.container_id} is full: {e}") from e
 
-    def _pump(self, conn: socket.socket, readers: dict[int, str], stdin_w: int,
+    def _pump(self, conn: socket.socket, readers: dict[Fd, str], stdin_w: Fd | None,
               start: float) -> tuple[int, bool]:
-        """Move bytes until the status arrived and output drained; (wait status, timed out)."""
+        """Move bytes until the status arrived and output drained; (wait status, timed out).
+        The descriptors stay the caller's (`write_pending` closes stdin once it is written)."""
         sel = selectors.DefaultSelector()
         try:
             for fd in readers:
-                os.set_blocking(fd, False)
+                os.set_blocking(fd.fileno(), False)
                 sel.register(fd, selectors.EVENT_READ)
             conn.setblocking(False)
             sel.register(conn, selectors.EVENT_READ)
             pending = memoryview(self.stdin or b"")
-            if stdin_w >= 0:
-                os.set_blocking(stdin_w, False)
+            if stdin_w is not None:
+                os.set_blocking(stdin_w.fileno(), False)
                 sel.register(stdin_w, selectors.EVENT_WRITE)
             deadline = start + self.timeout if self.timeout is not None else None
             replies, status, ended_at, timed_out = bytearray(), None, None, False
-            while status is None or any(fd in readers for fd in sel.get_map()):
+            while status is None or any(k.fileobj in readers for k in sel.get_map().values()):
                 now = time.monotonic()
                 if deadline is not None and now >= deadline and status is None:
                     if not timed_out:
@@ -250,26 +297,23 @@ class AgentPump:
                     left = max(0.0, deadline - now)
                     wait = left if wait is None else min(wait, left)
                 for key, _ in sel.select(wait):
-                    if key.fileobj is conn:
+                    obj = key.fileobj
+                    if obj is conn:
                         status = self._on_reply(conn, sel, replies, status)
                         if status is not None and ended_at is None:
                             ended_at = time.monotonic()
-                    elif key.fd == stdin_w:
+                    elif obj is stdin_w:
                         pending = write_pending(sel.unregister, stdin_w, pending)
-                        if not pending:
-                            stdin_w = -1
                     else:
                         chunk = os.read(key.fd, 65536)
                         if not chunk:
-                            sel.unregister(key.fd)
+                            sel.unregister(obj)
                             continue
-                        name = readers[key.fd]
+                        name = readers[obj]  # type: ignore[index]
                         self.truncated |= capture(self.buf[name], self.limit, name, chunk,
                                                   self.on_output)
             return int(status), timed_out
         finally:
-            if stdin_w >= 0:
-                _close(stdin_w)
             sel.close()
 
     def _on_reply(self, conn: socket.socket, sel: selectors.BaseSelector, replies: bytearray,
@@ -308,10 +352,12 @@ class AgentPump:
 
 class _LoopPump:
     """`AgentPump._pump` as event-loop callbacks: the pipes and the reply socket are watched by
-    the running loop (`add_reader`), the deadline and the drain grace are loop timers."""
+    the running loop (`add_reader`), the deadline and the drain grace are loop timers. The
+    descriptors stay `run_async`'s; every watch on them is removed (`_stop`) before it closes
+    them, so the loop's epoll never holds a closed (or reused) number."""
 
     def __init__(self, pump: AgentPump, loop: asyncio.AbstractEventLoop, conn: socket.socket,
-                 readers: dict[int, str], stdin_w: int, start: float) -> None:
+                 readers: dict[Fd, str], stdin_w: Fd | None, start: float) -> None:
         self.pump, self.loop, self.conn, self.readers = pump, loop, conn, readers
         self.open = set(readers)
         self.stdin_w, self.pending = stdin_w, memoryview(pump.stdin or b"")
@@ -320,11 +366,11 @@ class _LoopPump:
         self.done: asyncio.Future[tuple[int, bool]] = loop.create_future()
         self.timers: list[asyncio.TimerHandle] = []
         for fd in readers:
-            os.set_blocking(fd, False)
+            os.set_blocking(fd.fileno(), False)
             loop.add_reader(fd, self._guard, self._read, fd)
-        loop.add_reader(conn.fileno(), self._guard, self._reply)
-        if stdin_w >= 0:
-            os.set_blocking(stdin_w, False)
+        loop.add_reader(conn, self._guard, self._reply)
+        if stdin_w is not None:
+            os.set_blocking(stdin_w.fileno(), False)
             loop.add_writer(stdin_w, self._guard, self._write)
         if pump.timeout is not None:
             self.timers.append(loop.call_at(loop.time() + max(0.0, start + pump.timeout - time.monotonic()),
@@ -345,9 +391,9 @@ class _LoopPump:
         except BaseException as e:  # noqa: BLE001 - handed to the waiting exec
             self._finish(exc=e)
 
-    def _read(self, fd: int) -> None:
+    def _read(self, fd: Fd) -> None:
         try:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd.fileno(), 65536)
         except BlockingIOError:
             return
         if not chunk:
@@ -363,16 +409,17 @@ class _LoopPump:
         known = self.status is not None
         self.status, closed = self.pump._read_reply(self.conn, self.replies, self.status)
         if closed:
-            self.loop.remove_reader(self.conn.fileno())
+            self.loop.remove_reader(self.conn)
             self.conn_open = False
         if self.status is not None and not known:  # output may still be draining: a grace
             self.timers.append(self.loop.call_later(self.pump.drain_grace, self._guard, self._finish))
         self._check_done()
 
     def _write(self) -> None:
+        assert self.stdin_w is not None
         self.pending = write_pending(self.loop.remove_writer, self.stdin_w, self.pending)
         if not self.pending:
-            self.stdin_w = -1
+            self.stdin_w = None  # removed from the loop and closed
 
     def _expire(self) -> None:
         if self.status is not None:
@@ -402,12 +449,13 @@ class _LoopPump:
             t.cancel()
         for fd in self.open:
             self.loop.remove_reader(fd)
+        self.open.clear()
         if self.conn_open:
-            self.loop.remove_reader(self.conn.fileno())
-        if self.stdin_w >= 0:
+            self.loop.remove_reader(self.conn)
+            self.conn_open = False
+        if self.stdin_w is not None:
             self.loop.remove_writer(self.stdin_w)
-            _close(self.stdin_w)
-            self.stdin_w = -1
+            self.stdin_w = None  # closed by run_async
 
 
 async def _kill_and_wait_async(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
@@ -442,8 +490,8 @@ def _send_kill(conn: socket.socket) -> None:
         pass  # the shim is gone or ending: its reply (or EOF) says which
 
 
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+def _close_all(readers: Mapping[Fd, str], stdin_w: Fd | None) -> None:
+    for fd in readers:
+        fd.close()
+    if stdin_w is not None:
+        stdin_w.close()  # a no-op once the pump wrote it all

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.host import fdwait
+from rollstack.host.fd import Fd
 from rollstack.run.procs import ProcRef, kill_tree, reap, ref
 
 DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
@@ -53,32 +54,45 @@ class ExecControl:
 
     With `open_stdin`, the command's stdin is a pipe that stays open until `close_stdin()` (or
     the command's end) instead of a fixed buffer. `signal(SIGKILL)` ends the command's whole
-    tree (as a timeout does); other signals go to tini, which forwards them to the command's
-    process group. Everything is a no-op returning False once the command has ended.
+    tree (as a timeout does); other signals go to the command's process group (through tini on
+    the runc path, through the exec agent's shim otherwise). Everything is a no-op returning
+    False once the command has ended.
+
+    The exec in flight (an `ExecPump` or a `rollstack.run.agent.AgentPump`) attaches itself as
+    the backend: `_signal(sig, wait)` and `_exec_pid(wait)` are all a control asks of it.
     """
 
     def __init__(self, open_stdin: bool = False) -> None:
         self.open_stdin = open_stdin
         self._lock = threading.Lock()
-        self._stdin_w = -1
-        self._pump: "ExecPump | None" = None
+        self._stdin: Fd | None = None
+        """The open stdin's write end, owned here from `_attach` on (closed by us only)."""
+        self._backend: Any = None
         self.started = threading.Event()
-        """Set once runc is spawned (stdin usable) or the exec failed before that."""
+        """Set once the command is being started (stdin usable) or the exec failed before that."""
         self.ended = threading.Event()
 
-    def _attach(self, pump: "ExecPump", stdin_w: int) -> None:
+    def check(self, stdin: bytes | None) -> None:
+        """InvalidRequest (and the control finished) for a fixed stdin and an open stream both."""
+        if self.open_stdin and stdin is not None:
+            self.finish()
+            raise InvalidRequest("stdin is either a buffer or an open stream, not both")
+
+    def _attach(self, backend: Any, stdin: Fd | None) -> None:
+        """The exec started: `backend` serves signals; `stdin` (the open stdin's write end,
+        with `open_stdin`) is ours from now on, the exec keeps no reference to it."""
         with self._lock:
-            self._pump, self._stdin_w = pump, stdin_w
-            if stdin_w >= 0:
-                os.set_blocking(stdin_w, False)
+            self._backend, self._stdin = backend, stdin
+            if stdin is not None:
+                os.set_blocking(stdin.fileno(), False)
         self.started.set()
 
     def _detach(self) -> None:
         with self._lock:
-            self._pump = None
-            if self._stdin_w >= 0:
-                _close(self._stdin_w)
-                self._stdin_w = -1
+            self._backend = None
+            if self._stdin is not None:
+                self._stdin.close()
+                self._stdin = None
         self.started.set()
         self.ended.set()
 
@@ -87,18 +101,19 @@ class ExecControl:
         self._detach()
 
     def pid(self, wait: float = 2.0) -> int | None:
-        """The host pid of the command's tini (None before it started or after it ended)."""
-        pump = self._pump
-        return pump._exec_pid(wait) if pump is not None else None
+        """The host pid of the command's tini on the runc path; None on the exec agent's path
+        (its command's pid is not reported to the node), before it started or after it ended."""
+        backend = self._backend
+        return backend._exec_pid(wait) if backend is not None else None
 
     def write_stdin(self, data: bytes, timeout: float = 30.0) -> bool:
         """Write all of `data` to the command's stdin; False if stdin is closed or the command
         ended. Raises InvalidRequest if the command does not read it within `timeout`."""
         self.started.wait(timeout)
-        with self._lock:
-            fd = self._stdin_w
-            if fd < 0:
+        with self._lock:  # the descriptor cannot be closed while we write to it
+            if self._stdin is None:
                 return False
+            fd = self._stdin.fileno()
             view, deadline = memoryview(data), time.monotonic() + timeout
             while view:
                 try:
@@ -107,7 +122,7 @@ class ExecControl:
                     continue
                 except BlockingIOError:
                     pass
-                except (BrokenPipeError, OSError):
+                except OSError:  # EPIPE: the command closed its stdin or ended
                     return False
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -118,32 +133,20 @@ class ExecControl:
     def close_stdin(self) -> bool:
         self.started.wait(30.0)
         with self._lock:
-            if self._stdin_w < 0:
+            if self._stdin is None:
                 return False
-            _close(self._stdin_w)
-            self._stdin_w = -1
+            self._stdin.close()
+            self._stdin = None
             return True
 
     def signal(self, sig: int, wait: float = 10.0) -> bool:
-        """Send `sig` (waiting up to `wait` s for the command to exist); False if it has ended."""
+        """Send `sig` (waiting up to `wait` s for the command to exist); False if it has ended.
+        InvalidRequest for a number that is no signal."""
+        if sig not in signal.valid_signals():
+            raise InvalidRequest(f"not a signal: {sig}")
         self.started.wait(30.0)
-        deadline = time.monotonic() + wait
-        while True:
-            pump = self._pump
-            if pump is None:
-                return False
-            pid = pump._exec_pid(0.25)  # runc writes the pid file once the command is spawned
-            if pid is not None:
-                break
-            if time.monotonic() >= deadline:
-                return False
-        if sig == signal.SIGKILL:
-            return bool(pump._kill_tree())
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        backend = self._backend
+        return bool(backend is not None and backend._signal(sig, wait))
 
 
 def capture(buf: bytearray, limit: int, name: str, chunk: bytes,
@@ -161,14 +164,14 @@ def capture(buf: bytearray, limit: int, name: str, chunk: bytes,
     return cut
 
 
-def write_pending(unregister: Callable[[int], Any], fd: int, pending: memoryview) -> memoryview:
+def write_pending(unregister: Callable[[Fd], Any], fd: Fd, pending: memoryview) -> memoryview:
     """Write to the non-blocking stdin pipe `fd` what it takes now; what is left is returned.
 
     Once all is written (or the reader has gone), `unregister(fd)` (a selector's, or an event
     loop's `remove_writer`) is called and `fd` closed, and the empty rest is returned: an empty
     result means `fd` is closed."""
     try:
-        n = os.write(fd, pending[:65536])
+        n = os.write(fd.fileno(), pending[:65536])
         pending = pending[n:]
     except BlockingIOError:
         return pending
@@ -176,7 +179,7 @@ def write_pending(unregister: Callable[[int], Any], fd: int, pending: memoryview
         pending = pending[:0]
     if not pending:
         unregister(fd)
-        os.close(fd)
+        fd.close()
     return pending
 
 
@@ -219,9 +222,8 @@ class ExecPump:
                  timeout: float | None, limit: int, on_output: OnOutput | None,
                  drain_grace: float, container_id: str, control: ExecControl | None = None) -> None:
         self.cmd, self.pid_file, self.stdin, self.control = cmd, pid_file, stdin, control
-        if control is not None and control.open_stdin and stdin is not None:
-            control.finish()
-            raise InvalidRequest("stdin is either a buffer or an open stream, not both")
+        if control is not None:
+            control.check(stdin)
         self.timeout, self.limit, self.on_output = timeout, limit, on_output
         self.drain_grace, self.container_id = drain_grace, container_id
         self.buf = {"stdout": bytearray(), "stderr": bytearray()}
@@ -235,38 +237,42 @@ class ExecPump:
             return
         self.truncated |= capture(self.buf[name], self.limit, name, chunk, self.on_output)
 
-    def _spawn(self) -> tuple[int, dict[str, int], int]:
-        """posix_spawn runc with its fds wired; returns (pid, {name: read fd}, stdin write fd)."""
-        pipes = {name: os.pipe() for name in ("stdout", "stderr", "runc")}
+    def _spawn(self) -> tuple[int, dict[str, Fd], Fd | None]:
+        """posix_spawn runc with its fds wired; returns (pid, {name: read end}, stdin write end).
+        Every descriptor made here is closed here unless it is returned (then the caller's)."""
         open_stdin = self.control is not None and self.control.open_stdin
-        stdin_r, stdin_w = os.pipe() if self.stdin is not None or open_stdin else (-1, -1)
-        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        made: list[Fd] = []
         try:
+            pipes = {}
+            for name in ("stdout", "stderr", "runc"):
+                pipes[name] = Fd.pipe(f"exec {name}")
+                made += pipes[name]
+            stdin_r = stdin_w = None
+            if self.stdin is not None or open_stdin:
+                stdin_r, stdin_w = Fd.pipe("exec stdin")
+                made += [stdin_r, stdin_w]
+            devnull = Fd.open(os.devnull, os.O_RDWR)
+            made.append(devnull)
             actions = [
-                (os.POSIX_SPAWN_DUP2, devnull, 0),
-                (os.POSIX_SPAWN_DUP2, devnull, 1),
-                (os.POSIX_SPAWN_DUP2, pipes["runc"][1], 2),
-                (os.POSIX_SPAWN_DUP2, stdin_r if stdin_r >= 0 else devnull, 3),
-                (os.POSIX_SPAWN_DUP2, pipes["stdout"][1], 4),
-                (os.POSIX_SPAWN_DUP2, pipes["stderr"][1], 5),
+                (os.POSIX_SPAWN_DUP2, devnull.fileno(), 0),
+                (os.POSIX_SPAWN_DUP2, devnull.fileno(), 1),
+                (os.POSIX_SPAWN_DUP2, pipes["runc"][1].fileno(), 2),
+                (os.POSIX_SPAWN_DUP2, (stdin_r or devnull).fileno(), 3),
+                (os.POSIX_SPAWN_DUP2, pipes["stdout"][1].fileno(), 4),
+                (os.POSIX_SPAWN_DUP2, pipes["stderr"][1].fileno(), 5),
             ]
             try:
                 pid = os.posix_spawnp(self.cmd[0], self.cmd, os.environ, file_actions=actions)
             except OSError as e:
-                for r, _ in pipes.values():
-                    os.close(r)
-                if stdin_w >= 0:
-                    os.close(stdin_w)
                 if e.errno == errno.E2BIG:
                     raise InvalidRequest("command line or environment too long") from e
                 raise RuntimeFailure(f"cannot start runc: {e}") from e
+            keep = [r for r, _ in pipes.values()] + ([stdin_w] if stdin_w is not None else [])
+            made = [fd for fd in made if fd not in keep]  # runc holds its own copies of the rest
+            return pid, {name: r for name, (r, _) in pipes.items()}, stdin_w
         finally:
-            os.close(devnull)
-            for _, w in pipes.values():
-                os.close(w)
-            if stdin_r >= 0:
-                os.close(stdin_r)
-        return pid, {name: r for name, (r, _) in pipes.items()}, stdin_w
+            for fd in made:
+                fd.close()
 
     def run(self) -> ExecResult:
         start = time.monotonic()
@@ -277,10 +283,10 @@ class ExecPump:
                 self.control._detach()
             raise
         if self.control is not None:
-            # the caller owns an open stdin from here on; the pump never writes or closes it
-            self.control._attach(self, stdin_w if self.control.open_stdin else -1)
+            # an open stdin is the control's from here on: the pump never writes or closes it
+            self.control._attach(self, stdin_w if self.control.open_stdin else None)
             if self.control.open_stdin:
-                stdin_w = -1
+                stdin_w = None
         code: int | None = None
         try:
             timed_out, code = self._pump(runc_pid, readers, stdin_w, start)
@@ -288,7 +294,9 @@ class ExecPump:
             if self.control is not None:
                 self.control._detach()
             for fd in readers.values():
-                _close(fd)
+                fd.close()
+            if stdin_w is not None:
+                stdin_w.close()  # a no-op once the pump wrote it all
             if code is None:  # interrupted: do not leave runc or the command running
                 killed = self._kill_tree()
                 # runc reaps the killed command itself if left alive a moment; killing runc
@@ -324,31 +332,31 @@ class ExecPump:
                 return None
             time.sleep(0.005)
 
-    def _pump(self, runc_pid: int, readers: dict[str, int], stdin_w: int,
+    def _pump(self, runc_pid: int, readers: dict[str, Fd], stdin_w: Fd | None,
               start: float) -> tuple[bool, int]:
-        """Move bytes until runc exited and output drained; returns (timed_out, exit code)."""
+        """Move bytes until runc exited and output drained; returns (timed_out, exit code).
+        The descriptors stay the caller's (`write_pending` closes stdin once it is written)."""
         sel = selectors.DefaultSelector()
         names = {}
         for name, fd in readers.items():
-            os.set_blocking(fd, False)
+            os.set_blocking(fd.fileno(), False)
             sel.register(fd, selectors.EVENT_READ)
             names[fd] = name
-        pidfd = os.pidfd_open(runc_pid)
+        pidfd = Fd(os.pidfd_open(runc_pid), "pidfd of runc exec")
         sel.register(pidfd, selectors.EVENT_READ)
         pending = memoryview(self.stdin or b"")
-        if stdin_w >= 0:
+        if stdin_w is not None:
             if pending:
-                os.set_blocking(stdin_w, False)
+                os.set_blocking(stdin_w.fileno(), False)
                 sel.register(stdin_w, selectors.EVENT_WRITE)
             else:
-                os.close(stdin_w)
-                stdin_w = -1
+                stdin_w.close()
         deadline = start + self.timeout if self.timeout is not None else None
         timed_out = False
         code: int | None = None
         exited_at: float | None = None
         try:
-            while code is None or any(k.fd in names for k in sel.get_map().values()):
+            while code is None or any(k.fileobj in names for k in sel.get_map().values()):
                 now = time.monotonic()
                 if deadline is not None and now >= deadline and code is None:
                     timed_out, deadline = True, None
@@ -361,30 +369,43 @@ class ExecPump:
                 if deadline is not None:
                     wait = max(0.0, deadline - now) if wait is None else min(wait, deadline - now)
                 for key, _ in sel.select(wait):
-                    fd = key.fd
-                    if fd == pidfd:
+                    obj = key.fileobj
+                    if obj is pidfd:
                         sel.unregister(pidfd)
                         _, wstatus = os.waitpid(runc_pid, 0)
                         code = os.waitstatus_to_exitcode(wstatus)
                         if code < 0:
                             code = 128 - code
                         exited_at = time.monotonic()
-                    elif fd == stdin_w:
-                        pending = write_pending(sel.unregister, fd, pending)
-                        if not pending:
-                            stdin_w = -1
+                    elif obj is stdin_w:
+                        pending = write_pending(sel.unregister, stdin_w, pending)
                     else:
-                        chunk = os.read(fd, 65536)
+                        chunk = os.read(key.fd, 65536)
                         if not chunk:
-                            sel.unregister(fd)
+                            sel.unregister(obj)
                             continue
-                        self._feed(names[fd], chunk)
+                        self._feed(names[obj], chunk)
         finally:
-            if stdin_w >= 0:
-                _close(stdin_w)
-            os.close(pidfd)
             sel.close()
+            pidfd.close()
         return timed_out, int(code)
+
+    def _signal(self, sig: int, wait: float) -> bool:
+        """`ExecControl.signal` on this exec: SIGKILL ends the tree, others go to tini."""
+        deadline = time.monotonic() + wait
+        while True:
+            pid = self._exec_pid(0.25)  # runc writes the pid file once the command is spawned
+            if pid is not None:
+                break
+            if time.monotonic() >= deadline or self.control is None or self.control.ended.is_set():
+                return False
+        if sig == signal.SIGKILL:
+            return bool(self._kill_tree())
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def _kill_tree(self) -> list[ProcRef]:
         pid = self._exec_pid(2.0)
@@ -394,15 +415,5 @@ class ExecPump:
 
 def _wait_pid_exit(pid: int, timeout: float) -> bool:
     """Whether our child `pid` exited within `timeout` (it is not reaped)."""
-    fd = os.pidfd_open(pid)
-    try:
-        return bool(fdwait.wait([fd], timeout))
-    finally:
-        os.close(fd)
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+    with Fd(os.pidfd_open(pid), f"pidfd of {pid}") as fd:
+        return bool(fdwait.wait([fd.fileno()], timeout))

@@ -143,8 +143,8 @@ class Environment:
         """Run argv (or a shell string through `/bin/sh -c`) in the environment: through its
         exec agent (PID 1) when it has one, else (or when the agent is unreachable) `runc exec`.
 
-        `control`: a handle the caller keeps while it runs (open stdin, signals, pid); such an
-        exec always goes through `runc exec` (the agent protocol has no open stdin or signals)."""
+        `control`: a handle the caller keeps while it runs (open stdin, signals; the host pid on
+        the runc path only), on either path."""
         argv, cwd, env, pump = self._exec_plan(cmd, cwd, env, stdin, timeout, output_limit,
                                                on_output, control)
         if pump is not None:
@@ -197,11 +197,11 @@ class Environment:
         cwd = cwd or default_cwd
         if default_env:
             env = {**default_env, **(env or {})}
-        if not (self.runtime.config.exec_agent and control is None and engine == "runc"):
+        if not (self.runtime.config.exec_agent and engine == "runc"):
             return argv, cwd, env, None
         check_request(argv, cwd, env, timeout, output_limit)
         return argv, cwd, env, agent.AgentPump(agent.socket_path(self.dir), argv, cwd, env, stdin, timeout,
-                                               output_limit, on_output, 0.2, self.id)
+                                               output_limit, on_output, 0.2, self.id, control)
 
     def _agent_unavailable(self, e: agent.AgentUnavailable) -> None:
         """Nobody serves the agent socket: EnvironmentGone without state, else (no agent, catatonit

@@ -1,5 +1,6 @@
-"""`ExecControl` on a real runc exec: an open stdin written while the command runs, closing it,
-signals to the command (TERM forwarded by tini, KILL ending the whole tree), no-ops after."""
+"""`ExecControl` on both real exec paths (the exec agent and `runc exec`): an open stdin written
+while the command runs, closing it, signals to the command (TERM to its process group, KILL
+ending the whole tree), no-ops after."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rollstack.errors import InvalidRequest
 from rollstack.run.execpump import ExecControl
 
 pytestmark = pytest.mark.integration
+both_paths = pytest.mark.parametrize("exec_mode", ["agent", "runc"], indirect=True)
 
 
 def _in_thread(fn):
@@ -22,6 +24,7 @@ def _in_thread(fn):
     return t, out
 
 
+@both_paths
 def test_open_stdin_is_written_while_the_command_runs(make_env):
     env = make_env()
     control = ExecControl(open_stdin=True)
@@ -43,13 +46,15 @@ def test_open_stdin_is_written_while_the_command_runs(make_env):
     assert not control.write_stdin(b"late") and not control.close_stdin() and not control.signal(signal.SIGTERM)
 
 
-def test_signals_reach_the_command(make_env):
+@both_paths
+def test_signals_reach_the_command(make_env, exec_mode):
     env = make_env()
     control = ExecControl()
     t, out = _in_thread(lambda: env.exec("trap 'echo term; exit 9' TERM; while :; do sleep 0.1; done",
                                          control=control, timeout=30))
     time.sleep(0.5)
-    assert control.pid() is not None
+    # the host pid is known on the runc path only: None proves the agent carried the exec
+    assert (control.pid() is not None) == (exec_mode == "runc")
     assert control.signal(signal.SIGTERM)
     t.join(15)
     assert out["r"].exit_code == 9 and out["r"].stdout == b"term\n"
@@ -63,12 +68,27 @@ def test_signals_reach_the_command(make_env):
     assert env.exec("ps -o comm | grep -c '^sleep$' || true").stdout.strip() == b"0"  # whole tree gone
 
 
+@both_paths
 def test_stdin_is_buffer_or_stream_not_both(make_env):
     env = make_env()
     with pytest.raises(InvalidRequest):
         env.exec(["cat"], stdin=b"x", control=ExecControl(open_stdin=True))
 
 
+@both_paths
+def test_invalid_signals_are_refused_and_the_command_keeps_running(make_env, exec_mode):
+    env = make_env()
+    control = ExecControl(open_stdin=True)
+    t, out = _in_thread(lambda: env.exec(["cat"], control=control, timeout=30))
+    assert control.write_stdin(b"still here\n")
+    with pytest.raises(InvalidRequest):
+        control.signal(10_000)
+    assert control.close_stdin()
+    t.join(15)
+    assert (out["r"].exit_code, out["r"].stdout) == (0, b"still here\n")
+
+
+@pytest.mark.parametrize("exec_mode", ["runc"], indirect=True)  # tini wraps runc-path execs only
 def test_the_exec_wrapper_prints_no_warnings_into_the_commands_stderr(make_env):
     # runc forwards signals it receives to tini, also after the command ended; tini would then
     # print "[WARN tini] Child was dead when forwarding signal" into the command's stderr (seen
