@@ -90,7 +90,8 @@ class RootFacts:
 
     root: str
     state: str = "absent"
-    """absent (no such dir) | running (a live agent holds it) | stopped"""
+    """absent (no such dir) | running (a live agent holds it) | stopped | foreign (a dir that
+    is not a node root, e.g. `/`: nothing under it is listed or touched)"""
     agent_pid: int | None = None
     agent_url: str | None = None
     stale_pid_file: bool = False
@@ -131,8 +132,8 @@ def findings(facts: RootFacts) -> list[Finding]:
             out.append(Finding("fuse", r, mp, f"FUSE connection that {why}: aborted by --fix"))
     out += [Finding("container", r, c, f"runc container (state in {r}/runc)") for c in facts.containers]
     out += [Finding("environment", r, e, f"environment state dir {r}/envs/{e}") for e in facts.envs]
-    out += [Finding("cgroup", r, cg, "cgroup of an environment or of the node's background work")
-            for cg in facts.cgroups]
+    out += [Finding("cgroup", r, cg, "the node's background cgroup" if "/rollstack-background-" in cg
+                    else f"cgroup of environment {Path(cg).name}") for cg in facts.cgroups]
     out += [Finding("daemon", r, str(p), f"lazy store daemon serving {mnt} with no agent") for p in facts.daemons]
     out += [Finding("holder", r, str(p), f"fd-holder keeping the FUSE connection of {mnt}") for p in facts.holders]
     out += [Finding("netns", r, f"rsn-{slot}", f"network slot {slot} claimed by {owner}")
@@ -292,10 +293,29 @@ def _slots(root: str) -> dict[int, str]:
     return out
 
 
+NODE_MARKS = ("agent.lock", "token", "envs", "lazy", "runc", "node-envs")
+"""What a node root holds once an agent or a runtime used it (node/config.py, node/agent.py)."""
+
+
+def is_node_root(root: str) -> bool:
+    """A node root, or an empty dir: never `/`, nor a dir of other things, whose mounts
+    `--fix` would otherwise detach."""
+    if root == "/":
+        return False
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return False
+    return not names or any(n in NODE_MARKS for n in names)
+
+
 def scan_root(root: Path | str, timeout: float = SCAN_TIMEOUT, probe_timeout: float = PROBE_TIMEOUT) -> RootFacts:
     """What is left under `root` (resolved), read within `timeout` seconds."""
     facts = RootFacts(os.path.realpath(root))
     if not os.path.isdir(facts.root):
+        return facts
+    if not is_node_root(facts.root):
+        facts.state = "foreign"
         return facts
     done, _ = bounded(lambda: _read_root(facts, probe_timeout), timeout)
     if not done:
@@ -329,6 +349,8 @@ def fix(found: Sequence[Finding], timeout: float = STEP_TIMEOUT) -> tuple[list[F
 def reclaim(root: str, timeout: float = STEP_TIMEOUT) -> list[str]:
     """Reclaim everything a stopped node left under `root`, in recovery's order; the errors."""
     facts = RootFacts(root)
+    if not is_node_root(root):
+        return [f"{root} is not a node root"]
     _agent(facts)
     if facts.state == "running":  # it may have started since the scan
         return [f"a node agent (pid {facts.agent_pid}) holds {root}"]

@@ -77,6 +77,10 @@ def test_running_agent_is_reported_and_never_reclaimed(node) -> None:
     assert doc["fixed"] == []
     assert (config.root / "envs" / env_id).is_dir()  # untouched
     assert agent.status(config)["running"]
+    agent.stop(config)  # a graceful stop leaves nothing the doctor would list
+    _reap(pid)
+    code, doc = cli("node", "doctor", "--root", str(config.root))
+    assert code == 0 and doc["clean"] and doc["findings"] == [], doc["findings"]
 
 
 def test_crashed_agent_leftovers_listed_then_reclaimed(node) -> None:

@@ -122,6 +122,18 @@ def test_bounded_returns_raises_or_gives_up() -> None:
     assert time.monotonic() - t < 2
 
 
+def test_only_node_roots_are_doctored(tmp_path: Path, capsys) -> None:
+    from rollstack.node.doctor import is_node_root, scan
+
+    assert not is_node_root("/")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "data.txt").write_text("x")
+    (tmp_path / "node" / "envs").mkdir(parents=True)
+    assert is_node_root(str(tmp_path / "node")) and not is_node_root(str(tmp_path / "other"))
+    facts, found = scan(["/", tmp_path / "other"])
+    assert [f.state for f in facts] == ["foreign", "foreign"] and found == []
+
+
 def run(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out = capsys.readouterr()
