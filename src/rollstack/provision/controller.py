@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rollstack.core.stats import percentile
-from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest, RuntimeFailure
+from rollstack.errors import (EnvironmentGone, EnvironmentNotFound, InsufficientCapacity, InvalidRequest,
+                             RuntimeFailure)
 from rollstack.provision.backend import CgroupBackend
 from rollstack.provision.config import NodeCapacity, PolicyConfig
 from rollstack.provision.policy import Decision, EnvState, QuotaPolicy, memory_floor
@@ -64,6 +65,7 @@ class Provisioner:
         self._events_len = events_len
         self._envs: dict[str, _Env] = {}
         self._pending: dict[str, EnvState] = {}  # admitted by `register`, quotas being written
+        self._withdrawn: set[str] = set()  # pending ids unregistered meanwhile: never registered
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,12 +134,18 @@ class Provisioner:
         except BaseException as exc:
             with self._lock:
                 self._pending.pop(env_id, None)
+                self._withdrawn.discard(env_id)
+            self.backend.forget(cgroup_path)
             if isinstance(exc, OSError):
                 raise RuntimeFailure(f"cannot apply quotas to cgroup {cgroup_path}: {exc}",
                                      path=cgroup_path) from exc
             raise
         with self._lock:
             self._pending.pop(env_id, None)
+            if env_id in self._withdrawn:  # a destroy unregistered it while we wrote its quotas
+                self._withdrawn.discard(env_id)
+                self.backend.forget(cgroup_path)
+                raise EnvironmentGone(f"environment {env_id} was destroyed while it was being registered")
             state.memory = int(applied)
             if baseline is not None:
                 state = self.policy.decide(state, baseline, self._node()).state
@@ -147,11 +155,16 @@ class Provisioner:
             return {"cpu": state.cpu, "memory": state.memory, "max_cpu": state.max_cpu, "max_memory": state.max_memory}
 
     def unregister(self, env_id: str) -> None:
-        """Stop managing the environment and release its committed quotas (the cgroup is left)."""
+        """Stop managing the environment and release its committed quotas (the cgroup is left).
+        During its `register` (quotas being written outside the lock) the registration is
+        withdrawn: `register` then forgets it and raises EnvironmentGone, so a destroy that
+        races a create never leaves a managed cgroup (and its cached descriptors) behind."""
         with self._lock:
             env = self._envs.pop(env_id, None)
             if env is not None:
                 self.backend.forget(env.path)
+            elif env_id in self._pending:
+                self._withdrawn.add(env_id)
 
     # -- queries -------------------------------------------------------------------------------
     def committed(self) -> dict[str, Any]:

@@ -157,6 +157,49 @@ def test_a_register_writing_its_cgroup_holds_its_admission_but_not_the_lock():
     assert prov.committed()["environments"] == 2 and prov.committed()["cpu"] == pytest.approx(2.0)
 
 
+def test_an_unregister_during_register_withdraws_it():
+    """A destroy racing a create: the registration being written is never completed, its
+    admission is given back and its cached descriptors forgotten."""
+    import threading
+
+    from rollstack.errors import EnvironmentGone
+
+    class Slow(FakeBackend):
+        def __init__(self):
+            super().__init__()
+            self.entered, self.release, self.forgotten = threading.Event(), threading.Event(), []
+
+        def create(self, path):
+            super().create(path)
+            self.entered.set()
+            assert self.release.wait(10)
+
+        def forget(self, path):
+            self.forgotten.append(path)
+
+    b = Slow()
+    prov = Provisioner(b, PolicyConfig(cpu_overcommit=1.0), NodeCapacity(cpu=2, memory=1 * GiB))
+    out: dict = {}
+
+    def register():
+        try:
+            prov.register("a", "rollstack/a", 1.5, 256 * MiB)
+        except Exception as e:  # noqa: BLE001 - inspected below
+            out["error"] = e
+
+    t = threading.Thread(target=register)
+    t.start()
+    assert b.entered.wait(10)
+    prov.unregister("a")
+    b.release.set()
+    t.join(10)
+    assert isinstance(out.get("error"), EnvironmentGone)
+    assert prov.env_ids() == [] and prov.committed()["cpu"] == 0 and b.forgotten == ["rollstack/a"]
+    b.entered.clear()
+    b.release.set()
+    assert prov.register("a", "rollstack/a", 1.5, 256 * MiB)["cpu"] == 1.5  # the id is free again
+
+
 def test_a_failed_cgroup_write_gives_its_reservation_back():
     class Broken(FakeBackend):
         def set_cpu(self, path, cores):
