@@ -27,10 +27,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document")
 Cmd = Annotated[list[str], typer.Argument(help="the command (after --)", show_default=False)]
 
 
-def _client(node: str | None, token: str | None) -> "Client":
+def _client(node: str | None, token: str | None, lease: float | None = None) -> "Client":
+    """A client without a lease by default: what a command creates outlives the command (it
+    lives its plan's lifetime) so that a later `env exec` still finds it."""
     from rollstack.client.sync import Client
 
-    return Client(node, token)
+    return Client(node, token, lease=lease)
 
 
 @app.command("create")
@@ -38,6 +40,8 @@ def create(
     plan: Path,
     count: Annotated[Optional[int], typer.Option(
         "--count", min=1, max=256, help="N environments of the plan in one call (a GRPO group)")] = None,
+    idempotency_key: Annotated[Optional[str], typer.Option(
+        "--idempotency-key", help="a retry with the same key returns the same environment(s), not new ones")] = None,
     node: NodeOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -46,11 +50,11 @@ def create(
     With --count N: N environments (all or none), one id per line; --json prints a list."""
     with _client(node, token) as client:
         if count is None:
-            env = client.create(plan)
+            env = client.create(plan, idempotency_key=idempotency_key)
             assert env.created is not None
             emit(env.created.model_dump(mode="json"), as_json, _print_created)
             return
-        envs = client.create(plan, count=count)
+        envs = client.create(plan, count=count, idempotency_key=idempotency_key)
     docs = [e.created.model_dump(mode="json") for e in envs if e.created is not None]
     emit(docs, as_json, lambda ds: [_print_created(d) for d in ds])
 
@@ -175,10 +179,12 @@ def ls(node: NodeOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -
 def _print_list(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table("id", "state", "plan", "age (s)", "cpu", "memory")
+    table = Table("id", "state", "plan", "age (s)", "lease (s)", "cpu", "memory")
     for e in doc["environments"]:
         q = e.get("quotas") or {}
-        table.add_row(e["id"], e["state"], e.get("plan_name") or "", f"{e['age']:.0f}", str(q.get("cpu_limit") or ""), str(q.get("memory_limit") or ""))
+        lease = "" if e.get("lease_remaining") is None else f"{e['lease_remaining']:.0f}"
+        table.add_row(e["id"], e["state"], e.get("plan_name") or "", f"{e['age']:.0f}", lease,
+                      str(q.get("cpu_limit") or ""), str(q.get("memory_limit") or ""))
     stdout.print(table)
 
 
@@ -222,7 +228,9 @@ def register_top_level(root: typer.Typer) -> None:
         token: TokenOpt = None,
     ) -> None:
         """Create an environment from PLAN, run CMD in it (streaming), destroy it; exit with CMD's code."""
-        with _client(node, token) as client:
+        from rollstack.client.leases import DEFAULT_LEASE
+
+        with _client(node, token, lease=DEFAULT_LEASE) as client:  # reaped soon if this command is killed
             with client.create(plan) as env:
                 code = _stream(env, cmd, timeout, cwd)
         raise typer.Exit(code)

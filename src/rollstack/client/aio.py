@@ -16,6 +16,8 @@ from typing import Any, AsyncIterator, TypeVar, overload
 import httpx
 
 from rollstack.client import routes
+from rollstack.client.environment import create_options
+from rollstack.client.leases import DEFAULT_LEASE, AsyncLeaseKeeper
 from rollstack.core.httppool import limits
 from rollstack.client._base import (
     SHORT_TIMEOUT,
@@ -33,6 +35,7 @@ from rollstack.node.models import (
     ExecRequest,
     ExecResult,
     Health,
+    LeaseRenewal,
     Stats,
 )
 
@@ -63,11 +66,19 @@ class AsyncHttpService:
         raise_for(response)
         return call.decode(response)
 
-    async def create(self, plan: dict[str, Any]) -> CreateResponse:
-        return await self._do(routes.create(plan))
+    async def create(self, plan: dict[str, Any], lease: float | None = None,
+               idempotency_key: str | None = None) -> CreateResponse:
+        return await self._do(routes.create(plan, lease, idempotency_key))
 
-    async def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
-        return await self._do(routes.create_many(plan, count))
+    async def create_many(self, plan: dict[str, Any], count: int, lease: float | None = None,
+                    idempotency_key: str | None = None) -> list[CreateResponse]:
+        return await self._do(routes.create_many(plan, count, lease, idempotency_key))
+
+    async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
+        return await self._do(routes.renew(env_ids, lease))
+
+    async def renew_one(self, env_id: str, lease: float | None = None) -> LeaseRenewal:
+        return await self._do(routes.renew_one(env_id, lease))
 
     async def list(self) -> list[EnvironmentInfo]:
         return await self._do(routes.list_environments())
@@ -121,10 +132,12 @@ class AsyncHttpService:
 class AsyncEnvironment:
     """One environment, async. `async with` always destroys it on exit."""
 
-    def __init__(self, service: AsyncHttpService, env_id: str, created: CreateResponse | None = None):
+    def __init__(self, service: AsyncHttpService, env_id: str, created: CreateResponse | None = None,
+                 leases: Any = None):
         self._service = service
         self.id = env_id
         self.created = created
+        self._leases = leases
 
     def __repr__(self) -> str:
         return f"AsyncEnvironment({self.id!r})"
@@ -166,10 +179,13 @@ class AsyncEnvironment:
     async def destroy(self) -> None:
         """Idempotent."""
         await self._service.destroy(self.id)
+        if self._leases is not None:
+            self._leases.release(self.id)
 
 
 class AsyncClient:
-    """A node agent over HTTP, asynchronously. Same defaults and methods as `Client`."""
+    """A node agent over HTTP, asynchronously. Same defaults and methods as `Client`; leases are
+    renewed by a task on the loop of the first create, cancelled by `aclose`."""
 
     def __init__(
         self,
@@ -177,8 +193,11 @@ class AsyncClient:
         token: str | None = None,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
+        lease: float | None = DEFAULT_LEASE,
+        renew_interval: float | None = None,
     ) -> None:
         self._service = AsyncHttpService(Settings.of(url, token), transport)
+        self._leases = AsyncLeaseKeeper(lease, renew_interval) if lease else None
 
     @property
     def url(self) -> str:
@@ -191,22 +210,31 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._leases is not None:
+            await self._leases.aclose()
         await self._service.aclose()
 
     @overload
-    async def create(self, plan: Any) -> AsyncEnvironment: ...
+    async def create(self, plan: Any, *, idempotency_key: str | None = None) -> AsyncEnvironment: ...
 
     @overload
-    async def create(self, plan: Any, count: int) -> list[AsyncEnvironment]: ...
+    async def create(self, plan: Any, count: int, *, idempotency_key: str | None = None) -> list[AsyncEnvironment]: ...
 
-    async def create(self, plan: Any, count: int | None = None) -> AsyncEnvironment | list[AsyncEnvironment]:
+    async def create(self, plan: Any, count: int | None = None, *,
+                     idempotency_key: str | None = None) -> AsyncEnvironment | list[AsyncEnvironment]:
         """`plan`: a dict, a path to a plan YAML file, or a `Plan`. With `count`, that many
-        environments of the plan in one call (a GRPO group, all or none), as a list."""
+        environments of the plan in one call (a GRPO group, all or none), as a list.
+        `idempotency_key`: a retry with the same key returns the same environment(s)."""
+        options = create_options(self._leases, idempotency_key)
         if count is not None:
-            group = await self._service.create_many(plan_to_wire(plan), count)
-            return [AsyncEnvironment(self._service, c.id, c) for c in group]
-        created = await self._service.create(plan_to_wire(plan))
-        return AsyncEnvironment(self._service, created.id, created)
+            group = await self._service.create_many(plan_to_wire(plan), count, **options)
+            envs = [AsyncEnvironment(self._service, c.id, c, self._leases) for c in group]
+        else:
+            created = await self._service.create(plan_to_wire(plan), **options)
+            envs = [AsyncEnvironment(self._service, created.id, created, self._leases)]
+        if self._leases is not None:
+            self._leases.hold(self._service, [e.id for e in envs])
+        return envs if count is not None else envs[0]
 
     async def get(self, env_id: str) -> AsyncEnvironment:
         await self._service.info(env_id)  # raises EnvironmentNotFound
@@ -218,6 +246,8 @@ class AsyncClient:
     async def destroy(self, env_id: str) -> None:
         """Destroy an environment by id (idempotent for ids this node destroyed)."""
         await self._service.destroy(env_id)
+        if self._leases is not None:
+            self._leases.release(env_id)
 
     async def health(self) -> Health:
         return await self._service.health()

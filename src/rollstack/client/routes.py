@@ -53,15 +53,40 @@ def _none(_: httpx.Response) -> None:
     return None
 
 
-def create(plan: dict[str, Any]) -> Call[m.CreateResponse]:
+def _create_kwargs(body: dict[str, Any], lease: float | None, idempotency_key: str | None) -> dict[str, Any]:
+    if lease is not None:
+        body["lease"] = lease
+    kwargs: dict[str, Any] = {"json": body, "timeout": request_timeout(None)}
+    if idempotency_key is not None:
+        kwargs["headers"] = {m.IDEMPOTENCY_HEADER: idempotency_key}
+    return kwargs
+
+
+def create(plan: dict[str, Any] | str, lease: float | None = None,
+           idempotency_key: str | None = None) -> Call[m.CreateResponse]:
     return Call("POST", ENVS, lambda r: m.CreateResponse.model_validate_json(r.content),
-                {"json": {"plan": plan}, "timeout": request_timeout(None)})
+                _create_kwargs({"plan": plan}, lease, idempotency_key))
 
 
-def create_many(plan: dict[str, Any] | str, count: int) -> Call[list[m.CreateResponse]]:
+def create_many(plan: dict[str, Any] | str, count: int, lease: float | None = None,
+                idempotency_key: str | None = None) -> Call[list[m.CreateResponse]]:
     """`count` identical environments in one call (a GRPO group), all or none."""
     return Call("POST", ENVS, lambda r: m.CreateGroupResponse.model_validate_json(r.content).environments,
-                {"json": {"plan": plan, "count": count}, "timeout": request_timeout(None)})
+                _create_kwargs({"plan": plan, "count": count}, lease, idempotency_key))
+
+
+def renew(env_ids: list[str], lease: float | None = None) -> Call[m.LeaseRenewal]:
+    """Renew many leases in one request (`POST /v1/leases`)."""
+    body: dict[str, Any] = {"ids": list(env_ids)}
+    if lease is not None:
+        body["lease"] = lease
+    return Call("POST", "/v1/leases", lambda r: m.LeaseRenewal.model_validate_json(r.content), {"json": body})
+
+
+def renew_one(env_id: str, lease: float | None = None) -> Call[m.LeaseRenewal]:
+    """Renew one lease (`EnvironmentNotFound` when it is not live)."""
+    return Call("POST", _env(env_id, "/lease"), lambda r: m.LeaseRenewal.model_validate_json(r.content),
+                {"json": {} if lease is None else {"lease": lease}})
 
 
 def list_environments() -> Call[list[m.EnvironmentInfo]]:

@@ -22,6 +22,7 @@ from rollstack.client._base import (
 )
 from rollstack.client import routes
 from rollstack.client.environment import EnvironmentFacade
+from rollstack.client.leases import DEFAULT_LEASE, LeaseKeeper
 from rollstack.core.httppool import PerThreadClient, limits
 from rollstack.node.models import (
     CreateResponse,
@@ -31,6 +32,7 @@ from rollstack.node.models import (
     ExecRequest,
     ExecResult,
     Health,
+    LeaseRenewal,
     Stats,
 )
 
@@ -69,11 +71,19 @@ class HttpService:
         raise_for(response)
         return call.decode(response)
 
-    def create(self, plan: dict[str, Any]) -> CreateResponse:
-        return self._do(routes.create(plan))
+    def create(self, plan: dict[str, Any], lease: float | None = None,
+               idempotency_key: str | None = None) -> CreateResponse:
+        return self._do(routes.create(plan, lease, idempotency_key))
 
-    def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
-        return self._do(routes.create_many(plan, count))
+    def create_many(self, plan: dict[str, Any], count: int, lease: float | None = None,
+                    idempotency_key: str | None = None) -> list[CreateResponse]:
+        return self._do(routes.create_many(plan, count, lease, idempotency_key))
+
+    def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
+        return self._do(routes.renew(env_ids, lease))
+
+    def renew_one(self, env_id: str, lease: float | None = None) -> LeaseRenewal:
+        return self._do(routes.renew_one(env_id, lease))
 
     def list(self) -> list[EnvironmentInfo]:
         return self._do(routes.list_environments())
@@ -127,7 +137,13 @@ class HttpService:
 
 class Client(EnvironmentFacade):
     """A node agent over HTTP. `url` defaults to $ROLLSTACK_NODE, `token` to $ROLLSTACK_TOKEN or the
-    token file in the node's root."""
+    token file in the node's root.
+
+    `lease` (seconds, default 60): the environments this client creates carry a lease that a
+    background thread renews (one request per `renew_interval`, default a third of the lease)
+    until they are destroyed or the client closes; if this process dies, the node reaps them
+    once the lease lapses. `lease=None`: no lease, they live their plan's lifetime (what
+    `rollstack env create` does: its environments outlive the command)."""
 
     def __init__(
         self,
@@ -135,12 +151,19 @@ class Client(EnvironmentFacade):
         token: str | None = None,
         *,
         transport: httpx.BaseTransport | None = None,
+        lease: float | None = DEFAULT_LEASE,
+        renew_interval: float | None = None,
     ) -> None:
         self._service = HttpService(Settings.of(url, token), transport)
+        self._leases = LeaseKeeper(lease, renew_interval) if lease else None
 
     @property
     def url(self) -> str:
         return self._service.settings.url
 
     def close(self) -> None:
+        """Stop renewing leases (the environments still held lapse and are reaped), close the
+        connections."""
+        if self._leases is not None:
+            self._leases.close()
         self._service.close()

@@ -13,6 +13,12 @@ goes to that node's own URL. When the node dies or restarts under it, the call r
 
 Members: the Ray node actors (`address=`), or `nodes=[{"node_id", "url", "token"}]` for a pool
 over agents started by other means.
+
+Leases (`lease=`, default 60 s, like `Client`): every environment the pool created is renewed
+with one bulk request per node per interval until it is destroyed or the pool closes
+(`client.leases`). `create(..., idempotency_key=K)`: the node's idempotent create; the pool
+remembers which node took K (a group member i uses `K/i`) and sends a retry there, so a retry
+from the same pool returns the same environment(s).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 from rollstack.client._base import Settings, plan_to_wire
-from rollstack.client.environment import Environment
+from rollstack.client.environment import Environment, create_options
+from rollstack.client.leases import DEFAULT_LEASE, AsyncLeaseKeeper, LeaseKeeper
 from rollstack.cluster.directory import Directory, Placer
 from rollstack.cluster.placement import PlacementPolicy, PlacementRequest
 from rollstack.errors import (
@@ -160,11 +167,37 @@ class _Pool:
     """What `Pool` and `AsyncPool` share: the core, and one HTTP service per node URL (a node
     back on a new URL gets a new one), made by the subclass's `_new_service`."""
 
+    _KEYS = 65536
+    """Idempotency keys remembered (key -> the node that took the create)."""
+
     def __init__(self, address: str | None = None, *, nodes: list[dict[str, Any]] | None = None,
                  store: str | None = None, policy: PlacementPolicy | None = None, interval: float = 1.0,
-                 name: str = "pool") -> None:
+                 name: str = "pool", lease: float | None = DEFAULT_LEASE, renew_interval: float | None = None) -> None:
         self._core = _Core(address, nodes, store, policy or PlacementPolicy(), interval, name)
         self._services: dict[str, Any] = {}
+        self._leases: Any = self._keeper(lease, renew_interval) if lease else None
+        self._key_nodes: dict[str, str] = {}
+
+    def _keeper(self, lease: float, interval: float | None) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def _member_key(key: str | None, i: int, count: int | None) -> str | None:
+        return key if key is None or count is None else f"{key}/{i}"
+
+    def _pinned(self, key: str | None) -> set[str]:
+        """For a retried key: every node but the one that took it (tried first), else nothing."""
+        node_id = self._key_nodes.get(key) if key else None
+        if node_id is None or self._core.directory.member(node_id) is None:
+            return set()
+        return {n for n in self._core.directory.members if n != node_id}
+
+    def _took(self, key: str | None, node_id: str) -> None:
+        if key is None:
+            return
+        self._key_nodes[key] = node_id
+        while len(self._key_nodes) > self._KEYS:
+            self._key_nodes.pop(next(iter(self._key_nodes)))
 
     @property
     def directory(self) -> Directory:
@@ -202,6 +235,9 @@ class _Pool:
 class Pool(_Pool):
     """The pool over HTTP, synchronously (see the module docstring)."""
 
+    def _keeper(self, lease: float, interval: float | None) -> Any:
+        return LeaseKeeper(lease, interval)
+
     def _new_service(self, url: str, token: str | None) -> Any:
         from rollstack.client.sync import HttpService
 
@@ -210,14 +246,15 @@ class Pool(_Pool):
     def _bound(self, node_id: str) -> _BoundService:
         return _BoundService(self._core, node_id, self._service(node_id), self._core.directory.instance(node_id))
 
-    def create(self, plan: Any, count: int | None = None) -> Any:
+    def create(self, plan: Any, count: int | None = None, *, idempotency_key: str | None = None) -> Any:
         """One environment, or a list of `count` (placed together, created in parallel)."""
         wire = plan_to_wire(plan)
         if count is None:
-            return self._create_one(wire, self._core.placer.request(wire))
+            return self._create_one(wire, self._core.placer.request(wire), idempotency_key)
         req = self._core.placer.request(wire)
         with ThreadPoolExecutor(max_workers=min(16, max(1, count))) as ex:
-            futures = [ex.submit(self._create_one, wire, req) for _ in range(count)]
+            futures = [ex.submit(self._create_one, wire, req, self._member_key(idempotency_key, i, count))
+                       for i in range(count)]
             envs, errors = [], []
             for f in futures:
                 try:
@@ -230,20 +267,31 @@ class Pool(_Pool):
             raise errors[0]
         return envs
 
-    def _create_one(self, wire: dict[str, Any], req: PlacementRequest) -> Environment:
-        excluded: set[str] = set()
+    def _create_one(self, wire: dict[str, Any], req: PlacementRequest, key: str | None = None) -> Environment:
+        excluded = self._pinned(key)
+        options = create_options(self._leases, key)
+        pinned = self._key_nodes.get(key) if excluded and key else None
         while True:
-            with self._core.attempt(req, excluded) as at:  # raises InsufficientCapacity naming the pool
-                bound = self._bound(at.node_id)
-                created = bound._http.create(wire)  # noqa: SLF001 - the raw call: errors handled by `at`
+            try:
+                with self._core.attempt(req, excluded) as at:  # raises InsufficientCapacity naming the pool
+                    bound = self._bound(at.node_id)
+                    created = bound._http.create(wire, **options)  # noqa: SLF001 - the raw call: errors handled by `at`
+            except InsufficientCapacity:
+                if not pinned:
+                    raise
+                excluded, pinned = {pinned}, None  # the node that took the key is gone: place anew
+                continue
             if at.placed:
-                env = Environment(bound, created.id, created)
+                self._took(key, at.node_id)
+                env = Environment(bound, created.id, created, self._leases)
                 env.node_id = at.node_id  # type: ignore[attr-defined]
+                if self._leases is not None:
+                    self._leases.hold(bound._http, [created.id])  # noqa: SLF001 - renewals need no translation
                 return env
 
     def get(self, env_id: str) -> Environment:
         node_id = self._locate(env_id)
-        env = Environment(self._bound(node_id), env_id)
+        env = Environment(self._bound(node_id), env_id, leases=self._leases)
         env.node_id = node_id  # type: ignore[attr-defined]
         return env
 
@@ -264,6 +312,8 @@ class Pool(_Pool):
         return self._health()
 
     def close(self) -> None:
+        if self._leases is not None:
+            self._leases.close()
         for svc in self._services.values():
             svc.close()
         self._core.close()
@@ -310,18 +360,23 @@ class _AsyncBound(_Bound):
 class AsyncPool(_Pool):
     """`Pool` with async/await (`AsyncClient`'s interface)."""
 
+    def _keeper(self, lease: float, interval: float | None) -> Any:
+        return AsyncLeaseKeeper(lease, interval)
+
     def _new_service(self, url: str, token: str | None) -> Any:
         from rollstack.client.aio import AsyncHttpService
 
         return AsyncHttpService(Settings.of(url, token or ""))
 
-    async def create(self, plan: Any, count: int | None = None) -> Any:
+    async def create(self, plan: Any, count: int | None = None, *, idempotency_key: str | None = None) -> Any:
         from rollstack.client.aio import AsyncEnvironment
 
         wire = plan_to_wire(plan)
         req = await asyncio.to_thread(self._core.placer.request, wire)
         if count is not None:
-            results = await asyncio.gather(*(self._create_one(wire, req, AsyncEnvironment) for _ in range(count)),
+            results = await asyncio.gather(*(self._create_one(wire, req, AsyncEnvironment,
+                                                              self._member_key(idempotency_key, i, count))
+                                             for i in range(count)),
                                            return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
@@ -329,19 +384,30 @@ class AsyncPool(_Pool):
                                      return_exceptions=True)
                 raise errors[0]
             return list(results)
-        return await self._create_one(wire, req, AsyncEnvironment)
+        return await self._create_one(wire, req, AsyncEnvironment, idempotency_key)
 
-    async def _create_one(self, wire: dict[str, Any], req: PlacementRequest, cls: Any) -> Any:
+    async def _create_one(self, wire: dict[str, Any], req: PlacementRequest, cls: Any, key: str | None = None) -> Any:
         core = self._core
-        excluded: set[str] = set()
+        excluded = self._pinned(key)
+        options = create_options(self._leases, key)
+        pinned = self._key_nodes.get(key) if excluded and key else None
         while True:
-            with core.attempt(req, excluded) as at:
-                service = self._service(at.node_id)
-                created = await service.create(wire)
+            try:
+                with core.attempt(req, excluded) as at:
+                    service = self._service(at.node_id)
+                    created = await service.create(wire, **options)
+            except InsufficientCapacity:
+                if not pinned:
+                    raise
+                excluded, pinned = {pinned}, None
+                continue
             if at.placed:
+                self._took(key, at.node_id)
                 env = cls(_AsyncBound(core, at.node_id, service, core.directory.instance(at.node_id)),
-                          created.id, created)
+                          created.id, created, self._leases)
                 env.node_id = at.node_id
+                if self._leases is not None:
+                    self._leases.hold(service, [created.id])
                 return env
 
     async def get(self, env_id: str) -> Any:
@@ -349,7 +415,7 @@ class AsyncPool(_Pool):
 
         node_id = await asyncio.to_thread(self._locate, env_id)
         env = AsyncEnvironment(_AsyncBound(self._core, node_id, self._service(node_id),  # type: ignore[arg-type]
-                                           self._core.directory.instance(node_id)), env_id)
+                                           self._core.directory.instance(node_id)), env_id, leases=self._leases)
         env.node_id = node_id  # type: ignore[attr-defined]
         return env
 
@@ -367,6 +433,8 @@ class AsyncPool(_Pool):
         return self._health()
 
     async def aclose(self) -> None:
+        if self._leases is not None:
+            await self._leases.aclose()
         for svc in self._services.values():
             await svc.aclose()
         await asyncio.to_thread(self._core.close)

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl
 
 import anyio
 import anyio.to_thread
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -92,8 +92,8 @@ def create_control_app(table: SandboxTable, service: Any, token: str | None, thr
 
     # -- control plane ----------------------------------------------------------------------
 
-    async def create(req: NewSandbox) -> JSONResponse:
-        box = await call(table.create, req)
+    async def create(req: NewSandbox, idempotency_key: str | None = Header(None, alias="Idempotency-Key")) -> JSONResponse:
+        box = await call(table.create, req, idempotency_key)
         return JSONResponse(box.created().dump(), status_code=201)
 
     app.post("/v2/sandboxes", dependencies=auth, status_code=201)(create)

@@ -6,6 +6,14 @@ this table, in memory: a node restart forgets it (re-adopted environments are th
 through `/v1` only). The node stays the authority on liveness: an environment the reaper ended
 (its timeout) or `/v1` destroyed is dropped here the next time it is looked up.
 
+Leases: none. An E2B sandbox lives its `timeout`, which E2B clients move with `set_timeout` (and
+`connect`): that is E2B's keep-alive, so the E2B SDK's own semantics already bound an abandoned
+sandbox's life, and a client lease on top would reap sandboxes the unmodified SDK never renews.
+
+Idempotency: the E2B SDK's `idempotency_key` (its `Idempotency-Key` header) goes to the node's
+idempotent create (keys prefixed `e2b:`, apart from `/v1`'s): a retry gets the same sandbox, with
+the same envd access token.
+
 All methods block (they call the service); the API runs them in worker threads.
 """
 
@@ -69,9 +77,16 @@ class SandboxTable:
         self._boxes: dict[str, Sandbox] = {}
         self._lock = threading.Lock()
 
-    def create(self, req: NewSandbox) -> Sandbox:
-        """A new environment from the published plan `req.template_id`, living `req.timeout` s."""
-        created = self.service.create(req.template_id)
+    def create(self, req: NewSandbox, idempotency_key: str | None = None) -> Sandbox:
+        """A new environment from the published plan `req.template_id`, living `req.timeout` s.
+        With `idempotency_key`, a retry returns the sandbox the key created."""
+        if idempotency_key is None:
+            created = self.service.create(req.template_id)
+        else:
+            created = self.service.create(req.template_id, idempotency_key=f"e2b:{idempotency_key}")
+            known = self.peek(created.id)
+            if known is not None:
+                return known
         try:
             info = self.service.set_timeout(created.id, float(req.timeout))
         except BaseException:
@@ -88,9 +103,8 @@ class SandboxTable:
             processes=ProcessTable(self.service, created.id, req.env_vars),
             metadata=dict(req.metadata), env_vars=dict(req.env_vars),
         )
-        with self._lock:
-            self._boxes[box.id] = box
-        return box
+        with self._lock:  # two concurrent retries of one key: the first box in wins
+            return self._boxes.setdefault(box.id, box)
 
     def peek(self, sandbox_id: str) -> Sandbox | None:
         with self._lock:

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, T
 
 import anyio
 import anyio.to_thread
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -37,7 +37,10 @@ from rollstack.node.models import (
     ExecRequest,
     ExecResult,
     Health,
+    LeaseRenewal,
+    LeaseRequest,
     NodeInfo,
+    RenewRequest,
     Stats,
 )
 from rollstack.node.protocol import EnvironmentService
@@ -90,8 +93,8 @@ def create_app(
         finally:
             metrics.observe(op, time.perf_counter() - start)
 
-    async def call(op: str, fn: Callable[..., T], *args: Any) -> T:
-        return await timed(op, offload(partial(fn, *args)))
+    async def call(op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await timed(op, offload(partial(fn, *args, **kwargs)))
 
     async def authorize(request: Request) -> None:  # async: FastAPI runs a sync dependency in a thread
         if token is None:
@@ -121,11 +124,29 @@ def create_app(
 
     @app.post("/v1/environments", dependencies=auth, status_code=201,
               response_model=CreateResponse | CreateGroupResponse)
-    async def create(req: CreateRequest) -> CreateResponse | CreateGroupResponse:
+    async def create(req: CreateRequest, idempotency_key: str | None = Header(
+            None, alias="Idempotency-Key", description="a retry with the same key returns the same environment(s)"),
+    ) -> CreateResponse | CreateGroupResponse:
+        # Only what the request carries is passed: a service without leases or keys still serves.
+        options = {k: v for k, v in (("lease", req.lease), ("idempotency_key", idempotency_key)) if v is not None}
         if req.count is None:
-            return await call("create", service.create, req.plan)
-        created = await call("create", service.create_many, req.plan, req.count)
+            return await call("create", service.create, req.plan, **options)
+        created = await call("create", service.create_many, req.plan, req.count, **options)
         return CreateGroupResponse(environments=created)
+
+    @app.post("/v1/leases", dependencies=auth, response_model=LeaseRenewal)
+    async def renew(req: RenewRequest) -> LeaseRenewal:
+        """Renew many environments' leases in one request; unknown or ended ids are `missing`."""
+        return await call("renew", service.renew, req.ids, req.lease)
+
+    @app.post("/v1/environments/{env_id}/lease", dependencies=auth, response_model=LeaseRenewal)
+    async def renew_one(env_id: str, req: LeaseRequest | None = Body(None)) -> LeaseRenewal:
+        renewal = await call("renew", service.renew, [env_id], req.lease if req else None)
+        if renewal.missing:
+            from rollstack.errors import EnvironmentNotFound
+
+            raise EnvironmentNotFound(f"no live environment {env_id!r}")
+        return renewal
 
     @app.get("/v1/environments", dependencies=auth, response_model=EnvironmentList)
     async def list_environments() -> EnvironmentList:

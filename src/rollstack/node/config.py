@@ -38,7 +38,14 @@ class NodeConfig(BaseModel):
     default_timeout: float = Field(default=3600.0, gt=0)
     """Seconds an environment lives when its plan sets no timeout."""
     reap_interval: float = Field(default=5.0, gt=0)
-    """Seconds between sweeps for expired environments."""
+    """Seconds between sweeps for expired environments (past their lifetime, or whose lease
+    lapsed) and for retries of failed teardowns."""
+    idempotency_ttl: float = Field(default=600.0, gt=0)
+    """Seconds a create's `Idempotency-Key` keeps answering with the same environment(s)."""
+    idempotency_keys: int = Field(default=65536, ge=1)
+    """Most keys remembered (the oldest finished ones are forgotten first)."""
+    destroy_retry_max: float = Field(default=60.0, gt=0)
+    """Longest wait between retries of a failed teardown (the wait doubles from 1 s up to it)."""
     resolve_ttl: float = 300.0
     """Seconds a resolved tag stays cached."""
     materialize_after: int = Field(default=2, ge=0)

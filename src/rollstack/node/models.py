@@ -16,15 +16,53 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+MAX_LEASE = 86400.0
+"""Longest lease a create or renewal may ask for (seconds)."""
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""The create request header naming a retry-safe create (docs/node.md, "Idempotent creates")."""
+
+
 class CreateRequest(BaseModel):
     """`POST /v1/environments`: the plan (the YAML plan as JSON; a mutation may be inline), or a
-    published plan's `NAME:TAG` (resolved from the node's store)."""
+    published plan's `NAME:TAG` (resolved from the node's store). An `Idempotency-Key` header
+    makes a retry of the same request return the same environment(s)."""
 
     model_config = ConfigDict(extra="forbid")
     plan: dict[str, Any] | str
     count: int | None = Field(default=None, ge=1, le=256)
     """N identical environments of the plan in one call (a GRPO group), all or none; the answer
     is then a `CreateGroupResponse`. Absent: one environment, a `CreateResponse`."""
+    lease: float | None = Field(default=None, gt=0, le=MAX_LEASE)
+    """Seconds: the client promises to renew the environment's lease (`POST /v1/leases`) within
+    this; the node reaps it once a lease lapses (`lease_expired`), on top of its lifetime.
+    Absent: no lease, the environment lives its lifetime (plan `timeout`)."""
+
+
+class LeaseRequest(BaseModel):
+    """`POST /v1/environments/{id}/lease`: renew one environment's lease."""
+
+    model_config = ConfigDict(extra="forbid")
+    lease: float | None = Field(default=None, gt=0, le=MAX_LEASE)
+    """Seconds from now; absent: the environment's own lease (an environment without a lease
+    gets one only when this is given)."""
+
+
+class RenewRequest(BaseModel):
+    """`POST /v1/leases`: renew the leases of many environments in one request (an RL client's
+    whole batch)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: list[str] = Field(max_length=100_000)
+    lease: float | None = Field(default=None, gt=0, le=MAX_LEASE)
+    """As in `LeaseRequest`, for every id."""
+
+
+class LeaseRenewal(_Wire):
+    """The answer to a renewal: which ids were renewed, which are not (or no longer) live here
+    (never created, destroyed, reaped: the client stops renewing those)."""
+
+    renewed: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
 
 
 class Timings(_Wire):
@@ -150,10 +188,15 @@ class EnvironmentInfo(_Wire):
 
     id: str
     state: str
-    """creating | running | destroying | destroyed | oom_terminated | failed"""
+    """creating | running | destroying | destroyed | oom_terminated | failed. `destroying` stays
+    until every resource is reclaimed (a failed teardown is retried, `destroy_failed` events)."""
     plan_name: str | None = None
     age: float = 0.0
     timeout: float | None = None
+    lease: float | None = None
+    """The lease in seconds (None: no lease, only the lifetime)."""
+    lease_remaining: float | None = None
+    """Seconds until the lease lapses unless renewed."""
     quotas: Quotas = Field(default_factory=Quotas)
 
 

@@ -19,15 +19,26 @@ from rollstack.node.models import (
     ExecRequest,
     ExecResult,
     Health,
+    LeaseRenewal,
     Stats,
 )
 
 
 class EnvironmentService(Protocol):
-    def create(self, plan: dict[str, Any]) -> CreateResponse: ...
+    def create(self, plan: dict[str, Any], lease: float | None = None,
+               idempotency_key: str | None = None) -> CreateResponse:
+        """`lease`: seconds within which the client renews it (`renew`), else the node reaps it;
+        None: only its lifetime. `idempotency_key`: a retry with the key returns the same
+        environment. (A service may lack both: callers pass them only when set.)"""
+        ...
 
-    def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
+    def create_many(self, plan: dict[str, Any], count: int, lease: float | None = None,
+                    idempotency_key: str | None = None) -> list[CreateResponse]:
         """`count` environments of one plan, all or none (a GRPO group)."""
+        ...
+
+    def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
+        """Renew leases (to `lease` seconds from now if given, else each environment's own)."""
         ...
 
     def list(self) -> list[EnvironmentInfo]: ...

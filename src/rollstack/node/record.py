@@ -2,7 +2,8 @@
 
 States: creating -> running -> destroying -> destroyed; running -> oom_terminated (the
 provisioner ended it for lack of memory; its pieces are still reclaimed by destroy); creating ->
-failed (the create raised; everything it built was torn down).
+failed (the create raised; everything it built was torn down). A teardown that fails leaves the
+record in destroying (listed, its recovery record kept) until a retry reclaims everything.
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ class EnvRecord:
     """The cgroup file counting kernel OOM kills (found on first use)."""
     execs: int = 0
     """Execs in flight (an OOM kill marks them failed); changed under the service's lock."""
+    lease: float | None = None
+    """Seconds the client promised to renew within; None: no lease (only the lifetime)."""
+    lease_until: float | None = None
+    """time.monotonic() at which the lease lapses (set once running, moved by each renewal)."""
+    final: str | None = None
+    """The state a started teardown ends in (destroyed, failed); kept across its retries."""
+    terminated: bool = False
+    """The environment was OOM-terminated before its teardown began (its final state says so)."""
+    teardown_failures: int = 0
+    """Failed teardown attempts so far; the reaper retries at `teardown_retry_at`."""
+    teardown_retry_at: float = 0.0
 
     @property
     def deadline(self) -> float:
@@ -55,6 +67,26 @@ class EnvRecord:
 
     def age(self) -> float:
         return time.monotonic() - self.started_mono
+
+    def renew(self, lease: float | None = None) -> None:
+        """Move the lease's end to now + `lease` (default: its own); no lease, no change."""
+        if lease is not None:
+            self.lease = float(lease)
+        if self.lease is not None:
+            self.lease_until = time.monotonic() + self.lease
+
+    def lapsed(self, now: float) -> bool:
+        return self.lease_until is not None and self.lease_until <= now
+
+    def recovery_doc(self) -> dict[str, Any]:
+        """What `node-envs/<id>.json` keeps for re-adoption after a crash (node.recovery)."""
+        doc: dict[str, Any] = {"plan": self.plan.model_dump(mode="json", exclude_none=True),
+                               "timeout": self.timeout, "started_at": self.started_at}
+        if self.lease is not None:
+            doc["lease"] = self.lease
+        if self.state == DESTROYING:
+            doc["destroying"] = True  # a restart finishes the destroy instead of adopting
+        return doc
 
     def event(self, kind: str, **data: Any) -> None:
         self.events.append({"t": round(time.time(), 3), "type": kind, **data})
@@ -72,4 +104,7 @@ class EnvRecord:
             age=round(self.age(), 3),
             timeout=self.timeout,
             quotas=quotas,
+            lease=self.lease,
+            lease_remaining=None if self.lease_until is None
+            else round(max(0.0, self.lease_until - time.monotonic()), 3),
         )

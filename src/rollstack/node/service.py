@@ -3,7 +3,9 @@
 create = admission -> resolve -> lazy store (TOCs; or a full fetch when the plan says eager) ->
 overlay + mutation + spec + runc (`rollstack.run.environment`) -> register with the provisioner,
 each phase timed. Also exec (plain and streaming), files, diff, evaluate, stats, destroy, list;
-a reaper for expired environments; recovery of a previous run's leftovers on start; a graceful
+a reaper for environments past their lifetime or whose lease lapsed (`renew` keeps a lease
+alive), which also retries failed teardowns until clean; idempotent creates (a key -> the same
+environment, `node.idempotency`); recovery of a previous run's leftovers on start; a graceful
 stop that destroys everything this service owns.
 
 Concurrency: every method blocks and is safe to call from many threads at once. A registry lock
@@ -41,6 +43,7 @@ from rollstack.node import recovery
 from rollstack.node.config import NodeConfig
 from rollstack.node.counters import Counters
 from rollstack.node.execution import stream, to_wire
+from rollstack.node.idempotency import IdempotencyKeys, fingerprint
 from rollstack.node.models import (
     CreateResponse,
     EnvironmentInfo,
@@ -50,6 +53,8 @@ from rollstack.node.models import (
     ExecResult,
     FetchStats,
     Health,
+    MAX_LEASE,
+    LeaseRenewal,
     Quotas,
     Stats,
     Timings,
@@ -61,6 +66,8 @@ log = logging.getLogger(__name__)
 
 _TOMBSTONES = 4096
 """Destroyed ids remembered so that a repeated destroy is a no-op, not a 404."""
+_RETRY_FIRST = 1.0
+"""Seconds before the first retry of a failed teardown (doubling up to `destroy_retry_max`)."""
 
 
 class NodeService:
@@ -75,9 +82,10 @@ class NodeService:
         self._destroyer = ThreadPoolExecutor(max_workers=config.destroy_workers,
                                              thread_name_prefix="rollstack-destroy")
         self._destroys: set[Future] = set()
+        self._keys = IdempotencyKeys(config.idempotency_ttl, config.idempotency_keys)
         self.started_at = time.time()
         self.counters = Counters(("created", "destroyed", "create_failures", "execs", "evaluations", "reaped",
-                                  "lazy_daemon_restarts"))
+                                  "lease_expired", "destroy_failures", "lazy_daemon_restarts"))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -115,7 +123,10 @@ class NodeService:
         rec = EnvRecord(id=env.id, plan=load_plan(doc["plan"]), timeout=float(doc["timeout"]),
                         state=st.RUNNING, runtime=env, started_at=time.time() - age,
                         started_mono=time.monotonic() - age)
+        rec.renew(doc.get("lease"))  # a full lease from now: the client gets to renew it
         rec.event("adopted")
+        if doc.get("destroying"):  # its destroy had failed: finish it, never serve it again
+            rec.state, rec.final, rec.teardown_failures = st.DESTROYING, st.DESTROYED, 1
         with self._lock:
             self._envs[env.id] = rec
         log.info("re-adopted environment %s (age %.0fs)", env.id, age)
@@ -133,15 +144,42 @@ class NodeService:
 
     # -- create -------------------------------------------------------------------------------
 
-    def create(self, plan: dict[str, Any] | Any) -> CreateResponse:
-        return self._create(self._load(plan), internal=False)
+    def create(self, plan: dict[str, Any] | Any, lease: float | None = None,
+               idempotency_key: str | None = None) -> CreateResponse:
+        """One environment. `lease`: seconds within which the client renews it (`renew`), else
+        it is reaped; `idempotency_key`: a retry with it returns the same environment."""
+        lease = _check_lease(lease)
 
-    def create_many(self, plan: dict[str, Any] | Any, count: int) -> list[CreateResponse]:
+        def create() -> CreateResponse:
+            loaded = self._load(plan)
+            return self._create(loaded, internal=False, rec=self._admit(loaded, False, lease))
+
+        if idempotency_key is None:
+            return create()
+        created = self._keys.run(idempotency_key, fingerprint(plan, None, lease), create)
+        self.renew([created.id])  # a retry is a sign of life
+        return created
+
+    def create_many(self, plan: dict[str, Any] | Any, count: int, lease: float | None = None,
+                    idempotency_key: str | None = None) -> list[CreateResponse]:
         """`count` environments of one plan in one call (a GRPO group), all or none; the shared
-        work (resolve, layer TOCs) is done once (`rollstack.node.fanout`)."""
+        work (resolve, layer TOCs) is done once (`rollstack.node.fanout`). `lease` and
+        `idempotency_key` as in `create`."""
         from rollstack.node.fanout import create_group
 
-        return create_group(self, self._load(plan), count)
+        lease = _check_lease(lease)
+
+        def create() -> list[CreateResponse]:
+            group = create_group(self, self._load(plan), count)
+            if lease is not None:
+                self.renew([c.id for c in group], lease)
+            return group
+
+        if idempotency_key is None:
+            return create()
+        group = self._keys.run(idempotency_key, fingerprint(plan, count, lease), create)
+        self.renew([c.id for c in group])
+        return group
 
     def _load(self, plan: dict[str, Any] | Any) -> Any:
         from rollstack.plan.model import load_plan
@@ -180,12 +218,10 @@ class NodeService:
             with rec.lock:
                 if rec.state == st.CREATING:
                     rec.state = st.RUNNING
+                    rec.renew()  # the lease runs from the moment the client can use it
             rec.event("created", total=timings.total)
             if not internal:
-                recovery.save_record(self.config.root, rec.id, {
-                    "plan": rec.plan.model_dump(mode="json", exclude_none=True),
-                    "timeout": rec.timeout, "started_at": rec.started_at,
-                })
+                recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
             self.counters.bump("created")
             return rec.created
         except BaseException:
@@ -196,10 +232,10 @@ class NodeService:
                 log.exception("cleaning up the failed create of %s failed", rec.id)
             raise
 
-    def _admit(self, plan: Any, internal: bool) -> EnvRecord:
+    def _admit(self, plan: Any, internal: bool, lease: float | None = None) -> EnvRecord:
         env_id = f"e{uuid.uuid4().hex[:12]}"
         timeout = float(plan.timeout or self.config.default_timeout)
-        rec = EnvRecord(id=env_id, plan=plan, timeout=timeout, internal=internal)
+        rec = EnvRecord(id=env_id, plan=plan, timeout=timeout, internal=internal, lease=lease)
         with self._lock:
             live = sum(1 for r in self._envs.values() if r.state in st.LIVE_STATES)
             if live >= self.config.max_environments:
@@ -254,7 +290,7 @@ class NodeService:
     def _destroy_done(self, future: Future) -> None:
         with self._lock:
             self._destroys.discard(future)
-        if future.exception() is not None:  # the next start's recovery reclaims what is left
+        if future.exception() is not None:  # the reaper retries it (_teardown_failed)
             log.error("background destroy failed: %s", future.exception())
 
     def wait_destroyed(self, timeout: float | None = None) -> bool:
@@ -264,34 +300,61 @@ class NodeService:
         done, not_done = futures_wait(pending, timeout=timeout)
         return not not_done
 
-    def _teardown(self, rec: EnvRecord, final: str, terminated: bool | None = None) -> None:
+    def _teardown(self, rec: EnvRecord, final: str, terminated: bool | None = None) -> bool:
+        """Reclaim everything of `rec`; True once clean. A failure leaves it `destroying`, listed
+        and with its recovery record, and the reaper retries it (`_teardown_failed`); the first
+        call's `final` state and OOM ending hold for the retries."""
         with rec.lock:
             if rec.state in (st.DESTROYED, st.FAILED):
-                return
-            if terminated is None:
-                terminated = rec.state == st.OOM_TERMINATED
+                return True
+            if rec.final is None:
+                rec.final = final
+                rec.terminated = rec.state == st.OOM_TERMINATED if terminated is None else terminated
             rec.state = st.DESTROYING
             try:
                 if self.stages is not None:
                     self.stages.teardown(rec)
-            finally:
-                recovery.drop_record(self.config.root, rec.id)
-                rec.state = st.OOM_TERMINATED if terminated and final == st.DESTROYED else final
-                rec.event("destroyed")
-                with self._lock:
-                    self._envs.pop(rec.id, None)
-                    self._gone[rec.id] = rec.state
-                    while len(self._gone) > _TOMBSTONES:
-                        self._gone.pop(next(iter(self._gone)))
-                if final == st.DESTROYED:
-                    self.counters.bump("destroyed")
+            except BaseException as exc:
+                self._teardown_failed(rec, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return False
+            recovery.drop_record(self.config.root, rec.id)
+            rec.state = st.OOM_TERMINATED if rec.terminated and rec.final == st.DESTROYED else rec.final
+            rec.event("destroyed")
+            with self._lock:
+                self._envs.pop(rec.id, None)
+                self._gone[rec.id] = rec.state
+                while len(self._gone) > _TOMBSTONES:
+                    self._gone.pop(next(iter(self._gone)))
+            if rec.final == st.DESTROYED:
+                self.counters.bump("destroyed")
+            return True
+
+    def _teardown_failed(self, rec: EnvRecord, exc: BaseException) -> None:
+        """Keep `rec` destroying and schedule the next attempt (backoff doubling from 1 s)."""
+        rec.teardown_failures += 1
+        wait = min(self.config.destroy_retry_max, _RETRY_FIRST * 2 ** (rec.teardown_failures - 1))
+        rec.teardown_retry_at = time.monotonic() + wait
+        rec.event("destroy_failed", error=f"{type(exc).__name__}: {exc}", attempt=rec.teardown_failures,
+                  retry_in=round(wait, 3))
+        self.counters.bump("destroy_failures")
+        log.warning("destroying %s failed (attempt %d), retrying in %.0f s: %s",
+                    rec.id, rec.teardown_failures, wait, exc)
+        if not rec.internal:  # a restart must finish this destroy, not adopt the environment
+            try:
+                recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
+            except OSError:
+                log.exception("keeping the recovery record of %s failed", rec.id)
 
     # -- queries ------------------------------------------------------------------------------
 
-    def _get(self, env_id: str) -> EnvRecord:
+    def _get(self, env_id: str, destroying: bool = False) -> EnvRecord:
+        """The record; one being destroyed only for `destroying` readers (info, stats): for
+        everything else it is gone."""
         with self._lock:
             rec = self._envs.get(env_id)
-        if rec is not None and rec.state == st.DESTROYING:  # destroyed; the rest is cleanup
+        if rec is not None and rec.state == st.DESTROYING and not destroying:
             raise EnvironmentNotFound(f"environment {env_id!r} was destroyed")
         if rec is None:
             state = self._gone.get(env_id)
@@ -317,13 +380,35 @@ class NodeService:
         return port_target(self._running(env_id), port)
 
     def info(self, env_id: str) -> EnvironmentInfo:
-        rec = self._get(env_id)
+        """Also of an environment being destroyed (`destroying` until everything is reclaimed)."""
+        rec = self._get(env_id, destroying=True)
         return rec.info(self._quotas(rec))
 
     def list(self) -> list[EnvironmentInfo]:
+        """Every environment clients created, `destroying` ones included (their resources remain
+        until their teardown is clean)."""
         with self._lock:
-            recs = [r for r in self._envs.values() if not r.internal and r.state != st.DESTROYING]
+            recs = [r for r in self._envs.values() if not r.internal]
         return [r.info(self._quotas(r)) for r in sorted(recs, key=lambda r: r.started_mono)]
+
+    def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
+        """Renew the leases of `env_ids` (to `lease` seconds from now if given, which also gives
+        an environment without a lease one; else each its own). Ids not live here are `missing`."""
+        lease = _check_lease(lease)
+        with self._lock:
+            recs = [(i, self._envs.get(i)) for i in env_ids]
+        out = LeaseRenewal()
+        for env_id, rec in recs:
+            if rec is None or rec.internal or rec.state not in st.LIVE_STATES:
+                out.missing.append(env_id)
+                continue
+            changed = lease is not None and lease != rec.lease
+            rec.renew(lease)
+            if changed and rec.state != st.CREATING:
+                rec.event("lease_set", seconds=lease)
+                recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
+            out.renewed.append(env_id)
+        return out
 
     def _quotas(self, rec: EnvRecord) -> Quotas | None:
         if self.stages is None:
@@ -331,7 +416,7 @@ class NodeService:
         return self.stages.quotas(rec.id)
 
     def stats(self, env_id: str) -> Stats:
-        rec = self._get(env_id)
+        rec = self._get(env_id, destroying=True)
         history, events = self._stages().history(rec.id)
         merged = sorted([*rec.events, *events], key=lambda e: e.get("t", 0.0))
         return Stats(history=history, events=merged, state=rec.state)
@@ -352,6 +437,9 @@ class NodeService:
         out["environments_max"] = float(self.config.max_environments)
         with self._lock:
             out["destroys_pending"] = float(len(self._destroys))
+            recs = list(self._envs.values())
+        out["destroys_failing"] = float(sum(1 for r in recs if r.state == st.DESTROYING and r.teardown_failures))
+        out["environments_leased"] = float(sum(1 for r in recs if r.lease is not None and r.state in st.LIVE_STATES))
         if self.stages is not None:
             out.update(self.stages.metrics())
         return out
@@ -431,10 +519,7 @@ class NodeService:
         rec.timeout = rec.age() + float(seconds)
         rec.event("timeout_set", seconds=float(seconds))
         if not rec.internal:
-            recovery.save_record(self.config.root, rec.id, {
-                "plan": rec.plan.model_dump(mode="json", exclude_none=True),
-                "timeout": rec.timeout, "started_at": rec.started_at,
-            })
+            recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
         return rec.info(self._quotas(rec))
 
     def _check_kernel_oom(self, rec: EnvRecord, stages: Stages, kills_before: int) -> None:
@@ -570,12 +655,38 @@ class NodeService:
             log.exception("restarting the lazy store daemon failed")
 
     def reap_expired(self) -> list[str]:
-        """Destroy every environment past its timeout; returns their ids."""
+        """Destroy every environment past its timeout or whose lease lapsed (returns their ids);
+        retry the failed teardowns that are due."""
         now = time.monotonic()
         with self._lock:
-            expired = [r.id for r in self._envs.values() if r.state != st.CREATING and r.deadline <= now]
-        for env_id in expired:
-            log.info("environment %s expired; destroying", env_id)
-            self._destroy_quietly(env_id)
+            ready = [r for r in self._envs.values() if r.state not in (st.CREATING, st.DESTROYING)]
+            due = [r for r in self._envs.values()
+                   if r.state == st.DESTROYING and r.teardown_failures and r.teardown_retry_at <= now]
+        reaped = []
+        for rec in ready:
+            if rec.deadline <= now:
+                log.info("environment %s expired; destroying", rec.id)
+                rec.event("expired", timeout=rec.timeout)
+            elif rec.lapsed(now):
+                log.info("the lease of environment %s lapsed; destroying", rec.id)
+                rec.event("lease_expired", lease=rec.lease)
+                self.counters.bump("lease_expired")
+            else:
+                continue
+            self._destroy_quietly(rec.id)
             self.counters.bump("reaped")
-        return expired
+            reaped.append(rec.id)
+        for rec in due:
+            if self._stopping.is_set():
+                break
+            log.info("retrying the destroy of %s (attempt %d)", rec.id, rec.teardown_failures + 1)
+            self._teardown(rec, rec.final or st.DESTROYED)
+        return reaped
+
+
+def _check_lease(lease: float | None) -> float | None:
+    if lease is None:
+        return None
+    if not 0 < float(lease) <= MAX_LEASE:
+        raise InvalidRequest(f"a lease is 0 < seconds <= {MAX_LEASE:.0f}, not {lease}")
+    return float(lease)

@@ -39,10 +39,10 @@ from rollstack.node.api import create_app
 class SlowFake(FakeService):
     # answers after a random delay, so requests overlap and connections go idle unevenly
     lock = threading.Lock()
-    def create(self, plan):
+    def create(self, plan, **options):
         time.sleep(random.random() * 0.5)
         with self.lock:
-            return super().create(plan)
+            return super().create(plan, **options)
     def destroy(self, env_id):
         with self.lock:
             return super().destroy(env_id)

@@ -242,7 +242,7 @@ def test_async_create_with_count_is_one_call_all_or_none(service: FakeService) -
             group = await client.create(PLAN, count=2)
             assert isinstance(group, list) and len(group) == 2
             assert len({e.id for e in group}) == 2 and all(e.created is not None for e in group)
-            assert posts == [{"plan": plan_to_wire(PLAN), "count": 2}]
+            assert posts == [{"plan": plan_to_wire(PLAN), "count": 2, "lease": 60.0}]  # the client's default lease
             assert sorted(e.id for e in await client.list()) == sorted(e.id for e in group)
             with pytest.raises(errors.InsufficientCapacity):  # the node holds 2: none of 2 more
                 await client.create(PLAN, count=2)

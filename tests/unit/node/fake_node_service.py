@@ -14,6 +14,7 @@ from rollstack.node.models import (
     ExecRequest,
     ExecResult,
     Health,
+    LeaseRenewal,
     Stats,
     Timings,
 )
@@ -26,25 +27,44 @@ class FakeService:
         self.destroyed: set[str] = set()
         self.ids = itertools.count(1)
         self.last_exec: ExecRequest | None = None
+        self.leases: dict[str, float] = {}
+        self.renewals: list[list[str]] = []
+        self.keys: dict[str, CreateResponse] = {}
+        self.create_options: list[dict[str, Any]] = []
 
     def _env(self, env_id: str) -> dict[str, bytes]:
         if env_id not in self.envs:
             raise EnvironmentNotFound(f"no environment {env_id}")
         return self.envs[env_id]
 
-    def create(self, plan: dict[str, Any]) -> CreateResponse:
+    def create(self, plan: dict[str, Any], **options: Any) -> CreateResponse:
+        self.create_options.append(options)
+        key = options.get("idempotency_key")
+        if key in self.keys:
+            return self.keys[key]
         if "groups" not in plan:
             raise PlanInvalid("plan has no groups")
         if len(self.envs) >= self.max:
             raise InsufficientCapacity("full")
         env_id = f"env-{next(self.ids)}"
         self.envs[env_id] = {}
-        return CreateResponse(id=env_id, timings=Timings(total=0.01))
+        if options.get("lease") is not None:
+            self.leases[env_id] = options["lease"]
+        created = CreateResponse(id=env_id, timings=Timings(total=0.01))
+        if key is not None:
+            self.keys[key] = created
+        return created
 
-    def create_many(self, plan: dict[str, Any], count: int) -> list[CreateResponse]:
+    def create_many(self, plan: dict[str, Any], count: int, **options: Any) -> list[CreateResponse]:
         if len(self.envs) + count > self.max:
             raise InsufficientCapacity("full")
-        return [self.create(plan) for _ in range(count)]
+        lease = {"lease": options["lease"]} if "lease" in options else {}
+        return [self.create(plan, **lease) for _ in range(count)]
+
+    def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
+        self.renewals.append(list(env_ids))
+        return LeaseRenewal(renewed=[i for i in env_ids if i in self.envs],
+                            missing=[i for i in env_ids if i not in self.envs])
 
     def list(self) -> list[EnvironmentInfo]:
         return [self.info(i) for i in self.envs]
