@@ -5,34 +5,40 @@ stable `code` (the string the CLI prints, the HTTP API returns and the SDK maps 
 and an HTTP `status`. Lower-level errors are translated once, at the boundary that sees them:
 OSError -> errno in FUSE ops, httpx -> `RegistryError` in the registry client, `RollstackError` ->
 HTTP status + JSON in the node agent, -> one `error: <code>: <message>` line in the CLI.
+`retryable` (also on the wire: `{"code", "message", "retryable"}`) says whether the same call
+may succeed later or elsewhere; the ones marked (R) below are, every other code is not.
 
     RollstackError
     ├── InvalidRequest            invalid_request       400
     │   ├── PlanInvalid           plan_invalid          422
     │   ├── IdempotencyConflict   idempotency_conflict  409   (a create's key reused for another request)
     │   ├── UnsafePath            unsafe_path           400
-    │   └── SourceInvalid         source_invalid        400   (bad tarball / directory to convert)
+    │   ├── SourceInvalid         source_invalid        400   (bad tarball / directory to convert)
+    │   └── AlreadyExists         already_exists        409   (creating what is there already)
     ├── NotFound                  not_found             404
     │   ├── GroupNotFound         group_not_found       404
     │   ├── BlobNotFound          blob_not_found        404
     │   ├── ManifestNotFound      manifest_not_found    404
-    │   └── EnvironmentNotFound   environment_not_found 404
+    │   ├── EnvironmentNotFound   environment_not_found 404
+    │   ├── TemplateNotFound      template_not_found    404   (an E2B templateID / published plan)
+    │   └── SandboxNotFound       sandbox_not_found     404   (an E2B sandbox id)
     ├── FormatError               format_error          422   (a blob that is not a valid layer)
     │   └── IntegrityError        integrity_error       502   (bytes do not match their digest)
     ├── RegistryError             registry_error        502
-    │   ├── RegistryUnavailable   registry_unavailable  503
+    │   ├── RegistryUnavailable   registry_unavailable  503   (R: the registry is away)
     │   └── RegistryAuthError     registry_auth         502
     ├── Unauthorized              unauthorized          401
-    ├── InsufficientCapacity      insufficient_capacity 503
+    ├── InsufficientCapacity      insufficient_capacity 503   (R: capacity frees as envs end)
     ├── MutationFailed            mutation_failed       422
     ├── ExecTimeout               exec_timeout          504
+    ├── CommandFailed             command_failed        422   (check=True and a non-zero exit)
     ├── OomTerminated             oom_terminated        409
     ├── EnvironmentGone           environment_gone      409
     ├── RuntimeFailure            runtime_error         500
     ├── PortUnavailable           port_unavailable      502   (an exposed port nobody listens on)
-    ├── NodeUnavailable           node_unavailable      503
-    │   ├── NodeLost              node_lost             503   (retryable: the env's node died)
-    │   └── ClusterUnavailable    cluster_unavailable   503   (no Ray cluster / no rollstack node)
+    ├── NodeUnavailable           node_unavailable      503   (R: the node is restarting)
+    │   ├── NodeLost              node_lost             503   (R: the env's node died; resample)
+    │   └── ClusterUnavailable    cluster_unavailable   503   (R: no Ray cluster / no rollstack node)
     ├── RootInUse                 root_in_use           409   (a live agent holds the node root)
     └── InternalError             internal_error        500
 """
@@ -56,7 +62,7 @@ class RollstackError(Exception):
         self.details = details
 
     def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        body: dict[str, Any] = {"code": self.code, "message": self.message, "retryable": self.retryable}
         if self.details:
             body["details"] = self.details
         return body
@@ -140,6 +146,7 @@ class RegistryError(RollstackError):
 
 class RegistryUnavailable(RegistryError, ConnectionError):
     code, status = "registry_unavailable", 503
+    retryable = True
 
 
 class RegistryAuthError(RegistryError, PermissionError):
@@ -152,6 +159,7 @@ class Unauthorized(RollstackError, PermissionError):
 
 class InsufficientCapacity(RollstackError):
     code, status = "insufficient_capacity", 503
+    retryable = True
 
 
 class MutationFailed(RollstackError):
@@ -186,6 +194,7 @@ class PortUnavailable(RollstackError):
 
 class NodeUnavailable(RollstackError, ConnectionError):
     code, status = "node_unavailable", 503
+    retryable = True
 
 
 class NodeLost(NodeUnavailable):
@@ -231,4 +240,5 @@ def from_dict(body: dict[str, Any]) -> RollstackError:
     err = cls(str(body.get("message", "")), **(body.get("details") or {}))
     if cls is RollstackError:
         err.code = str(body.get("code", "rollstack_error"))
+        err.retryable = bool(body.get("retryable", False))  # a newer node's code we do not know
     return err

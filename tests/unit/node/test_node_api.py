@@ -42,7 +42,8 @@ def test_healthz_needs_no_token(http: TestClient) -> None:
 def test_everything_else_needs_the_token(http: TestClient, headers: dict, method: str, path: str) -> None:
     r = http.request(method, path, headers=headers, json={"plan": PLAN})
     assert r.status_code == 401
-    assert r.json() == {"error": {"code": "unauthorized", "message": "missing or wrong bearer token"}}
+    assert r.json() == {"error": {"code": "unauthorized", "message": "missing or wrong bearer token",
+                                    "retryable": False}}
     assert r.headers["www-authenticate"] == "Bearer"
 
 
@@ -109,7 +110,8 @@ def test_exec_stream_error_midway_is_the_last_line(http: TestClient) -> None:
     env_id = create(http)
     with http.stream("POST", f"/v1/environments/{env_id}/exec/stream", json={"argv": ["explode"]}, headers=AUTH) as r:
         lines = [json.loads(line) for line in r.iter_lines() if line]
-    assert lines[-1] == {"type": "error", "error": {"code": "plan_invalid", "message": "boom mid-stream"}}
+    assert lines[-1] == {"type": "error", "error": {"code": "plan_invalid", "message": "boom mid-stream",
+                                                             "retryable": False}}
 
 
 def test_exec_stream_unknown_env_is_404(http: TestClient) -> None:

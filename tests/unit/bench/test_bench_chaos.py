@@ -1,0 +1,36 @@
+"""`bench chaos`'s pure parts: which lost rollouts a fault hit, and the agent's flatness."""
+
+from __future__ import annotations
+
+from rollstack.bench.chaos import Rollout, attribute, flatness
+from rollstack.bench.chaos_faults import Fault
+
+
+def _r(start: float, end: float, error: str | None, *envs: str) -> Rollout:
+    return Rollout("w0", start, end, list(envs), error)
+
+
+def test_a_rollout_is_lost_to_a_fault_only_when_the_fault_hit_it() -> None:
+    faults = [Fault("kill_env_init", 10, 10.1, target="e1"),
+              Fault("kill_agent", 20, 22),  # node-wide: its window, plus the grace
+              Fault("kill_exec_shim", 30, 30, target="e9", skipped=True)]
+    rollouts = [
+        _r(0, 5, None, "e0"),  # completed: not counted
+        _r(8, 12, "environment_gone", "e1"),  # its environment was the target
+        _r(21, 23, "node_unavailable", "e2"),  # during the agent's restart
+        _r(26, 27, "node_unavailable", "e3"),  # within the grace after it
+        _r(40, 41, "runtime_error", "e4"),  # nothing hit it: ours
+        _r(29, 31, "environment_gone", "e9"),  # the only fault on it was skipped: ours
+        _r(21, 22, "internal_error", "e5"),  # a bug is never a fault's doing
+    ]
+    out = attribute(rollouts, faults, grace=5.0)
+    assert out["lost_to_faults"] == 3 and out["lost_unattributed"] == 3
+    assert sorted(u["envs"][0] for u in out["unattributed"]) == ["e4", "e5", "e9"]
+
+
+def test_flatness_compares_the_first_and_last_quarters() -> None:
+    samples = [(float(t), 100 + (t // 10), 50 << 20) for t in range(40)]
+    out = flatness(samples)
+    assert out["fds_first_quarter"] == 100 and out["fds_last_quarter"] == 103
+    assert out["rss_mb_first_quarter"] == out["rss_mb_last_quarter"] == 50.0
+    assert flatness(samples[:3]) == {"samples": 3}
