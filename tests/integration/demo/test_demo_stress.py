@@ -42,6 +42,7 @@ def published() -> tuple[object, str]:
 
 def test_demo_on_a_cold_node_loses_no_rollout(published: tuple[object, str], tmp_path: Path) -> None:
     from rollstack.demo.runner import run_demo
+    from rollstack.node.doctor import scan
 
     corpus, spec = published
     tasks = min(len(corpus.tasks), 4)
@@ -55,6 +56,8 @@ def test_demo_on_a_cold_node_loses_no_rollout(published: tuple[object, str], tmp
             assert not errors, f"round {i}: {errors}"
             assert doc["summary"]["rollouts"] == tasks * 2
             assert not any(doc["leftovers"].values()), f"round {i}: {doc['leftovers']}"
+            _, found = scan([tmp_path / f"node{i}"])  # and `rollstack node doctor` agrees
+            assert not found, [f.to_dict() for f in found]
             assert all(r["reward"] == 1.0 for r in doc["rollouts"]), doc["rollouts"]
     assert not audit.ebadf, audit.report()
     # every descriptor the node, its store and its rollouts opened is closed again (a little

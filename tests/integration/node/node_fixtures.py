@@ -25,7 +25,7 @@ def publish_corpus(store_dir: Path, work: Path) -> str:
 def serve_node(root: Path, store: str, token: str, **config: Any) -> Iterator[tuple[Any, Any]]:
     """A started `NodeService` under `root` (`NodeConfig(root, store, **config)`) with its HTTP
     API on a loopback port: (service, server). Stopped on exit, also on failure; after a clean
-    exit the node must have left nothing under `root`."""
+    exit the node must have left nothing under `root`, by our own count and `node doctor`'s."""
     from rollstack.node.api import create_app
     from rollstack.node.config import NodeConfig
     from rollstack.node.server import BackgroundServer
@@ -39,6 +39,15 @@ def serve_node(root: Path, store: str, token: str, **config: Any) -> Iterator[tu
     finally:
         service.stop()
     assert not any(leftovers(root).values()), leftovers(root)
+    doctor_clean(root)
+
+
+def doctor_clean(root: Path) -> None:
+    """`rollstack node doctor` finds nothing left under `root` (the node is stopped)."""
+    from rollstack.node.doctor import scan
+
+    _, found = scan([root])
+    assert not found, [f.to_dict() for f in found]
 
 
 _IDS: dict[str, set[str]] = {}
