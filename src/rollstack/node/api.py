@@ -52,6 +52,15 @@ DEFAULT_THREADS = 256
 """Worker threads for blocking service calls (a parked exec holds one for its whole run)."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {"default": {"model": ErrorBody, "description": "error"}}
+_RAW_BODY = {"requestBody": {"required": False, "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+"""The files API's upload: raw bytes (read from the request, not a model)."""
+
+
+def _raw(status: int, media_type: str) -> dict[int | str, dict[str, Any]]:
+    """A route's non-JSON answer. Documented here rather than by `response_class`, which would
+    make FastAPI document the route's JSON error answers in that media type too."""
+    return {status: {"description": "raw body", "content": {media_type: {"schema": {"type": "string"}}}}}
 
 
 def create_app(
@@ -117,7 +126,7 @@ def create_app(
 
         return await call("node", node_info, service)
 
-    @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
+    @app.get("/metrics", dependencies=auth, response_class=Response, responses=_raw(200, "text/plain"))
     async def prometheus() -> Response:
         body, content_type = await call("metrics", metrics.render)
         return Response(body, media_type=content_type)
@@ -183,12 +192,13 @@ def create_app(
             _ndjson(first, chunks, limiter()), media_type="application/x-ndjson"
         )
 
-    @app.get("/v1/environments/{env_id}/files", dependencies=auth, response_class=Response)
+    @app.get("/v1/environments/{env_id}/files", dependencies=auth, response_class=Response,
+             responses=_raw(200, "application/octet-stream"))
     async def read_file(env_id: str, path: str = Query(..., min_length=1)) -> Response:
         data = await call("read_file", service.read_file, env_id, path)
         return Response(data, media_type="application/octet-stream")
 
-    @app.put("/v1/environments/{env_id}/files", dependencies=auth, status_code=204)
+    @app.put("/v1/environments/{env_id}/files", dependencies=auth, status_code=204, openapi_extra=_RAW_BODY)
     async def write_file(env_id: str, request: Request, path: str = Query(..., min_length=1)) -> Response:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body:
@@ -197,7 +207,8 @@ def create_app(
         await call("write_file", service.write_file, env_id, path, data)
         return Response(status_code=204)
 
-    @app.get("/v1/environments/{env_id}/diff", dependencies=auth, response_class=PlainTextResponse)
+    @app.get("/v1/environments/{env_id}/diff", dependencies=auth, response_class=Response,
+             responses=_raw(200, "text/plain"))
     async def diff(env_id: str, binary: Literal["name", "patch"] = "name") -> PlainTextResponse:
         return PlainTextResponse(await call("diff", service.diff, env_id, binary))
 

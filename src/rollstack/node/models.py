@@ -7,9 +7,9 @@ follow interface.md (`env create --json`, exec, evaluate, stats, the error body)
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 class _Wire(BaseModel):
     # Unknown fields from a newer peer are kept, not rejected: the contract may only grow.
@@ -18,6 +18,9 @@ class _Wire(BaseModel):
 
 MAX_LEASE = 86400.0
 """Longest lease a create or renewal may ask for (seconds)."""
+Number = Annotated[float, Strict()]
+"""A JSON number in a request (`true` is not 1 second: lax pydantic would take a bool for 1.0)."""
+Count = Annotated[int, Strict()]
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 """The create request header naming a retry-safe create (docs/node.md, "Idempotent creates")."""
 
@@ -29,10 +32,10 @@ class CreateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     plan: dict[str, Any] | str
-    count: int | None = Field(default=None, ge=1, le=256)
+    count: Count | None = Field(default=None, ge=1, le=256)
     """N identical environments of the plan in one call (a GRPO group), all or none; the answer
     is then a `CreateGroupResponse`. Absent: one environment, a `CreateResponse`."""
-    lease: float | None = Field(default=None, gt=0, le=MAX_LEASE)
+    lease: Number | None = Field(default=None, gt=0, le=MAX_LEASE)
     """Seconds: the client promises to renew the environment's lease (`POST /v1/leases`) within
     this; the node reaps it once a lease lapses (`lease_expired`), on top of its lifetime.
     Absent: no lease, the environment lives its lifetime (plan `timeout`)."""
@@ -42,7 +45,7 @@ class LeaseRequest(BaseModel):
     """`POST /v1/environments/{id}/lease`: renew one environment's lease."""
 
     model_config = ConfigDict(extra="forbid")
-    lease: float | None = Field(default=None, gt=0, le=MAX_LEASE)
+    lease: Number | None = Field(default=None, gt=0, le=MAX_LEASE)
     """Seconds from now; absent: the environment's own lease (an environment without a lease
     gets one only when this is given)."""
 
@@ -53,7 +56,7 @@ class RenewRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     ids: list[str] = Field(max_length=100_000)
-    lease: float | None = Field(default=None, gt=0, le=MAX_LEASE)
+    lease: Number | None = Field(default=None, gt=0, le=MAX_LEASE)
     """As in `LeaseRequest`, for every id."""
 
 
@@ -135,7 +138,7 @@ class ExecRequest(BaseModel):
     """Working directory inside the environment (default: the plan's workdir)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables, on top of the plan's."""
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: Number | None = Field(default=None, gt=0)
     """Seconds; on expiry the whole process tree is killed and `timed_out` is reported. None: no
     limit of its own (the environment's lifetime still ends it)."""
     stdin: str | None = None
