@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_MAX_FILE = 1 << 30
+UNSUPPORTED = frozenset({"pause", "resume", "refreshes", "snapshots", "fork", "metrics", "logs", "network"})
+"""E2B's routes under `/sandboxes/{id}/` that rollstack does not implement (501); any other is 404."""
 
 
 def e2b_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -50,7 +52,8 @@ def error_from(exc: BaseException) -> JSONResponse:
 
 
 def create_control_app(table: SandboxTable, service: Any, token: str | None, threads: int = 64) -> FastAPI:
-    app = FastAPI(title="rollstack E2B-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="rollstack E2B-compatible API", docs_url=None, redoc_url=None, openapi_url=None,
+                  responses={"default": {"model": E2BError, "description": "E2B's error body"}})
     limiter: dict[str, anyio.CapacityLimiter] = {}
     max_file = int(getattr(getattr(service, "config", None), "max_file_bytes", DEFAULT_MAX_FILE))
 
@@ -137,7 +140,10 @@ def create_control_app(table: SandboxTable, service: Any, token: str | None, thr
 
     @app.api_route("/sandboxes/{sandbox_id}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"], dependencies=auth)
     async def unsupported(sandbox_id: str, rest: str) -> JSONResponse:
-        return e2b_error(501, f"{rest.split('/')[0]!r} is not supported by rollstack (see docs/e2b.md)")
+        feature = rest.split("/")[0]
+        if feature not in UNSUPPORTED:  # not an E2B route at all: no such thing, not "not implemented"
+            raise StarletteHTTPException(404, f"no route /sandboxes/{{sandbox_id}}/{feature}")
+        return e2b_error(501, f"{feature!r} is not supported by rollstack (see docs/e2b.md)")
 
     # -- envd HTTP: /health, /files ---------------------------------------------------------
 
@@ -151,14 +157,18 @@ def create_control_app(table: SandboxTable, service: Any, token: str | None, thr
             raise NotFound("sandbox was not found")
         return box.id
 
-    @app.get("/files")
+    @app.get("/files", response_class=Response, responses={200: {"description": "the file's bytes", "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     async def read_file(request: Request, path: str = Query(..., min_length=1)) -> Response:
         sandbox_id = box_of(request)
         split_request(path)
         data = await call(service.read_file, sandbox_id, _abs(path))
         return Response(data, media_type="application/octet-stream")
 
-    @app.post("/files")
+    @app.post("/files", response_model=list[WrittenFile], openapi_extra={"requestBody": {"required": False, "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        "multipart/form-data": {"schema": {"type": "object", "properties": {
+            "file": {"type": "string", "format": "binary"}}}}}}})
     async def write_files(request: Request, path: str | None = Query(None)) -> JSONResponse:
         sandbox_id = box_of(request)
         if any(k.lower().startswith("x-metadata-") for k in request.headers):
