@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
 
-EXAMPLES = int(os.environ.get("ROLLSTACK_FUZZ_EXAMPLES", "15"))
+EXAMPLES = int(os.environ.get("ROLLSTACK_FUZZ_EXAMPLES", "60"))
 """Generated requests per operation and generation mode."""
 
 
