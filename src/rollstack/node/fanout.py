@@ -191,3 +191,5 @@ def _release(service: "NodeService", recs: list[Any]) -> None:
             service._teardown(rec, final=st.FAILED)
         except Exception:  # noqa: BLE001 - nothing was built; the admission error is the one to report
             log.exception("releasing the admission of %s failed", rec.id)
+        finally:
+            rec.built.set()  # no create will build it: a destroy from elsewhere need not wait

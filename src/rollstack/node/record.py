@@ -27,6 +27,12 @@ LIVE_STATES = (CREATING, RUNNING, OOM_TERMINATED)
 """States that hold node resources (count against admission)."""
 
 
+def _done() -> threading.Event:
+    e = threading.Event()
+    e.set()
+    return e
+
+
 @dataclass
 class EnvRecord:
     id: str
@@ -60,6 +66,9 @@ class EnvRecord:
     teardown_failures: int = 0
     """Failed teardown attempts so far; the reaper retries at `teardown_retry_at`."""
     teardown_retry_at: float = 0.0
+    built: threading.Event = field(default_factory=_done)
+    """Clear while a create builds the environment (`NodeService._admit` to the end of
+    `_create`): a destroy from elsewhere waits for it instead of tearing mounts down under it."""
 
     @property
     def deadline(self) -> float:

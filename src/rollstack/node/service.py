@@ -64,6 +64,8 @@ from rollstack.node.stages import Stages
 
 log = logging.getLogger(__name__)
 
+BUILD_WAIT = 600.0
+"""Seconds a destroy waits for the create still building its environment."""
 _TOMBSTONES = 4096
 """Destroyed ids remembered so that a repeated destroy is a no-op, not a 404."""
 _RETRY_FIRST = 1.0
@@ -206,6 +208,8 @@ class NodeService:
         try:
             built = stages.build(rec, timings, prepared)
             rec.runtime, rec.refs = built.runtime, built.refs
+            if rec.state == st.DESTROYING:  # a destroy came while we built: it waits for us (built)
+                raise EnvironmentGone(f"environment {rec.id} was destroyed while it was being created")
             timings.total = round(time.perf_counter() - t0, 6)
             rec.created = CreateResponse(
                 id=rec.id,
@@ -231,12 +235,17 @@ class NodeService:
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
                 log.exception("cleaning up the failed create of %s failed", rec.id)
             raise
+        finally:
+            rec.built.set()
 
     def _admit(self, plan: Any, internal: bool, lease: float | None = None) -> EnvRecord:
         env_id = f"e{uuid.uuid4().hex[:12]}"
         timeout = float(plan.timeout or self.config.default_timeout)
         rec = EnvRecord(id=env_id, plan=plan, timeout=timeout, internal=internal, lease=lease)
+        rec.built.clear()  # set by `_create` (or fanout's release of an unbuilt record)
         with self._lock:
+            if self._stopping.is_set():  # stop() has listed what it destroys: admit nothing more
+                raise EnvironmentGone("the node service is stopping")
             live = sum(1 for r in self._envs.values() if r.state in st.LIVE_STATES)
             if live >= self.config.max_environments:
                 raise InsufficientCapacity(
@@ -273,6 +282,7 @@ class NodeService:
                     return
                 raise EnvironmentNotFound(f"no environment {env_id!r}")
         if wait if wait is not None else not self.config.async_destroy:
+            self._await_build(rec)
             self._teardown(rec, final=st.DESTROYED)
             return
         with rec.lock:
@@ -282,10 +292,21 @@ class NodeService:
             rec.state = st.DESTROYING
         if self.stages is not None:
             self.stages.release(rec)
-        future = self._destroyer.submit(self._teardown, rec, st.DESTROYED, terminated)
+        future = self._destroyer.submit(self._teardown_built, rec, terminated)
         with self._lock:
             self._destroys.add(future)
         future.add_done_callback(self._destroy_done)
+
+    def _await_build(self, rec: EnvRecord) -> None:
+        """Wait until no create is building `rec` (a destroy racing its create: the teardown
+        would unmount what the build still mounts). The build's own steps are bounded; past
+        BUILD_WAIT we tear down anyway (and say so)."""
+        if not rec.built.wait(BUILD_WAIT):
+            log.error("environment %s still building after %.0f s: tearing it down anyway", rec.id, BUILD_WAIT)
+
+    def _teardown_built(self, rec: EnvRecord, terminated: bool) -> bool:
+        self._await_build(rec)
+        return self._teardown(rec, st.DESTROYED, terminated)
 
     def _destroy_done(self, future: Future) -> None:
         with self._lock:

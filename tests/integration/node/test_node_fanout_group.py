@@ -35,8 +35,8 @@ def node(corpus: str, tmp_path: Path):
     service.start()
     admit = service._admit
 
-    def remembering(plan_, internal):  # every id a group admits: its cgroup is checked after
-        rec = admit(plan_, internal)
+    def remembering(plan_, internal, *args, **kw):  # every id a group admits: its cgroup is checked after
+        rec = admit(plan_, internal, *args, **kw)
         remember(root, rec.id)
         return rec
 

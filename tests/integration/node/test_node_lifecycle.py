@@ -445,6 +445,10 @@ def test_fork_bomb_is_contained(node, client: Client) -> None:
             assert bomb.info().state == "oom_terminated"  # contained by its memory cap instead
         except errors.RuntimeFailure:
             pass  # so full (pids or memory) that runc cannot start a process in it: contained too
+        except errors.EnvironmentGone:
+            # the exec's shim could not even start (its kernel memory charged to the full cgroup)
+            # and the environment is no longer running: contained, and typed (seen under load)
+            assert bomb.info().state in ("running", "oom_terminated")
         assert neighbour.exec("echo alive", timeout=30).stdout == "alive\n"
         assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
     # leaving the with-block destroyed both, bomb included (the module's leak check verifies)
@@ -486,3 +490,40 @@ def test_binary_changes_reach_the_evaluator(client: Client) -> None:
         env.exec("echo fixed > hello.txt")
         assert "blob.bin" in env.diff() and "GIT binary patch" in env.diff(binary="patch")
         assert env.evaluate().reward == 1.0
+
+
+def test_a_destroy_during_its_create_waits_for_the_build_and_leaves_nothing(node, client, monkeypatch):
+    """A delete racing a create (a client that gave up, the node stopping): the teardown waits
+    for the build instead of unmounting under it; the create answers `environment_gone`."""
+    import threading
+
+    service, _ = node
+    real = service.stages.build
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_build(rec, timings, prepared=None):
+        entered.set()
+        assert release.wait(60)
+        return real(rec, timings, prepared)
+
+    monkeypatch.setattr(service.stages, "build", slow_build)
+    out: dict = {}
+
+    def create() -> None:
+        try:
+            out["r"] = service.create(plan())
+        except Exception as e:  # noqa: BLE001 - inspected below
+            out["r"] = e
+
+    t = threading.Thread(target=create)
+    t.start()
+    assert entered.wait(60)
+    env_id = next(r.id for r in list(service._envs.values()) if r.state == "creating")
+    remember(NODE_ROOT[0], env_id)
+    service.destroy(env_id)  # asynchronous: returns at once, the teardown waits for the build
+    assert client.get(env_id).info().state == "destroying"
+    release.set()
+    t.join(120)
+    assert isinstance(out.get("r"), errors.EnvironmentGone), out
+    _destroyed(client, env_id)
+    assert not any(leftovers(NODE_ROOT[0]).values()), leftovers(NODE_ROOT[0])
