@@ -77,6 +77,8 @@ def attribute(rollouts: list[Rollout], faults: list[Fault], grace: float = GRACE
     return {
         "lost_to_faults": len(hit),
         "lost_unattributed": len(ours),
+        "lost_to_faults_by_code": dict(Counter(r.error for r, _ in hit)),
+        "unattributed_by_code": dict(Counter(r.error for r, _ in ours)),
         "unattributed": [{"worker": r.worker, "error": r.error, "message": r.message[:300],
                           "envs": r.env_ids} for r, _ in ours][:20],
     }

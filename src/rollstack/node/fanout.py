@@ -164,8 +164,9 @@ def _begin_all(stages: "Stages", recs: list[Any], prepared: Any, group: Group) -
     t = time.perf_counter()
     trace_key, stack_key = trace_keys(getattr(prepared.stack, "stack_digest", None), plan)
     ids = [r.id for r in recs]
-    stages.lazy.begin_envs(ids, prepared.refs, background=plan.fetch.background and not plan.fetch.eager,
-                           trace_key=trace_key, fallback_key=stack_key)
+    stages.lazy_call(lambda lazy: lazy.begin_envs(
+        ids, prepared.refs, background=plan.fetch.background and not plan.fetch.eager,
+        trace_key=trace_key, fallback_key=stack_key))
     group.begun.update(ids)
     group.times["begin"] = round(time.perf_counter() - t, 6)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest
+from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest, NodeUnavailable
 from rollstack.node.config import NodeConfig
 from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+LAZY_RESTART_WAIT = 30.0
+"""Seconds a create waits for the successor of a lazy store daemon that died under it."""
 _FETCH_KEYS = ("fetched_bytes", "from_cache_bytes", "from_peer_bytes")
 DIFF_BASE = "/"
 """The diff names paths from the environment root (the evaluator applies it the same way)."""
@@ -191,6 +193,31 @@ class Stages:
             self.erofs.lazy = self.lazy
         return True
 
+    def lazy_call(self, call: Callable[[LazyStore], Any]) -> Any:
+        """`call(the lazy store)`; when the daemon died under it (node_unavailable from a dead
+        process), wait for its successor (the service's `watch_lazy` starts one within a
+        second) and call that once more, so a create that meets a daemon restart goes on
+        instead of failing. A daemon that is alive but answers badly is not retried."""
+        lazy = self.lazy
+        try:
+            return call(lazy)
+        except NodeUnavailable:
+            if not self._await_successor(lazy):
+                raise
+        return call(self.lazy)
+
+    def _await_successor(self, dead: LazyStore) -> bool:
+        proc = getattr(dead, "process", None)
+        if proc is None or proc.poll() is None:
+            return False  # alive (or not ours to judge): the error stands
+        deadline = time.monotonic() + LAZY_RESTART_WAIT
+        while time.monotonic() < deadline:
+            current = self.lazy
+            if current is not dead and current.healthy():
+                return True
+            time.sleep(0.1)
+        return False
+
     def reattach(self, recs: list[EnvRecord]) -> int:
         """Register running environments with a restarted daemon, so their reads are attributed
         again (no trace prefetch or background fill: those ran when they were created).
@@ -277,9 +304,9 @@ class Stages:
         stack = self.resolver.resolve(plan)
         t_resolved = time.perf_counter()
         refs = list(stack.layers)
-        self.lazy.add_layers(refs)
+        self.lazy_call(lambda lazy: lazy.add_layers(refs))
         if plan.fetch.eager:
-            self.lazy.fetch_all(refs)
+            self.lazy_call(lambda lazy: lazy.fetch_all(refs))
         if self.erofs is not None:
             first = self.erofs.request(refs)
             # a group, a sibling of a wave, or layers whose images only need fetching
@@ -307,8 +334,9 @@ class Stages:
         if group is None or rec.id not in group.begun:
             t = time.perf_counter()
             trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
-            self.lazy.begin_env(rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
-                                trace_key=trace_key, fallback_key=stack_key)
+            self.lazy_call(lambda lazy: lazy.begin_env(
+                rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
+                trace_key=trace_key, fallback_key=stack_key))
             timings.toc = round(timings.toc + time.perf_counter() - t, 6)
         mutate = group.mutate if group is not None else _mutator(plan)  # a group's: planned once
 

@@ -317,6 +317,44 @@ def test_dead_lazy_daemon_is_replaced_under_running_environments(corpus: str, tm
     assert not any(leftovers(root).values()), leftovers(root)
 
 
+def test_create_waits_for_a_dead_daemons_successor(corpus: str, tmp_path: Path) -> None:
+    """The daemon dies between creates: the next create's lazy store call fails on the dead
+    daemon, waits for the successor the node starts, and goes on (it used to answer
+    node_unavailable, which E2B clients do not retry). The restart is held until the create
+    has failed once, so the test takes that path every time."""
+    import os
+    import signal
+    import threading
+
+    root = tmp_path / "cmr"
+    node = NodeService(NodeConfig(root=root, store=corpus))
+    node.start()
+    failed_once = threading.Event()
+    watch, await_successor = node.watch_lazy, node.stages._await_successor
+
+    def held_watch() -> None:
+        failed_once.wait(30)
+        watch()
+
+    def noting_await(dead):
+        failed_once.set()
+        return await_successor(dead)
+
+    try:
+        node.create(plan())  # layers known, caches warm: the next create needs only the daemon
+        node.watch_lazy = held_watch  # type: ignore[method-assign]
+        node.stages._await_successor = noting_await  # type: ignore[method-assign]
+        proc = node.stages.lazy.process
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        doc = node.create(plan())
+        assert failed_once.is_set() and node.counters["lazy_daemon_restarts"] == 1
+        assert node.exec(doc.id, ExecRequest(command="cat hello.txt", timeout=60)).stdout == "bug\n"
+    finally:
+        node.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+
+
 def test_restart_adopts_through_the_fd_holder_after_the_daemon_died(corpus: str, tmp_path: Path) -> None:
     from rollstack.mount import holder
     from rollstack.node.recovery import daemon_pids

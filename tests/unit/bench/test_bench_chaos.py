@@ -26,6 +26,8 @@ def test_a_rollout_is_lost_to_a_fault_only_when_the_fault_hit_it() -> None:
     out = attribute(rollouts, faults, grace=5.0)
     assert out["lost_to_faults"] == 3 and out["lost_unattributed"] == 3
     assert sorted(u["envs"][0] for u in out["unattributed"]) == ["e4", "e5", "e9"]
+    assert out["unattributed_by_code"] == {"runtime_error": 1, "environment_gone": 1, "internal_error": 1}
+    assert out["lost_to_faults_by_code"] == {"environment_gone": 1, "node_unavailable": 2}
 
 
 def test_flatness_compares_the_first_and_last_quarters() -> None:
