@@ -83,6 +83,7 @@ def test_an_agent_that_fixes_nothing_scores_zero(published: tuple[object, str], 
     before = set(child_processes())
     with Node(store=spec, root=node_dir) as node:
         rec = run_rollout(node, task, stack_groups(corpus.manifest["components"]), 0, apply_fix=False)
+        assert node.service.wait_destroyed(120)  # background teardowns ('destroying' until done)
         assert node.list() == []  # destroyed, the evaluator's environment too
         ids = {rec.env_id} | set(getattr(node.service, "_gone", {}))
     assert rec.error is None, rec.error

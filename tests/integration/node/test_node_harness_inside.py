@@ -49,6 +49,7 @@ def corpus_node(tmp_path_factory: pytest.TempPathFactory):
     groups = stack_groups(corpus.manifest["components"], harness="mini-swe-agent")
     with Node(store=spec, root=tmp_path_factory.mktemp("harness-node")) as node:
         yield node, corpus.tasks[0], groups
+        assert node.service.wait_destroyed(120)  # background teardowns ('destroying' until done)
         assert node.list() == []
 
 
