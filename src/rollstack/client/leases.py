@@ -71,9 +71,10 @@ class _Held:
             self._held.get(service, set()).difference_update(missing)
 
     @staticmethod
-    def _route_missing(exc: NotFound) -> bool:
-        """A 404 for the route itself (an older node, a gateway), not for an environment."""
-        return type(exc) is NotFound
+    def _route_missing(exc: RollstackError) -> bool:
+        """A 404 for the route itself (an older node, a gateway), not for an environment: a
+        plain `not_found`, or a 404 without our error body (a framework's default answer)."""
+        return type(exc) is NotFound or (type(exc) is RollstackError and getattr(exc, "status", None) == 404)
 
 
 class LeaseKeeper(_Held):
@@ -87,7 +88,8 @@ class LeaseKeeper(_Held):
     def hold(self, service: Any, env_ids: list[str]) -> None:
         self._add(service, env_ids)
         with self._lock:
-            if self._thread is None and not self._stop.is_set():
+            alive = self._thread is not None and self._thread.is_alive()
+            if not alive and not self._stop.is_set():  # first use, or a renewer that died
                 self._thread = threading.Thread(target=self._loop, name="rollstack-lease", daemon=True)
                 self._thread.start()
 
@@ -102,14 +104,15 @@ class LeaseKeeper(_Held):
                 return
             try:
                 self._drop(svc, self._renew(svc, ids))
-            except RollstackError as exc:  # retried next interval
-                log.warning("renewing %d lease(s) failed: %s", len(ids), exc)
+            except Exception as exc:  # noqa: BLE001 - any failure is retried next interval: the
+                # renewer must outlive a bad answer, or every held environment's lease lapses
+                log.warning("renewing %d lease(s) failed: %s: %s", len(ids), type(exc).__name__, exc)
 
     @classmethod
     def _renew(cls, svc: Any, ids: list[str]) -> list[str]:
         try:
             return svc.renew(ids).missing
-        except NotFound as exc:
+        except RollstackError as exc:
             if not cls._route_missing(exc):
                 raise
         missing = []
@@ -138,7 +141,7 @@ class AsyncLeaseKeeper(_Held):
 
     def hold(self, service: Any, env_ids: list[str]) -> None:
         self._add(service, env_ids)
-        if self._task is None and not self._closed:
+        if (self._task is None or self._task.done()) and not self._closed:  # first, or its loop ended
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="rollstack-lease")
 
     async def _loop(self) -> None:
@@ -150,14 +153,14 @@ class AsyncLeaseKeeper(_Held):
         for svc, ids in self._batches():
             try:
                 self._drop(svc, await self._renew(svc, ids))
-            except RollstackError as exc:
-                log.warning("renewing %d lease(s) failed: %s", len(ids), exc)
+            except Exception as exc:  # noqa: BLE001 - as in LeaseKeeper.renew_now
+                log.warning("renewing %d lease(s) failed: %s: %s", len(ids), type(exc).__name__, exc)
 
     @classmethod
     async def _renew(cls, svc: Any, ids: list[str]) -> list[str]:
         try:
             return (await svc.renew(ids)).missing
-        except NotFound as exc:
+        except RollstackError as exc:
             if not cls._route_missing(exc):
                 raise
         missing = []

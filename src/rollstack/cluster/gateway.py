@@ -95,6 +95,7 @@ def create_gateway(pool: Pool, token: str | None) -> FastAPI:
 
             raise InvalidRequest("the body is {\"plan\": {...}}")
         count = doc.get("count")
+        key = request.headers.get("idempotency-key")  # the node's idempotent create, through the pool
         if count is not None:  # a GRPO group: placed together by the pool, all or none
             from pydantic import ValidationError
 
@@ -105,9 +106,9 @@ def create_gateway(pool: Pool, token: str | None) -> FastAPI:
                 CreateRequest.model_validate({"plan": plan, "count": count})  # the node API's bounds
             except ValidationError as exc:
                 raise InvalidRequest(f"count: {exc.errors()[0].get('msg', 'invalid')}") from None
-            envs = await anyio.to_thread.run_sync(lambda: pool.create(plan, count=count))
+            envs = await anyio.to_thread.run_sync(lambda: pool.create(plan, count=count, idempotency_key=key))
         else:
-            envs = [await anyio.to_thread.run_sync(pool.create, plan)]
+            envs = [await anyio.to_thread.run_sync(lambda: pool.create(plan, idempotency_key=key))]
         for env in envs:
             owner[env.id] = env.node_id
             born[env.id] = pool.directory.instance(env.node_id)
@@ -165,7 +166,7 @@ def serve(address: str | None, listen: str, token: str | None = None) -> None:
     """Run the gateway until SIGINT/SIGTERM. `token` defaults to the cluster's token."""
     import uvicorn
 
-    pool = Pool(address)
+    pool = Pool(address, lease=None)  # the gateway's clients hold their environments, not it
     try:
         if token is None:
             token = next((m.token for m in pool.directory.members.values() if m.token), None)

@@ -33,6 +33,7 @@ from rollstack.errors import (
     EnvironmentNotFound,
     InsufficientCapacity,
     InvalidRequest,
+    NodeUnavailable,
     OomTerminated,
     PlanInvalid,
     RollstackError,
@@ -80,6 +81,7 @@ class NodeService:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._reaper: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
         self.stages: Stages | None = None
         self._destroyer = ThreadPoolExecutor(max_workers=config.destroy_workers,
                                              thread_name_prefix="rollstack-destroy")
@@ -101,6 +103,8 @@ class NodeService:
         attach(self)  # NodeConfig.warm_pool: started sandboxes handed out at create
         self._reaper = threading.Thread(target=self._reap_loop, name="rollstack-reaper", daemon=True)
         self._reaper.start()
+        self._watcher = threading.Thread(target=self._watch_loop, name="rollstack-lazy-watch", daemon=True)
+        self._watcher.start()
 
     def stop(self) -> None:
         """Destroy every environment this service owns, then stop the stages. Idempotent."""
@@ -113,8 +117,9 @@ class NodeService:
             with ThreadPoolExecutor(max_workers=min(16, len(ids))) as pool:
                 list(pool.map(self._destroy_quietly, ids))
         self._destroyer.shutdown(wait=True)  # background destroys finish before the stages stop
-        if self._reaper is not None:
-            self._reaper.join(timeout=10)
+        for t in (self._reaper, self._watcher):
+            if t is not None:
+                t.join(timeout=10)
         if self.stages is not None:
             self.stages.stop()
 
@@ -208,8 +213,6 @@ class NodeService:
         try:
             built = stages.build(rec, timings, prepared)
             rec.runtime, rec.refs = built.runtime, built.refs
-            if rec.state == st.DESTROYING:  # a destroy came while we built: it waits for us (built)
-                raise EnvironmentGone(f"environment {rec.id} was destroyed while it was being created")
             timings.total = round(time.perf_counter() - t0, 6)
             rec.created = CreateResponse(
                 id=rec.id,
@@ -220,6 +223,8 @@ class NodeService:
                 network=built.network,
             )
             with rec.lock:
+                if rec.state == st.DESTROYING:  # a destroy came while we built: it waits for us (built)
+                    raise EnvironmentGone(f"environment {rec.id} was destroyed while it was being created")
                 if rec.state == st.CREATING:
                     rec.state = st.RUNNING
                     rec.renew()  # the lease runs from the moment the client can use it
@@ -228,12 +233,15 @@ class NodeService:
                 recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
             self.counters.bump("created")
             return rec.created
-        except BaseException:
+        except BaseException as exc:
+            destroyed = rec.state == st.DESTROYING  # what made the build fail (its PID 1 killed)
             self.counters.bump("create_failures")
             try:
                 self._teardown(rec, final=st.FAILED)
             except Exception:  # noqa: BLE001 - the create's own error is the one to report
                 log.exception("cleaning up the failed create of %s failed", rec.id)
+            if destroyed and isinstance(exc, Exception) and not isinstance(exc, EnvironmentGone):
+                raise EnvironmentGone(f"environment {rec.id} was destroyed while it was being created") from exc
             raise
         finally:
             rec.built.set()
@@ -245,7 +253,7 @@ class NodeService:
         rec.built.clear()  # set by `_create` (or fanout's release of an unbuilt record)
         with self._lock:
             if self._stopping.is_set():  # stop() has listed what it destroys: admit nothing more
-                raise EnvironmentGone("the node service is stopping")
+                raise NodeUnavailable("the node service is stopping")  # retryable: another node
             live = sum(1 for r in self._envs.values() if r.state in st.LIVE_STATES)
             if live >= self.config.max_environments:
                 raise InsufficientCapacity(
@@ -425,9 +433,11 @@ class NodeService:
                 continue
             changed = lease is not None and lease != rec.lease
             rec.renew(lease)
-            if changed and rec.state != st.CREATING:
-                rec.event("lease_set", seconds=lease)
-                recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
+            if changed:
+                with rec.lock:  # a teardown (under this lock) drops the record: never rewrite it after
+                    if rec.state in (st.RUNNING, st.OOM_TERMINATED):
+                        rec.event("lease_set", seconds=lease)
+                        recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
             out.renewed.append(env_id)
         return out
 
@@ -654,13 +664,15 @@ class NodeService:
     # -- reaper -------------------------------------------------------------------------------
 
     def _reap_loop(self) -> None:
-        """Every second: restart a dead lazy store daemon; every `reap_interval`: reap."""
-        next_reap = time.monotonic() + self.config.reap_interval
+        """Every `reap_interval`: reap (teardowns may take a while: the lazy store has its own
+        watcher, `_watch_loop`, so a dead daemon is replaced within a second regardless)."""
+        while not self._stopping.wait(self.config.reap_interval):
+            self.reap_expired()
+
+    def _watch_loop(self) -> None:
+        """Every second: restart a dead lazy store daemon (creates that met it wait for this)."""
         while not self._stopping.wait(min(1.0, self.config.reap_interval)):
             self.watch_lazy()
-            if time.monotonic() >= next_reap:
-                self.reap_expired()
-                next_reap = time.monotonic() + self.config.reap_interval
 
     def watch_lazy(self) -> None:
         stages = self.stages

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import re
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,8 +209,12 @@ class Stages:
 
     def _await_successor(self, dead: LazyStore) -> bool:
         proc = getattr(dead, "process", None)
-        if proc is None or proc.poll() is None:
-            return False  # alive (or not ours to judge): the error stands
+        if proc is None:
+            return False  # not ours to judge: the error stands
+        try:  # a dying daemon closes its socket a moment before it is a zombie
+            proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            return False  # alive: a real error, not a restart
         deadline = time.monotonic() + LAZY_RESTART_WAIT
         while time.monotonic() < deadline:
             current = self.lazy

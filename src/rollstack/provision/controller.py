@@ -135,7 +135,10 @@ class Provisioner:
             with self._lock:
                 self._pending.pop(env_id, None)
                 self._withdrawn.discard(env_id)
-            self.backend.forget(cgroup_path)
+            try:
+                self.backend.forget(cgroup_path)
+            except OSError:  # the register's own error is the one to report
+                log.exception("forgetting the descriptors of %s failed", cgroup_path)
             if isinstance(exc, OSError):
                 raise RuntimeFailure(f"cannot apply quotas to cgroup {cgroup_path}: {exc}",
                                      path=cgroup_path) from exc

@@ -142,3 +142,51 @@ def test_async_client_renews_on_a_task_and_cancels_it_on_close(service: FakeServ
         assert task is not None and task.done()
 
     anyio.run(main)
+
+
+class _Svc:
+    """A node whose renew answers as scripted (the keeper only calls renew/renew_one)."""
+
+    def __init__(self, answers: list) -> None:
+        self.answers, self.calls, self.one = answers, 0, []
+
+    def renew(self, ids, lease=None):
+        self.calls += 1
+        a = self.answers.pop(0) if self.answers else LeaseRenewal(renewed=list(ids))
+        if isinstance(a, BaseException):
+            raise a
+        return a
+
+    def renew_one(self, env_id, lease=None):
+        self.one.append(env_id)
+        return LeaseRenewal(renewed=[env_id])
+
+
+def test_the_renewer_survives_an_answer_it_cannot_read_and_restarts_if_it_died() -> None:
+    keeper = LeaseKeeper(30, interval=1000)
+    svc = _Svc([KeyError("a malformed answer"), LeaseRenewal(renewed=["e1"])])
+    try:
+        keeper.hold(svc, ["e1"])
+        keeper.renew_now()  # any failure is logged and retried next round, never fatal
+        keeper.renew_now()
+        assert svc.calls == 2 and keeper.held() == {"e1"}
+        first = keeper._thread
+        keeper._thread = type("Dead", (), {"is_alive": lambda self: False})()  # as if it had died
+        keeper.hold(svc, ["e2"])
+        assert keeper._thread is not first and keeper._thread.is_alive()
+    finally:
+        keeper.close()
+
+
+def test_a_404_without_our_error_body_means_the_route_is_missing() -> None:
+    """A gateway or an older node answers its framework's 404: renew one by one instead."""
+    plain = errors.RollstackError("HTTP 404: Not Found")
+    plain.status = 404
+    keeper = LeaseKeeper(30, interval=1000)
+    svc = _Svc([plain])
+    try:
+        keeper.hold(svc, ["e1", "e2"])
+        keeper.renew_now()
+        assert svc.one == ["e1", "e2"]
+    finally:
+        keeper.close()
