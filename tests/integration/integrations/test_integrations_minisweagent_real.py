@@ -51,7 +51,7 @@ def test_default_agent_submits_through_a_real_environment(adapter_node) -> None:
     finally:
         env.cleanup()
     with Client(adapter_node.url, token=adapter_node.token) as client:
-        assert env_id not in [e.id for e in client.list() if e.state not in ("destroyed",)]
+        assert env_id not in [e.id for e in client.list() if e.state not in ("destroyed", "destroying")]
 
 
 def test_timeout_exit_codes_and_submission_rules(adapter_node) -> None:

@@ -23,7 +23,7 @@ def run(coro):
 
 async def live_ids(node) -> set[str]:
     async with AsyncClient(node.url, node.token) as client:
-        return {e.id for e in await client.list()}
+        return {e.id for e in await client.list() if e.state != "destroying"}  # destroyed: being reclaimed
 
 
 def test_exec_files_and_destroy(adapter_node, tmp_path: Path) -> None:
