@@ -115,8 +115,14 @@ def adopt_or_clean(runtime, records: dict[str, dict], can_adopt: bool) -> tuple[
             doc = records.get(env_id)
             if doc is None:
                 continue
-            env = runtime.open(env_id)
-            if env.status() == "running" and overlay.is_mounted(env.rootfs):
+            try:
+                env = runtime.open(env_id)
+                running = env.status() == "running" and overlay.is_mounted(env.rootfs)
+            except Exception:  # noqa: BLE001 - half built or half destroyed when the agent died:
+                # cleaned up below like any other leftover; one environment never stops a start
+                log.warning("environment %s cannot be re-adopted; cleaning it up", env_id, exc_info=True)
+                continue
+            if running:
                 adopted.append((env, doc))
     keep = {env.id for env, _ in adopted}
     for env_id in sorted((set(left.envs) | set(left.containers)) - keep):

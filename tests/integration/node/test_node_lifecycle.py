@@ -395,6 +395,25 @@ def test_restart_cleans_up_what_it_cannot_adopt(corpus: str, tmp_path: Path) -> 
 
 
 
+def test_restart_after_crash_mid_destroy(corpus: str, tmp_path: Path) -> None:
+    """The agent died while it tore an environment down (its state file already removed, its
+    dir, mounts and recovery record still there): the next start must not fail on it (it did:
+    `environment_gone` out of recovery, seen by `bench chaos` after an agent SIGKILL) but
+    clean it up and serve."""
+    root = tmp_path / "cmd"
+    env_id = _crashed_node(corpus, root)
+    (root / "envs" / env_id / "meta.json").unlink()  # the first thing a destroy's rmtree took
+    second = NodeService(NodeConfig(root=root, store=corpus))
+    second.start()
+    try:
+        assert second.list() == []
+        fresh = second.create(plan())
+        remember(root, fresh.id)
+        assert second.exec(fresh.id, ExecRequest(command="cat hello.txt")).stdout == "bug\n"
+    finally:
+        second.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+
 def test_memory_hog_is_oom_terminated_and_neighbours_live(client: Client) -> None:
     small = {"cpu": 0.5, "memory": "32Mi", "max_cpu": 1, "max_memory": "64Mi"}
     with _create(client, resources=small) as hog, _create(client) as neighbour:
