@@ -243,4 +243,6 @@ def small_fs(image: Path, path: Path, size_mb: int) -> None:
 
 
 def unmount_small_fs(path: Path) -> None:
-    subprocess.run(["umount", str(path)], check=False)
+    """Unmount the node root's filesystem (lazily if something still holds it: never left)."""
+    if subprocess.run(["umount", str(path)], check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(path)], check=False)
