@@ -149,9 +149,9 @@ def _rollout(traffic: Traffic, client: Any, plan: dict[str, Any], rng: random.Ra
             # text: an exec's output travels as text (bytes that are no UTF-8 are replaced)
             payload = rng.randbytes(rng.choice((512, 32768, 1 << 19))).hex()
             traffic.step("write_file", env.write_file, DATA, payload)
-            out = traffic.step("exec", env.exec, ["cat", DATA], timeout=60).stdout
+            out = _ok(traffic.step("exec", env.exec, ["cat", DATA], timeout=60))
             back = traffic.step("read_file", env.read_file, DATA).decode()
-            piped = traffic.step("exec", env.exec, ["cat"], timeout=60, stdin=payload[:65536]).stdout
+            piped = _ok(traffic.step("exec", env.exec, ["cat"], timeout=60, stdin=payload[:65536]))
             rec.data_checked += 3
             for what, got, want in (("exec cat", out, payload), ("read_file", back, payload),
                                     ("stdin", piped, payload[:65536])):
@@ -166,6 +166,8 @@ def _rollout(traffic: Traffic, client: Any, plan: dict[str, Any], rng: random.Ra
                 rec.data_bad.append(f"{envs[0].id} evaluate: reward {ev.reward}")
     except RollstackError as e:
         rec.error, rec.message = e.code, str(e)
+    except CommandFailed as e:  # a `cat` that failed: a lost step, attributed like an error
+        rec.error, rec.message = "exec_failed", str(e)
     except Exception as e:  # noqa: BLE001 - counted as untyped: a bug by definition
         rec.error, rec.message = "untyped", f"{type(e).__name__}: {e}"
     finally:
@@ -177,6 +179,16 @@ def _rollout(traffic: Traffic, client: Any, plan: dict[str, Any], rng: random.Ra
                     rec.error, rec.message = getattr(e, "code", "untyped"), f"destroy: {e}"
         rec.end = time.monotonic()
     return rec
+
+
+class CommandFailed(Exception):
+    """A data step's command exited non-zero (its output is not data to compare)."""
+
+
+def _ok(result: Any) -> str:
+    if result.exit_code != 0:
+        raise CommandFailed(f"exit {result.exit_code}: {result.stderr[-200:]!r}")
+    return result.stdout
 
 
 def _e2b_rollout(traffic: Traffic, opts: dict[str, Any], rng: random.Random) -> Rollout:
