@@ -19,7 +19,6 @@ import hashlib
 import logging
 import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,10 +182,11 @@ class Stages:
         """Restart the lazy store daemon if it died. Its fd-holder keeps the FUSE connection, so
         the new daemon takes it over under the running environments (mount/holder.py). True if
         a daemon was restarted."""
-        proc = getattr(self.lazy, "process", None)
-        if proc is None or proc.poll() is None:
+        if not self._daemon_dead(self.lazy):
             return False
-        log.error("lazy store daemon exited with %s; starting a successor", proc.returncode)
+        proc = getattr(self.lazy, "process", None)
+        log.error("lazy store daemon %s; starting a successor",
+                  f"exited with {proc.returncode}" if proc is not None else "adopted at start is gone")
         self.lazy = self._start_lazy(self._spec)
         if self.materializer is not None:
             self.materializer.lazy = self.lazy
@@ -207,14 +207,20 @@ class Stages:
                 raise
         return call(self.lazy)
 
+    def _daemon_dead(self, lazy: LazyStore) -> bool:
+        """Our child daemon exited, or (one adopted from a previous agent, not our child) no
+        daemon process serves our mountpoint any more."""
+        proc = getattr(lazy, "process", None)
+        if proc is not None:
+            return proc.poll() is not None
+        return not recovery.daemon_pids(self.config.lazy_dir / "mnt")
+
     def _await_successor(self, dead: LazyStore) -> bool:
-        proc = getattr(dead, "process", None)
-        if proc is None:
-            return False  # not ours to judge: the error stands
-        try:  # a dying daemon closes its socket a moment before it is a zombie
-            proc.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            return False  # alive: a real error, not a restart
+        deadline = time.monotonic() + 0.5  # a dying daemon closes its socket a moment before it is gone
+        while not self._daemon_dead(dead):
+            if time.monotonic() >= deadline:
+                return False  # alive: a real error, not a restart
+            time.sleep(0.05)
         deadline = time.monotonic() + LAZY_RESTART_WAIT
         while time.monotonic() < deadline:
             current = self.lazy

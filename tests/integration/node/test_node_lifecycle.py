@@ -285,6 +285,38 @@ def test_restart_readopts_a_crashed_runs_environments(corpus: str, tmp_path: Pat
     assert daemon_pids(root / "lazy" / "mnt") == []
 
 
+def test_an_adopted_daemon_that_dies_is_replaced(corpus: str, tmp_path: Path) -> None:
+    """After an agent crash the next agent adopts the daemon it left (not its child); when
+    that daemon dies too, a successor must start (none did: `bench chaos` saw the node without
+    a lazy store for a minute and creates answering node_unavailable), and a create waits for it."""
+    import os
+    import signal
+    import time
+
+    from rollstack.node.recovery import daemon_pids
+
+    root = tmp_path / "adp"
+    env_id = _crashed_node(corpus, root)
+    second = NodeService(NodeConfig(root=root, store=corpus))
+    second.start()
+    try:
+        assert getattr(second.stages.lazy, "process", None) is None  # adopted, not our child
+        (old,) = daemon_pids(root / "lazy" / "mnt")
+        os.kill(old, signal.SIGKILL)
+        fresh = second.create(plan())  # waits for the successor instead of node_unavailable
+        remember(root, fresh.id)
+        assert second.exec(fresh.id, ExecRequest(command="cat hello.txt", timeout=60)).stdout == "bug\n"
+        deadline = time.monotonic() + 30
+        while second.counters["lazy_daemon_restarts"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert second.counters["lazy_daemon_restarts"] == 1
+        assert daemon_pids(root / "lazy" / "mnt") not in ([], [old])
+        assert second.exec(env_id, ExecRequest(command="cat state.txt", timeout=60)).stdout == "kept\n"
+    finally:
+        second.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+
+
 def test_dead_lazy_daemon_is_replaced_under_running_environments(corpus: str, tmp_path: Path) -> None:
     import os
     import signal
