@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rollstack.run.procs import descendants
+
 OUTAGE_SECONDS = 10.0
 
 
@@ -54,20 +56,6 @@ class Rig:
 
 def _now() -> float:
     return time.monotonic()
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        for k in kids:
-            out.append(int(k))
-            todo.append(int(k))
-    return out
 
 
 def _live_env(rig: Rig) -> Any | None:
@@ -131,7 +119,7 @@ def kill_exec_shim(rig: Rig) -> Fault:
     while _now() < deadline:
         env = _live_env(rig)
         pid = _init_pid(rig, env.id) if env is not None else None
-        shims = _descendants(pid)[:1] if pid else []  # the init's direct child serving an exec
+        shims = descendants(pid)[:1] if pid else []  # the init's direct child serving an exec
         if env is not None and shims:
             os.kill(shims[0], signal.SIGKILL)
             return Fault("kill_exec_shim", start, _now(), target=env.id, detail=f"pid {shims[0]}")
