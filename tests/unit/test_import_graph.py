@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"store"},
     {"plan"},
     {"fetch"},
-    {"mount"},
+    {"lazystore"},
     {"run"},
     {"provision"},
     {"node"},  # strings the stages together

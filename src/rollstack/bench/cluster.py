@@ -95,7 +95,7 @@ def _pctl(values: list[float], q: float) -> float:
 
 def daemon_stats(root: Path) -> dict[str, dict[str, Any]]:
     """Each node's lazy store stats, by node directory name."""
-    from rollstack.mount.client import LazyStoreClient
+    from rollstack.lazystore.client import LazyStoreClient
 
     out = {}
     for node in sorted(p for p in root.iterdir() if (p / "lazy" / "state" / "control.sock").exists()):
@@ -122,7 +122,7 @@ def node_pids(node_root: Path) -> list[int]:
             cmd = (p / "cmdline").read_bytes()
         except OSError:
             continue
-        if str(node_root).encode() in cmd and (b"rollstack.node.agent" in cmd or b"rollstack.mount.daemon" in cmd):
+        if str(node_root).encode() in cmd and (b"rollstack.node.agent" in cmd or b"rollstack.lazystore.daemon" in cmd):
             out.append(int(p.name))
     return out
 

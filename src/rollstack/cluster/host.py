@@ -206,7 +206,7 @@ class HostAgent:
             return self._pushed_peers
         if urls == self._pushed_peers:
             return urls
-        from rollstack.mount.client import LazyStoreClient
+        from rollstack.lazystore.client import LazyStoreClient
 
         lazy = self.root / "lazy"
         client = LazyStoreClient.connect(lazy / "mnt", lazy / "state")
@@ -278,8 +278,8 @@ class HostAgent:
         lazy = self.root / "lazy"
         if daemon_pids(lazy / "mnt"):
             end_orphan_daemon(lazy / "mnt", lazy / "state")
-        from rollstack.mount.holder import ping
-        from rollstack.mount.recovery import clear_stale
+        from rollstack.lazystore.holder import ping
+        from rollstack.lazystore.recovery import clear_stale
 
         if ping(lazy / "state") is None and clear_stale(lazy / "mnt"):  # no daemon, no holder: a dead mount
             log.warning("%s: unmounted a stale lazy store mount", self.name)

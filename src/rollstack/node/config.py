@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollstack.fetch.config import FetchConfig
-from rollstack.mount.config import LazyStoreSettings
+from rollstack.lazystore.config import LazyStoreSettings
 
 DEFAULT_ROOT = Path("/var/lib/rollstack")
 DEFAULT_LISTEN = "127.0.0.1:7878"

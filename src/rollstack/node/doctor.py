@@ -221,7 +221,7 @@ def probe(mount_point: str, timeout: float = PROBE_TIMEOUT) -> str:
 
 
 def _agent_pids(root: str) -> list[int]:
-    from rollstack.mount.recovery import processes
+    from rollstack.lazystore.recovery import processes
 
     def serves(argv: list[bytes]) -> bool:
         named = agent_root(argv)
@@ -248,8 +248,8 @@ def _agent(facts: RootFacts) -> None:
 
 def _read_root(facts: RootFacts, probe_timeout: float) -> None:
     from rollstack.host import mountinfo
-    from rollstack.mount import holder
-    from rollstack.mount.config import daemon_pids
+    from rollstack.lazystore import holder
+    from rollstack.lazystore.config import daemon_pids
     from rollstack.run.environment import find_leftovers
 
     root = Path(facts.root)
@@ -400,7 +400,7 @@ def abort_connection(mount_point: str) -> bool:
 
 def _abort_dead(root: str) -> None:
     """Abort the connections of FUSE mounts below `root` that do not answer or whose daemon is gone."""
-    from rollstack.mount.config import daemon_pids
+    from rollstack.lazystore.config import daemon_pids
 
     serving = bool(daemon_pids(Path(root) / "lazy" / "mnt"))
     for mp in _fuse_mounts(root):
@@ -423,7 +423,7 @@ def _end_daemon(root: str) -> None:
 
 
 def _end_holders(root: str) -> None:
-    from rollstack.mount import holder
+    from rollstack.lazystore import holder
 
     for pid in holder.pids(Path(root) / "lazy" / "state"):  # matched by their socket under root
         try:

@@ -86,7 +86,7 @@ def build_image(tocs_dir: Path, digest: str) -> bytes:
     to the daemon). Raises RollstackError (FormatError: not expressible in EROFS)."""
     from rollstack.errors import RollstackError
     from rollstack.format import erofs
-    from rollstack.mount.tocs import TocCache
+    from rollstack.lazystore.tocs import TocCache
 
     def missing(*_: Any) -> Any:
         raise RollstackError(f"the TOC of {digest} is not in {tocs_dir}")

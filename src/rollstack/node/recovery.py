@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def daemon_pids(mountpoint: Path) -> list[int]:
     """Pids of lazy store daemons serving `mountpoint` (found by their command line)."""
-    from rollstack.mount.config import daemon_pids as serving
+    from rollstack.lazystore.config import daemon_pids as serving
 
     return serving(mountpoint)
 
@@ -29,7 +29,7 @@ def daemon_pids(mountpoint: Path) -> list[int]:
 def end_orphan_daemon(mountpoint: Path, state_dir: Path, wait: float = 10.0) -> None:
     """End a lazy store daemon a crashed agent left serving `mountpoint` (its environments are
     already destroyed), so the new daemon never stacks on it or gets unmounted by its exit."""
-    from rollstack.mount.client import LazyStoreClient
+    from rollstack.lazystore.client import LazyStoreClient
 
     pids = daemon_pids(mountpoint)
     if not pids:

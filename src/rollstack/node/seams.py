@@ -16,7 +16,7 @@ from rollstack.plan.resolve import LayerRef
 
 
 class LazyStore(Protocol):
-    """The FUSE lazy store daemon, through its control client (`rollstack.mount.client`)."""
+    """The FUSE lazy store daemon, through its control client (`rollstack.lazystore.client`)."""
 
     process: subprocess.Popen | None
     """Our child daemon; None for a daemon adopted from a previous agent."""

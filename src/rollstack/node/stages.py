@@ -30,7 +30,7 @@ from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_cou
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
 from rollstack.node.seams import LazyStore, Materializer
-from rollstack.mount import holder
+from rollstack.lazystore import holder
 from rollstack.node import recovery
 from rollstack.node.recovery import end_orphan_daemon
 
@@ -170,7 +170,7 @@ class Stages:
 
     def _live_daemon(self) -> LazyStore | None:
         """A client of the lazy store daemon a previous agent left serving our mountpoint, if healthy."""
-        from rollstack.mount.client import LazyStoreClient
+        from rollstack.lazystore.client import LazyStoreClient
 
         lazy = self.config.lazy_dir
         if not recovery.daemon_pids(lazy / "mnt"):
@@ -247,8 +247,8 @@ class Stages:
     def _start_lazy(self, spec: str) -> LazyStore:
         """A daemon on the node's mountpoint: `LazyStoreClient.start` clears a dead predecessor's
         stale mount, or the daemon takes a connection its fd-holder keeps over."""
-        from rollstack.mount.client import LazyStoreClient
-        from rollstack.mount.config import DaemonConfig
+        from rollstack.lazystore.client import LazyStoreClient
+        from rollstack.lazystore.config import DaemonConfig
 
         lazy = self.config.lazy_dir
         end_orphan_daemon(lazy / "mnt", lazy / "state")

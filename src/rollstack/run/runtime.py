@@ -258,7 +258,7 @@ class EnvironmentRuntime:
         out = []
         for i, lower in enumerate(lowers):
             twin = uns.layer_view(lower)
-            if twin is not None:  # a lazy-store layer: its shifted view (rollstack.mount.shift)
+            if twin is not None:  # a lazy-store layer: its shifted view (rollstack.lazystore.shift)
                 out.append(twin)
                 continue
             d = env.dir / "idmap" / str(i)

@@ -5,7 +5,7 @@ Root inside maps to host uid/gid `HOST_BASE` (100000), 65536 ids, one range per 
 environment of the node shares it; a per-environment range is future work). Files keep their
 owners inside through **shifted layers**: a lazy-store layer `<mnt>/layers/<hex>` is stacked as
 its twin `<mnt>/shifted/<hex>`, the same files with owners reported +100000
-(rollstack.mount.shift); a local (materialized) layer directory is cloned as an idmapped mount
+(rollstack.lazystore.shift); a local (materialized) layer directory is cloned as an idmapped mount
 (host 0 -> 100000, ...) under `<env>/idmap/<i>`. The overlay stacks those; the upper is a
 plain directory whose root is owned by 100000, so the environment's writes land in it with
 mapped owners on disk (root's files as 100000, uid 1000's as 101000). The diff does not carry
@@ -38,7 +38,7 @@ from rollstack.errors import RuntimeFailure
 from rollstack.host import libc
 from rollstack.host.fd import Fd
 from rollstack.host.libc import libc as _libc
-from rollstack.mount import shift
+from rollstack.lazystore import shift
 
 HOST_BASE = shift.BASE  # the lazy store's shifted view uses the same range
 SIZE = shift.SIZE

@@ -46,7 +46,7 @@ def _agent_procs(root: Path) -> list[int]:
                 cmd = (p / "cmdline").read_bytes()
             except OSError:
                 continue
-            if str(root).encode() in cmd and (b"rollstack.node.agent" in cmd or b"rollstack.mount.daemon" in cmd):
+            if str(root).encode() in cmd and (b"rollstack.node.agent" in cmd or b"rollstack.lazystore.daemon" in cmd):
                 out.append(int(p.name))
     return out
 
@@ -240,7 +240,7 @@ def test_gateway_serves_the_e2b_api_for_the_pool(rig: Rig, monkeypatch: pytest.M
 
 def test_peers_serve_chunks_before_the_registry(rig: Rig) -> None:
     from rollstack import Client
-    from rollstack.mount.client import LazyStoreClient
+    from rollstack.lazystore.client import LazyStoreClient
 
     with _pool(rig) as pool:
         members = sorted(pool.directory.members.values(), key=lambda m: m.node_id)

@@ -17,8 +17,8 @@ import pytest
 
 from node_fixtures import plan
 from rollstack.host import mountinfo
-from rollstack.mount import holder
-from rollstack.mount.config import daemon_pids
+from rollstack.lazystore import holder
+from rollstack.lazystore.config import daemon_pids
 from rollstack.node import agent, doctor
 from rollstack.node.config import NodeConfig
 from rollstack.node.server import free_port

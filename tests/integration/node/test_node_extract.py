@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rollstack.errors import IntegrityError
-from rollstack.mount.client import LazyStoreClient
-from rollstack.mount.config import DaemonConfig
+from rollstack.lazystore.client import LazyStoreClient
+from rollstack.lazystore.config import DaemonConfig
 from rollstack.node.extract import extract_layer, spawn_args
 from rollstack.node.materialize import LayerMaterializer
 from test_node_materialize_fs import describe, lower_tree, publish, upper_tree

@@ -236,7 +236,7 @@ def _crashed_node(corpus: str, root: Path, *, kill: tuple[str, ...] = ()) -> str
     import signal
     import time
 
-    from rollstack.mount import holder
+    from rollstack.lazystore import holder
     from rollstack.node.recovery import daemon_pids
 
     first = NodeService(NodeConfig(root=root, store=corpus))
@@ -388,7 +388,7 @@ def test_create_waits_for_a_dead_daemons_successor(corpus: str, tmp_path: Path) 
 
 
 def test_restart_adopts_through_the_fd_holder_after_the_daemon_died(corpus: str, tmp_path: Path) -> None:
-    from rollstack.mount import holder
+    from rollstack.lazystore import holder
     from rollstack.node.recovery import daemon_pids
 
     root = tmp_path / "crash-held"

@@ -14,8 +14,8 @@ import pytest
 
 from components import require_tool
 from rollstack.format.convert import convert
-from rollstack.mount.client import LazyStoreClient
-from rollstack.mount.config import DaemonConfig
+from rollstack.lazystore.client import LazyStoreClient
+from rollstack.lazystore.config import DaemonConfig
 from rollstack.node.materialize import LayerMaterializer
 
 pytestmark = pytest.mark.integration

@@ -26,8 +26,8 @@ import pytest
 
 from format_tar_helpers import tar_bytes
 from oci_image_helpers import write_oci_image
-from rollstack.mount.client import LazyStoreClient
-from rollstack.mount.config import DaemonConfig
+from rollstack.lazystore.client import LazyStoreClient
+from rollstack.lazystore.config import DaemonConfig
 from rollstack.plan.imports import import_image
 from rollstack.run.overlay import mount_overlay, unmount
 

@@ -6,7 +6,7 @@ import pytest
 
 from rollstack.bench.exec_overhead import summarize
 from rollstack.bench.init_image import image_name, summary, targets
-from rollstack.mount.priority import raise_fuse_thread_priority
+from rollstack.lazystore.priority import raise_fuse_thread_priority
 
 
 def test_image_names():

@@ -120,9 +120,9 @@ class _SlowStore:
 def test_service_lookup_is_best_effort_and_bounded(tmp_path, monkeypatch, store, counter):
     import trio
 
-    from rollstack.mount import traces as traces_mod
-    from rollstack.mount.config import DaemonConfig
-    from rollstack.mount.service import LazyStoreService
+    from rollstack.lazystore import traces as traces_mod
+    from rollstack.lazystore.config import DaemonConfig
+    from rollstack.lazystore.service import LazyStoreService
 
     monkeypatch.setattr(traces_mod, "SHARED_TRACE_TIMEOUT", 0.2)
     svc = LazyStoreService(DaemonConfig.of(tmp_path / "mnt", tmp_path / "state", "fake:"), store)

@@ -1,6 +1,6 @@
 """format/erofs.py without a kernel: the blob's extents and the read mapping over them, the image's
 superblock and inode placement, and what the format cannot say (FormatError, never a bad image).
-The kernel-mounted checks are tests/integration/mount/test_lazystore_erofs.py."""
+The kernel-mounted checks are tests/integration/lazystore/test_lazystore_erofs.py."""
 
 from __future__ import annotations
 

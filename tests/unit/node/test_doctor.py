@@ -88,7 +88,7 @@ def test_agent_root_from_its_command_line() -> None:
     argv = [b"/usr/bin/python3", b"-m", b"rollstack.node.agent", b"serve", cfg]
     assert agent_root(argv) == "/srv/node"
     assert agent_root([b"python3", b"-m", b"rollstack.node.agent", b"serve", b"{}"]) == R  # NodeConfig's default
-    assert agent_root([b"python3", b"-m", b"rollstack.mount.daemon", cfg]) is None
+    assert agent_root([b"python3", b"-m", b"rollstack.lazystore.daemon", cfg]) is None
     assert agent_root([b"python3", b"-m", b"rollstack.node.agent", b"serve", b"not json"]) is None
     assert agent_root([b"python3", b"-m", b"rollstack.node.agent", b"serve"]) is None
 

@@ -179,8 +179,8 @@ class StackRig:
         self.stack_bytes = sum(sizes[r["digest"]] for r in refs)
 
     def start(self, name: str, **kw: Any):
-        from rollstack.mount.client import LazyStoreClient
-        from rollstack.mount.config import DaemonConfig
+        from rollstack.lazystore.client import LazyStoreClient
+        from rollstack.lazystore.config import DaemonConfig
 
         state = self.work / "runs" / name
         shutil.rmtree(state, ignore_errors=True)

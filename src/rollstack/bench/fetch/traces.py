@@ -93,8 +93,8 @@ class TraceSections(StackRig):
         """A running environment across a daemon SIGKILL + restart, with and without the fd-holder:
         the environment's overlay runs the command (page cache dropped, so it needs the daemon)
         while no daemon runs; with the holder it waits for the successor, without one it fails."""
-        from rollstack.mount.client import LazyStoreClient
-        from rollstack.mount.config import DaemonConfig
+        from rollstack.lazystore.client import LazyStoreClient
+        from rollstack.lazystore.config import DaemonConfig
 
         out: dict[str, Any] = {}
         for mode, grace in (("holder", 60.0), ("no-holder", 0.0)):

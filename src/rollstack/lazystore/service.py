@@ -23,12 +23,12 @@ import trio
 
 from rollstack.fetch import (ChunkFetcher, DiskChunkCache, FetchMetrics, MemoryChunkCache, PeerClient, Priority,
                              TraceStore)
-from rollstack.mount import stats as stats_doc
-from rollstack.mount.config import DaemonConfig
-from rollstack.mount.envs import Env, Environments, EnvTable
-from rollstack.mount.layers import LayerTable, LoadedLayer, NoXattrHook
-from rollstack.mount.reads import Reads
-from rollstack.mount.traces import TraceBook
+from rollstack.lazystore import stats as stats_doc
+from rollstack.lazystore.config import DaemonConfig
+from rollstack.lazystore.envs import Env, Environments, EnvTable
+from rollstack.lazystore.layers import LayerTable, LoadedLayer, NoXattrHook
+from rollstack.lazystore.reads import Reads
+from rollstack.lazystore.traces import TraceBook
 
 
 class Frontend(Protocol):

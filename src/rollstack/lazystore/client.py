@@ -28,9 +28,9 @@ import pydantic
 
 from rollstack.errors import InvalidRequest, NodeUnavailable, RollstackError, from_dict
 from rollstack.core.httppool import PerThreadClient
-from rollstack.mount.config import DaemonConfig, daemon_argv
-from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
-from rollstack.mount.wire import BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
+from rollstack.lazystore.config import DaemonConfig, daemon_argv
+from rollstack.lazystore.recovery import clear_stale, lazy_unmount, mounted_at
+from rollstack.lazystore.wire import BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
 
 
 def _refs(refs: Iterable[Any]) -> list[dict[str, Any]]:
@@ -71,7 +71,7 @@ class LazyStoreClient:
         the mount and the control socket are up."""
         mountpoint, state_dir, sock = config.mountpoint, config.state_dir, config.control_socket
         state_dir.mkdir(parents=True, exist_ok=True)
-        from rollstack.mount import holder  # not at import: `python -m rollstack.mount.holder` runs it
+        from rollstack.lazystore import holder  # not at import: `python -m rollstack.lazystore.holder` runs it
 
         if holder.ping(state_dir) is None:  # a held connection is not stale: the new daemon takes it
             clear_stale(mountpoint)

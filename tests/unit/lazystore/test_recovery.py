@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rollstack.host import mountinfo
-from rollstack.mount import recovery
+from rollstack.lazystore import recovery
 
 
 def _escape(path: str) -> str:

@@ -40,10 +40,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rollstack.errors import InvalidRequest, NotFound, RollstackError
 from rollstack.fetch.fetcher import leaf_error
-from rollstack.mount.service import LazyStoreService
-from rollstack.mount.wire import BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
+from rollstack.lazystore.service import LazyStoreService
+from rollstack.lazystore.wire import BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
 
-log = logging.getLogger("rollstack.mount.control")
+log = logging.getLogger("rollstack.lazystore.control")
 
 MAX_BODY = 16 << 20
 

@@ -26,8 +26,8 @@ from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import RemoteLayer
 from rollstack.host import atomic
 from rollstack.format.erofs import BlobMap
-from rollstack.mount.index import LayerIndex
-from rollstack.mount.tocs import TocCache
+from rollstack.lazystore.index import LayerIndex
+from rollstack.lazystore.tocs import TocCache
 from rollstack.store import byteranges
 
 FIRST_LAYER_INODE = 1000

@@ -11,8 +11,8 @@ import pydantic
 import pytest
 
 from rollstack.fetch import FetchConfig
-from rollstack.mount.config import SUN_PATH_MAX, DaemonConfig, LazyStoreSettings, daemon_argv
-from rollstack.mount.daemon import parse_config
+from rollstack.lazystore.config import SUN_PATH_MAX, DaemonConfig, LazyStoreSettings, daemon_argv
+from rollstack.lazystore.daemon import parse_config
 from rollstack.node.config import NodeConfig
 
 
@@ -33,7 +33,7 @@ def test_of_routes_fields_to_the_daemon_or_its_fetch_config():
 def test_the_command_line_document_round_trips(monkeypatch):
     cfg = DaemonConfig.of("/m", "/s", "oci:/x", neighbor_bytes=0, no_open=False, fuse_priority="nice")
     argv = daemon_argv(sys.executable, cfg)
-    assert argv[1:3] == ["-m", "rollstack.mount.daemon"] and len(argv) == 4  # one document, nothing else
+    assert argv[1:3] == ["-m", "rollstack.lazystore.daemon"] and len(argv) == 4  # one document, nothing else
     assert parse_config(argv[3:]) == cfg
     monkeypatch.setattr(sys, "stdin", io.StringIO(cfg.model_dump_json()))
     assert parse_config(["-"]) == cfg

@@ -13,7 +13,7 @@ import pytest
 from lazystore_fixtures import FILES, build_tree, publish, run_in
 
 from rollstack.errors import InvalidRequest
-from rollstack.mount.wire import MAX_GROUP
+from rollstack.lazystore.wire import MAX_GROUP
 
 pytestmark = pytest.mark.integration
 

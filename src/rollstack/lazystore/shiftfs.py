@@ -1,4 +1,4 @@
-"""`ShiftingLazyFS`: LazyFS plus the shifted view /shifted (rollstack.mount.shift explains it).
+"""`ShiftingLazyFS`: LazyFS plus the shifted view /shifted (rollstack.lazystore.shift explains it).
 
 Only inode numbers are translated here: a request on shifted inode `SHIFT | i` is answered by
 LazyFS's own code for `i`, and the attributes it returns get the shifted owners afterwards.
@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import pyfuse3
 
-from rollstack.mount.fs import LAYERS, ROOT, LazyFS
-from rollstack.mount.shift import NAME, SHIFT, shifted_ids
+from rollstack.lazystore.fs import LAYERS, ROOT, LazyFS
+from rollstack.lazystore.shift import NAME, SHIFT, shifted_ids
 
 SHIFTED = SHIFT | LAYERS  # the /shifted directory
 

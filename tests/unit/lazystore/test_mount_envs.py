@@ -13,8 +13,8 @@ import trio
 from rollstack.errors import NotFound
 from rollstack.fetch import TraceChunk, shared_traces
 from rollstack.format import convert
-from rollstack.mount.config import DaemonConfig
-from rollstack.mount.service import LazyStoreService
+from rollstack.lazystore.config import DaemonConfig
+from rollstack.lazystore.service import LazyStoreService
 from rollstack.store.ocilayout import OciLayoutStore
 
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from rollstack.mount.config import daemon_pids
-from rollstack.mount.recovery import mounted_at
+from rollstack.lazystore.config import daemon_pids
+from rollstack.lazystore.recovery import mounted_at
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def test_a_socket_path_over_the_unix_limit_exits_with_a_clear_error_and_no_mount
     mnt = tmp_path / "mnt"
     state = tmp_path / ("s" * 110)  # <state>/control.sock cannot be a unix socket path
     doc = {"mountpoint": str(mnt), "state_dir": str(state), "store": oci_store.url}
-    proc = subprocess.run([sys.executable, "-m", "rollstack.mount.daemon", json.dumps(doc)],
+    proc = subprocess.run([sys.executable, "-m", "rollstack.lazystore.daemon", json.dumps(doc)],
                           capture_output=True, text=True, timeout=60, env=os.environ)
     assert proc.returncode == 2
     assert "unix socket path" in proc.stderr and "control.sock" in proc.stderr
@@ -37,7 +37,7 @@ def test_a_socket_path_over_the_unix_limit_exits_with_a_clear_error_and_no_mount
 def test_an_unknown_field_is_refused(tmp_path, oci_store):
     doc = {"mountpoint": str(tmp_path / "mnt"), "state_dir": str(tmp_path / "st"), "store": oci_store.url,
            "fetch": {"neighbour_bytes": 0}}
-    proc = subprocess.run([sys.executable, "-m", "rollstack.mount.daemon", "-"], input=json.dumps(doc),
+    proc = subprocess.run([sys.executable, "-m", "rollstack.lazystore.daemon", "-"], input=json.dumps(doc),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "neighbour_bytes" in proc.stderr
     assert mounted_at(tmp_path / "mnt") is None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.mount import holder
+from rollstack.lazystore import holder
 
 
 @pytest.fixture

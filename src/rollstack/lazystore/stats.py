@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rollstack.mount.service import LazyStoreService
+    from rollstack.lazystore.service import LazyStoreService
 
 
 def fuse_ops(svc: "LazyStoreService") -> dict[str, int]:

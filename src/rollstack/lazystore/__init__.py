@@ -2,9 +2,9 @@
 directory `<mountpoint>/layers/<digest-hex>/` (docs/lazy-store.md).
 
 `LazyStoreClient` (client.py) is what the node agent uses; the daemon itself is
-`python -m rollstack.mount.daemon` (daemon.py) around `LazyStoreService` (service.py) and the
+`python -m rollstack.lazystore.daemon` (daemon.py) around `LazyStoreService` (service.py) and the
 pyfuse3 operations `LazyFS` (fs.py). Importing this package imports nothing (the client is
-loaded on first use): `python -m rollstack.mount.holder`, the fd-holder, stays a small process
+loaded on first use): `python -m rollstack.lazystore.holder`, the fd-holder, stays a small process
 that starts and exits fast.
 """
 
@@ -15,7 +15,7 @@ __all__ = ["LazyStoreClient"]
 
 def __getattr__(name: str) -> Any:
     if name == "LazyStoreClient":
-        from rollstack.mount.client import LazyStoreClient
+        from rollstack.lazystore.client import LazyStoreClient
 
         return LazyStoreClient
     raise AttributeError(name)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from lazystore_fixtures import build_tree, overlay, publish, walk
 
-from rollstack.mount import shift
+from rollstack.lazystore import shift
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from rollstack.fetch import ChunkFetcher, Trace, TraceRecorder, TraceStore
 from rollstack.fetch import shared_traces
 from rollstack.fetch.stats import Account
 from rollstack.fetch.waves import prefetch_trace
-from rollstack.mount.layers import LayerTable
+from rollstack.lazystore.layers import LayerTable
 
-log = logging.getLogger("rollstack.mount.traces")
+log = logging.getLogger("rollstack.lazystore.traces")
 
 SHARED_TRACE_TIMEOUT = 2.0  # seconds a shared trace lookup may take before it counts as an error
 

@@ -35,8 +35,8 @@ import trio
 from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import ChunkFetcher, FetchConfig, Trace, TraceRecorder
 from rollstack.fetch.stats import Account
-from rollstack.mount.layers import LayerTable, digest_hex
-from rollstack.mount.traces import TraceBook
+from rollstack.lazystore.layers import LayerTable, digest_hex
+from rollstack.lazystore.traces import TraceBook
 
 _CGROUP_ENV = re.compile(r"(?:^|/)rollstack/([A-Za-z0-9][A-Za-z0-9_.-]*)")
 _PID_TTL = 5.0

@@ -7,7 +7,7 @@
                         artifact store.
 
 `LazyStoreClient.start(config)` hands the daemon `config.model_dump_json()` as its one argument
-(the node agent is started the same way, node/agent.py); `python -m rollstack.mount.daemon`
+(the node agent is started the same way, node/agent.py); `python -m rollstack.lazystore.daemon`
 validates it with this model. No field is spelled anywhere else.
 
 Unix sockets have a 108-byte path limit (`sun_path`, NUL included): a state directory whose
@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rollstack.fetch.config import FetchConfig
-from rollstack.mount.holder import socket_path as holder_socket
+from rollstack.lazystore.holder import socket_path as holder_socket
 
 SUN_PATH_MAX = 107  # bytes of a unix socket path (sun_path is 108 bytes with the NUL)
 
@@ -108,7 +108,7 @@ class DaemonConfig(LazyStoreSettings):
         return cls(mountpoint=mountpoint, state_dir=state_dir, store=store, **doc)
 
 
-DAEMON_MODULE = "rollstack.mount.daemon"
+DAEMON_MODULE = "rollstack.lazystore.daemon"
 
 
 def daemon_argv(python: str, config: DaemonConfig) -> list[str]:
@@ -118,7 +118,7 @@ def daemon_argv(python: str, config: DaemonConfig) -> list[str]:
 
 def daemon_pids(mountpoint: str | os.PathLike[str]) -> list[int]:
     """Pids of lazy store daemons serving `mountpoint` (found by the config on their command line)."""
-    from rollstack.mount.recovery import processes
+    from rollstack.lazystore.recovery import processes
 
     want = Path(mountpoint).absolute()
     pids = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from lazystore_fixtures import build_tree, overlay, publish
 
-from rollstack.mount.fs import XATTR_FAST
+from rollstack.lazystore.fs import XATTR_FAST
 
 pytestmark = pytest.mark.integration
 

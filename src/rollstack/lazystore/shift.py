@@ -19,7 +19,7 @@ The kernel keeps separate attribute and page caches for the two inode numbers (a
 through both views is cached twice). The range is per node (`BASE`, `SIZE`), shared by every
 user-namespaced environment of the node.
 
-This module is pure (paths, ids); the FUSE side is rollstack.mount.shiftfs.
+This module is pure (paths, ids); the FUSE side is rollstack.lazystore.shiftfs.
 """
 
 from __future__ import annotations

@@ -42,10 +42,10 @@ import pyfuse3
 from rollstack.errors import FormatError, NotFound, RegistryError, RollstackError
 from rollstack.fetch.fetcher import leaf_error
 from rollstack.format.toc import EntryType
-from rollstack.mount.index import entry_size, mode_bits, rdev
-from rollstack.mount.service import LazyStoreService
+from rollstack.lazystore.index import entry_size, mode_bits, rdev
+from rollstack.lazystore.service import LazyStoreService
 
-log = logging.getLogger("rollstack.mount.fs")
+log = logging.getLogger("rollstack.lazystore.fs")
 
 ROOT = pyfuse3.ROOT_INODE
 LAYERS = 2

@@ -23,8 +23,8 @@ from rollstack.errors import InvalidRequest, NotFound
 from rollstack.fetch import ChunkFetcher, DiskChunkCache, FetchConfig, MemoryChunkCache, Priority
 from rollstack.format.erofs import BlobMap
 from rollstack.format.toc import Chunk, EntryType, TocEntry
-from rollstack.mount.envs import Env, EnvTable
-from rollstack.mount.layers import LayerTable, LoadedLayer
+from rollstack.lazystore.envs import Env, EnvTable
+from rollstack.lazystore.layers import LayerTable, LoadedLayer
 
 READAHEAD_BATCH = 4 << 20  # stored bytes: the smallest readahead top-up
 UNOPENED_STATES = 4096  # no-open mode: per-inode read states kept (sequential-read detection)

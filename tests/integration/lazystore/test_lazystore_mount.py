@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from lazystore_fixtures import build_tree, overlay, publish, walk
 
-from rollstack.mount.client import LazyStoreClient
-from rollstack.mount.fs import PATCHED
-from rollstack.mount.recovery import is_stale, mounted_at
+from rollstack.lazystore.client import LazyStoreClient
+from rollstack.lazystore.fs import PATCHED
+from rollstack.lazystore.recovery import is_stale, mounted_at
 
 pytestmark = pytest.mark.integration
 

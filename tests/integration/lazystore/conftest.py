@@ -9,8 +9,8 @@ import pytest
 from components import need
 from lazystore_fixtures import CGROUP_ROOT
 
-from rollstack.mount.client import LazyStoreClient
-from rollstack.mount.config import DaemonConfig
+from rollstack.lazystore.client import LazyStoreClient
+from rollstack.lazystore.config import DaemonConfig
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-log = logging.getLogger("rollstack.mount.holder")
+log = logging.getLogger("rollstack.lazystore.holder")
 
 SOCKET_NAME = "fuse-holder.sock"
 DEFAULT_GRACE = 30.0
@@ -114,7 +114,7 @@ def _recv_line(conn: socket.socket) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="rollstack.mount.holder", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="rollstack.lazystore.holder", description=__doc__.split("\n\n")[0])
     p.add_argument("--socket", required=True, type=Path)
     p.add_argument("--fd", required=True, type=int)
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE)
@@ -155,9 +155,9 @@ def _connect(path: Path, timeout: float = 2.0) -> socket.socket | None:
 
 def pids(state_dir: Path) -> list[int]:
     """Pids of holder processes for `state_dir` (found by their command line)."""
-    from rollstack.mount.recovery import pids_running
+    from rollstack.lazystore.recovery import pids_running
 
-    return pids_running(b"rollstack.mount.holder", os.fsencode(str(socket_path(Path(state_dir).absolute()))))
+    return pids_running(b"rollstack.lazystore.holder", os.fsencode(str(socket_path(Path(state_dir).absolute()))))
 
 
 def ping(state_dir: Path) -> str | None:
@@ -203,7 +203,7 @@ def spawn(state_dir: Path, fd: int, grace: float) -> socket.socket:
     except FileNotFoundError:
         pass
     log_file = open(Path(state_dir) / "holder.log", "ab")
-    subprocess.Popen([sys.executable, "-m", "rollstack.mount.holder", "--socket", str(path), "--fd", str(fd),
+    subprocess.Popen([sys.executable, "-m", "rollstack.lazystore.holder", "--socket", str(path), "--fd", str(fd),
                       "--grace", str(grace)], pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=log_file,
                      stderr=log_file, start_new_session=True)
     log_file.close()

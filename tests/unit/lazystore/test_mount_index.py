@@ -6,8 +6,8 @@ import stat
 
 from rollstack.format import toc_codec
 from rollstack.format.toc import EntryType, Toc, TocEntry
-from rollstack.mount.envs import env_id_from_cgroup
-from rollstack.mount.index import LayerIndex, entry_size, mode_bits, rdev
+from rollstack.lazystore.envs import env_id_from_cgroup
+from rollstack.lazystore.index import LayerIndex, entry_size, mode_bits, rdev
 
 D = "sha256:" + "cd" * 32
 

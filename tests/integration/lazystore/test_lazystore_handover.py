@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from lazystore_fixtures import build_tree, overlay, publish
 
-from rollstack.mount import holder
-from rollstack.mount.recovery import mounted_at
+from rollstack.lazystore import holder
+from rollstack.lazystore.recovery import mounted_at
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The lazy layer store daemon process (one per node).
 
-    python -m rollstack.mount.daemon CONFIG_JSON      # one DaemonConfig document (mount/config.py)
-    python -m rollstack.mount.daemon -                # the same document on stdin
+    python -m rollstack.lazystore.daemon CONFIG_JSON      # one DaemonConfig document (mount/config.py)
+    python -m rollstack.lazystore.daemon -                # the same document on stdin
 
 `LazyStoreClient.start(config)` runs the first form. The document is validated before anything
 else happens: a bad one (unknown field, a socket path over the unix limit, ...) exits with status
@@ -26,15 +26,15 @@ import pydantic
 import pyfuse3
 import trio
 
-from rollstack.mount import control, holder
-from rollstack.mount.config import DaemonConfig
-from rollstack.mount.fs import PATCH_LEVEL
-from rollstack.mount.priority import raise_fuse_thread_priority
-from rollstack.mount.recovery import clear_stale, lazy_unmount, mounted_at
-from rollstack.mount.service import LazyStoreService
-from rollstack.mount.shiftfs import ShiftingLazyFS
+from rollstack.lazystore import control, holder
+from rollstack.lazystore.config import DaemonConfig
+from rollstack.lazystore.fs import PATCH_LEVEL
+from rollstack.lazystore.priority import raise_fuse_thread_priority
+from rollstack.lazystore.recovery import clear_stale, lazy_unmount, mounted_at
+from rollstack.lazystore.service import LazyStoreService
+from rollstack.lazystore.shiftfs import ShiftingLazyFS
 
-log = logging.getLogger("rollstack.mount.daemon")
+log = logging.getLogger("rollstack.lazystore.daemon")
 
 FUSE_OPTIONS = ("fsname=rollstack", "subtype=rollstack", "ro", "allow_other", "default_permissions")
 
@@ -43,7 +43,7 @@ def parse_config(argv: Sequence[str]) -> DaemonConfig:
     """The DaemonConfig of the command line (`CONFIG_JSON` or `-` for stdin); ValidationError
     or SystemExit(2) on a bad one."""
     if len(argv) != 1:
-        raise SystemExit("usage: python -m rollstack.mount.daemon CONFIG_JSON|-")
+        raise SystemExit("usage: python -m rollstack.lazystore.daemon CONFIG_JSON|-")
     text = sys.stdin.read() if argv[0] == "-" else argv[0]
     return DaemonConfig.model_validate_json(text)
 

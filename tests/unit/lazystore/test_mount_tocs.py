@@ -6,7 +6,7 @@ import pytest
 
 from rollstack.errors import FormatError
 from rollstack.format import convert
-from rollstack.mount.tocs import TocCache
+from rollstack.lazystore.tocs import TocCache
 
 
 def test_toc_is_cached_on_disk_and_reverified(tmp_path):
