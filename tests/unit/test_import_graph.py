@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"plan"},
     {"fetch"},
     {"lazystore"},
-    {"run"},
+    {"lowers", "run"},  # layer stack -> lower dirs, beside one environment's OS side (never each other)
     {"provision"},
     {"node"},  # strings the stages together
     {"client"},  # the SDK over the node's HTTP API (shares node.models)

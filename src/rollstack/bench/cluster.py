@@ -280,7 +280,7 @@ def _run(nodes: int, n_tasks: int, k: int, concurrency: int, blob_mb: float, wor
     nets = fabric.nodes if fabric else None
     # Each node admits node_cpu cores of start quotas (several nodes share this host); layers are
     # not materialized (a materializing node reads whole layers: see docs/cluster.md).
-    options = {"max_environments": node_slots, "materialize_after": 0, "capacity_cpu": node_cpu}
+    options = {"max_environments": node_slots, "lowers": {"materialize_after": 0}, "capacity_cpu": node_cpu}
     addr = f"{fabric.host_ip}:0" if fabric else "127.0.0.1:0"
     with RegistryServer(work / "registry", addr, die_with_parent=True) as reg:
         spec = reg.url

@@ -8,7 +8,7 @@ environments concurrently), and destroys them. Per command and system: wall p50;
 rollstack: the lazy store daemon's CPU seconds and FUSE requests, and whether the environment
 stacked FUSE lowers or materialized directories. `--lowers fuse` keeps every layer on FUSE
 (materialization and EROFS mounts off), `erofs` stacks each layer's EROFS mount over the lazy
-store's blob (node/erofs.py; materialization off), `materialized` materializes the stack first,
+store's blob (lowers/erofs.py; materialization off), `materialized` materializes the stack first,
 `node` (default) is what a node does by itself (EROFS mounts after the first use, materialize
 after 2 uses, while the reps run).
 """
@@ -121,10 +121,9 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
         ctd._ensure_image(ref)
         node_cfg: dict[str, Any] = {"max_environments": 4 * cfg.concurrency + 4}
         if cfg.lowers in ("fuse", "erofs"):
-            node_cfg["materialize_after"] = 0
-            node_cfg["erofs_lowers"] = cfg.lowers == "erofs"
+            node_cfg["lowers"] = {"materialize_after": 0, "erofs": cfg.lowers == "erofs"}
         elif cfg.lowers == "materialized":
-            node_cfg["materialize_after"] = 1
+            node_cfg["lowers"] = {"materialize_after": 1}
         variants = {"rollstack": {}}
         if cfg.baseline:  # the same node without this pass's FUSE changes, side by side
             variants["rollstack-untuned"] = {"ROLLSTACK_FUSE_PRIORITY": "normal", "ROLLSTACK_XATTR_FAST": "0"}
@@ -185,7 +184,7 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
                     f"{smp['system']} " + " ".join(f"{n} {t:.2f}s" for n, t in smp["commands"].items())
                     + (f" (daemon {smp['daemon_cpu_s']:.2f} cpu-s, fuse lowers {smp['fuse_lowers']})" if "daemon_cpu_s" in smp else "")
                     for smp in samples if smp["rep"] == rep))
-            mats = {v: s.node.service.stages.materializer for v, s in nodes.items()}
+            mats = {v: s.node.service.stages.lowers.materializer for v, s in nodes.items()}
             mat_stats = {v: m.stats() for v, m in mats.items() if m is not None}
         finally:
             for system in nodes.values():

@@ -262,7 +262,7 @@ def _run_rollstack(name: str, rig: Any, cfg: InitConfig, plans: list[dict[str, A
             system.create(plans[0], cmd, False)
         if cfg.warm:
             # The stack's second environment on this node: warm caches, FUSE lowers; it makes the
-            # layers hot, so the node materializes them (node.materialize) before the warm runs.
+            # layers hot, so the node materializes them (lowers.materialize) before the warm runs.
             first = system.create(plans[next(seq) % len(plans)], cmd, False)
             first.fuse_lowers = True
             runs.append(first)

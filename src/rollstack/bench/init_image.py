@@ -11,7 +11,7 @@ for containerd. Then, side by side in rounds (`--cold` rounds; each round runs b
 - rollstack **shared-trace cold**: fresh node, the trace an earlier node published is found in
   the registry (a second node of a cluster, or a group imported with `--probe`);
 - rollstack **warm, FUSE lowers**: a second environment on the same node right after;
-- rollstack **warm, materialized**: after the node has materialized the layer (`node.extract`);
+- rollstack **warm, materialized**: after the node has materialized the layer (`lowers.extract`);
 - containerd **cold**: image removed, page cache dropped, `ctr pull` + create + start the command;
 - containerd **warm**: create + start with the image present.
 
@@ -230,7 +230,7 @@ def run_init_image(cfg: ImageInitConfig) -> dict[str, Any]:
                 bad = [s for s in last if s["exit_code"] != 0]
                 if bad:
                     log(f"command failed: {bad[0]['kind']} exit {bad[0]['exit_code']}: {bad[0]['output']}")
-            mat = system.node.service.stages.materializer if system.node is not None else None
+            mat = system.node.service.stages.lowers.materializer if system.node is not None else None
             doc["materializer"] = {"stats": mat.stats(), "extracts": mat.extract_stats} if mat is not None else {}
         finally:
             system.stop()

@@ -1,7 +1,7 @@
 """`rollstack bench materialize --image REF --command CMD`: what materialization costs the
 environments running while it runs.
 
-A hot layer is materialized (`node.materialize`, `node.extract`) while environments use it on
+A hot layer is materialized (`lowers.materialize`, `lowers.extract`) while environments use it on
 FUSE lowers. Issue 13's rule: the copy runs off the critical path with a bounded CPU share and
 never makes foreground work more than 10% slower. This benchmark imports the image as a layer
 group (cached), starts a node whose materializer never acts on its own, creates one environment
@@ -101,12 +101,12 @@ def run(image: str, command: str, *, rounds: int, runs: int, work: Path, source:
         store = open_store(rig.registry.url)
         res = import_image(image, f"{repo}:latest", store, cache_dir=work / "import-cache", work_dir=work)
         system = RollstackSystem("rollstack", rig.registry.url, work / "node-materialize", rig.link,
-                                 max_environments=4, materialize_after=1 << 30, materialize_cpu=cpu,
-                                 materialize_min_idle=min_idle)
+                                 max_environments=4, lowers={"materialize_after": 1 << 30, "materialize_cpu": cpu,
+                                                         "materialize_min_idle": min_idle})
         system.start()
         try:
             system.clear()  # fresh node: every layer on FUSE
-            mat = system.node.service.stages.materializer
+            mat = system.node.service.stages.lowers.materializer
             plan = system.plan({"name": "bench-materialize", "groups": [f"{repo}:latest"], "workdir": "/",
                                 "resources": {"cpu": 1.0, "memory": "1Gi", "max_cpu": 2.0, "max_memory": "4Gi"}})
             env = system.node.create(plan)

@@ -239,7 +239,7 @@ class Placer:
         return self.request_plan(load_published(resolver.store, name_tag))
 
     def request_plan(self, plan: Any) -> PlacementRequest:
-        from rollstack.node.stages import trace_keys
+        from rollstack.fetch.traces import trace_keys
 
         resolver = self._get_resolver()
         layers: tuple[tuple[str, int], ...] = ()

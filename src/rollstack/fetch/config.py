@@ -1,5 +1,5 @@
 """`FetchConfig`: every knob of the chunk data path, as one explicit value object (pydantic:
-it travels inside the lazy store daemon's one JSON config, mount/config.py)."""
+it travels inside the lazy store daemon's one JSON config, lazystore/config.py)."""
 
 from __future__ import annotations
 

@@ -20,10 +20,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollstack.errors import InvalidRequest
 from rollstack.format.toc import Chunk, Compression
+
+if TYPE_CHECKING:
+    from rollstack.plan.model import Plan
 
 MAX_CHUNK_BYTES = 1 << 30
 DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
@@ -138,3 +141,14 @@ class TraceStore:
         tmp.write_text(json.dumps({"key": recorder.key, "saved": time.time(), "chunks": items}))
         os.replace(tmp, path)
         return len(items)
+
+
+def trace_keys(stack_digest: str | None, plan: "Plan") -> tuple[str | None, str | None]:
+    """(task key, stack key) of the lazy store's access traces: the rollouts of one task (same
+    stack and mutation: a GRPO group; plan names usually differ per rollout, so they are left
+    out) share the first; every task on the stack, the second (what the first seconds of any
+    environment of that stack read)."""
+    if not stack_digest:
+        return None, None
+    task = hashlib.sha256((plan.mutation_text or "").encode()).hexdigest()[:24]
+    return f"{stack_digest}/task/{task}", f"{stack_digest}/stack"

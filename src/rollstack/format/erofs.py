@@ -5,7 +5,7 @@ dentry and for every `trusted.overlay.*` probe (~35-40 us each here; FUSE cannot
 answers). EROFS is an in-kernel read-only filesystem: with its metadata in a small local image,
 lookups, getattr, readdir, readlink and xattrs are kernel work at native speed, and only file
 *data* is read from the second device, the layer's blob, which the lazy store serves as one FUSE
-file (`/blobs/<hex>`, mount/blobs.py) fetched on first read. Linux >= 6.12 mounts such an image
+file (`/blobs/<hex>`, lazystore/blobs.py) fetched on first read. Linux >= 6.12 mounts such an image
 straight from files (`CONFIG_EROFS_FS_BACKED_BY_FILE`, `mount -t erofs -o device=BLOB IMAGE DIR`).
 
 The image (on-disk format: erofs-utils `include/erofs_fs.h`, which this follows):

@@ -67,7 +67,7 @@ class LazyStoreClient:
     @classmethod
     def start(cls, config: DaemonConfig, *, wait: float = 30.0,
               log_path: str | os.PathLike[str] | None = None) -> "LazyStoreClient":
-        """Launch a daemon with `config` (its one JSON argument, mount/config.py) and return once
+        """Launch a daemon with `config` (its one JSON argument, lazystore/config.py) and return once
         the mount and the control socket are up."""
         mountpoint, state_dir, sock = config.mountpoint, config.state_dir, config.control_socket
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -49,10 +49,10 @@ class LazyStoreSettings(BaseModel):
     third_party/pyfuse3; without it the daemon serves opens as before)."""
     holder_grace: float = 30.0
     """Seconds an fd-holder process keeps the FUSE connection alive for a successor after the
-    daemon dies (mount/holder.py); 0: no holder."""
+    daemon dies (lazystore/holder.py); 0: no holder."""
     fuse_priority: Literal["rr", "nice", "normal"] = Field(
         default_factory=lambda: os.environ.get("ROLLSTACK_FUSE_PRIORITY", "rr"))
-    """CPU priority of the thread serving FUSE: rr | nice | normal (mount/priority.py; default
+    """CPU priority of the thread serving FUSE: rr | nice | normal (lazystore/priority.py; default
     $ROLLSTACK_FUSE_PRIORITY, else rr)."""
     fuse_linger_us: int = Field(
         default_factory=lambda: int(os.environ.get("ROLLSTACK_FUSE_LINGER_US", "100")), ge=0, le=10_000)

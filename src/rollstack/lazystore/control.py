@@ -1,7 +1,7 @@
 """The daemon's control API: small HTTP/1.1 (h11) on trio, over a unix socket and optionally TCP.
 
 JSON in, JSON out; errors as `{"error": {"code", "message"}}` with the error's HTTP status.
-Routes are one table (`ROUTES`), request bodies pydantic models (mount/wire.py): a body that
+Routes are one table (`ROUTES`), request bodies pydantic models (lazystore/wire.py): a body that
 does not fit its model is `invalid_request` (400) naming the field.
 
     GET  /healthz                      {"ok": true, "mountpoint": ...}
@@ -60,7 +60,7 @@ class Request:
     match: re.Match[str]
 
     def model(self, cls: type[B]) -> B:
-        """The body as a `cls` (mount/wire.py), or InvalidRequest."""
+        """The body as a `cls` (lazystore/wire.py), or InvalidRequest."""
         try:
             return cls.model_validate_json(self.body or b"{}")
         except pydantic.ValidationError as exc:

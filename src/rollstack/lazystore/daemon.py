@@ -1,6 +1,6 @@
 """The lazy layer store daemon process (one per node).
 
-    python -m rollstack.lazystore.daemon CONFIG_JSON      # one DaemonConfig document (mount/config.py)
+    python -m rollstack.lazystore.daemon CONFIG_JSON      # one DaemonConfig document (lazystore/config.py)
     python -m rollstack.lazystore.daemon -                # the same document on stdin
 
 `LazyStoreClient.start(config)` runs the first form. The document is validated before anything
@@ -8,7 +8,7 @@ else happens: a bad one (unknown field, a socket path over the unix limit, ...) 
 2 and one `error:` line, and nothing is mounted.
 
 Mounts one read-only FUSE filesystem at the config's mountpoint (clearing a dead predecessor's
-stale mount first), or, when an fd-holder (mount/holder.py) keeps a dead predecessor's
+stale mount first), or, when an fd-holder (lazystore/holder.py) keeps a dead predecessor's
 connection, takes that over, serves the control API on a unix socket (default
 <state_dir>/control.sock) and optionally on TCP (for peers), and runs until SIGTERM/SIGINT or
 `POST /v1/shutdown`, then unmounts.

@@ -10,7 +10,7 @@ Namespace:
     /blobs/                 inode 3
     /blobs/<digest-hex>     the layer's EROFS data blob (format/erofs.py): its files' bytes,
                             each from a 4 KiB boundary; the device of the layer's EROFS image
-                            (node/erofs.py), read on demand like the files it is cut from
+                            (lowers/erofs.py), read on demand like the files it is cut from
 
 Layers are immutable, so entries, attributes and negative lookups inside them carry long
 timeouts, opened files keep their page cache (`keep_cache`) and symlink targets are cached.
@@ -54,7 +54,7 @@ _BLOB_FH = 1 << 62  # kernel-open mode: file handles of /blobs files (Reads' han
 OPAQUE_XATTR = b"trusted.overlay.opaque"
 _SHORT = 1.0
 PATCH_LEVEL = getattr(pyfuse3, "ROLLSTACK_PATCH", 0)  # third_party/pyfuse3; 0: a stock pyfuse3
-PATCHED = PATCH_LEVEL >= 1  # no-open mode (level 2 adds the fd-holder handover, mount/daemon.py)
+PATCHED = PATCH_LEVEL >= 1  # no-open mode (level 2 adds the fd-holder handover, lazystore/daemon.py)
 XATTR_FAST = PATCH_LEVEL >= 3  # getxattr/listxattr of inodes without xattrs answered in C
 LINGER = PATCH_LEVEL >= 4  # the fast path waits briefly for the next request (fuse_linger_us)
 # ROLLSTACK_XATTR_FAST=0 turns the fast path off (A/B measurements: `rollstack bench exec`)

@@ -5,7 +5,7 @@ base) and one `RemoteLayer` (its blob, for the fetcher). Adding a layer reads it
 TOC cache on disk, else by range reads of the blob) in a worker thread; the same layer added
 concurrently is loaded once.
 
-Inode continuity across a daemon takeover (mount/holder.py): the kernel knows the inodes, so a
+Inode continuity across a daemon takeover (lazystore/holder.py): the kernel knows the inodes, so a
 daemon that takes the connection over must serve the same numbers. Every added layer rewrites
 `<state_dir>/layers.json` (repo, digest, base of every layer), in a worker thread, one write
 at a time; `restore` loads that record at the same bases.
@@ -73,7 +73,7 @@ def layer_ref(ref: Any) -> tuple[str, str]:
 
 NoXattrHook = Callable[[list[tuple[int, int]], frozenset[int]], None]
 """Called with the inode ranges that have no xattrs and the exceptions inside them (the FUSE
-layer's fast path, mount/fs.py)."""
+layer's fast path, lazystore/fs.py)."""
 
 
 class LayerTable:

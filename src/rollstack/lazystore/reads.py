@@ -7,7 +7,7 @@ can prefetch the directory's small files (`FetchConfig.dir_prefetch_bytes`). `ch
 serves the chunks this daemon holds to peers.
 
 Open files: with `open` (kernel-open mode) the read state lives under a file handle; in no-open
-mode (mount/fs.py) the kernel sends no OPEN, so the state is kept per inode for the most recent
+mode (lazystore/fs.py) the kernel sends no OPEN, so the state is kept per inode for the most recent
 UNOPENED_STATES inodes, and the environment is the reader's.
 """
 

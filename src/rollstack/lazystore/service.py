@@ -104,12 +104,12 @@ class LazyStoreService:
     # -- environments ----------------------------------------------------------------------
     async def begin_env(self, env_id: str, refs: Iterable[Any], trace_key: str | None = None,
                         background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
-        """Register an environment on these layers and start its trace work (mount/envs.py)."""
+        """Register an environment on these layers and start its trace work (lazystore/envs.py)."""
         return await self.environments.begin(env_id, refs, trace_key, background, fallback_key)
 
     async def begin_envs(self, env_ids: list[str], refs: Iterable[Any], trace_key: str | None = None,
                          background: bool = True, fallback_key: str | None = None) -> dict[str, Any]:
-        """`begin_env` for the environments of one group at once (mount/envs.py)."""
+        """`begin_env` for the environments of one group at once (lazystore/envs.py)."""
         return await self.environments.begin_many(env_ids, refs, trace_key, background, fallback_key)
 
     async def end_env(self, env_id: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Wire models of the lazy store's control API (mount/control.py): the request bodies, shared
+"""Wire models of the lazy store's control API (lazystore/control.py): the request bodies, shared
 by the daemon (validation) and `LazyStoreClient` (construction)."""
 
 from __future__ import annotations

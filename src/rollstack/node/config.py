@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollstack.fetch.config import FetchConfig
 from rollstack.lazystore.config import LazyStoreSettings
+from rollstack.lowers.config import LEGACY_KEYS, LowersConfig
 
 DEFAULT_ROOT = Path("/var/lib/rollstack")
 DEFAULT_LISTEN = "127.0.0.1:7878"
@@ -48,45 +51,11 @@ class NodeConfig(BaseModel):
     """Longest wait between retries of a failed teardown (the wait doubles from 1 s up to it)."""
     resolve_ttl: float = 300.0
     """Seconds a resolved tag stays cached."""
-    materialize_after: int = Field(default=2, ge=0)
-    """A layer used by this many environments is copied out of the lazy store into a local
-    directory that later environments stack instead (no FUSE round trips); 0 = never."""
-    erofs_lowers: bool = True
-    """Once an environment has used a layer, later ones stack it as an in-kernel EROFS mount
-    over the lazy store's blob of the layer (node/erofs.py): native-speed metadata, data still
-    fetched on first read. Needs Linux >= 6.12 (file-backed EROFS); ignored without it."""
-    erofs_grace: float = Field(default=1.0, ge=0)
-    """Seconds after a layer's first use before a build nobody waits for starts: a lone cold
-    start keeps both cores (measured on a 2.3 GB, 62k-entry layer: a build at once cost its
-    cold start ~0.5 s). A create that waits for the build (`erofs_wait`: a group, a sibling of
-    the same wave) ends the grace at once, so a GRPO wave still starts on EROFS lowers."""
-    erofs_min_idle: float = Field(default=0.0, ge=0)
-    """Idle cores a background EROFS build waits for first (at most 5 s); 0 = do not wait."""
-    erofs_wait: float = Field(default=2.0, ge=0)
-    """Seconds a create may wait for its layers' EROFS mounts (node/erofs.py): a GRPO group
-    (`count` > 1), and a create whose layers' build another create already started, wait for
-    it; the first create of a stack on the node never does, unless its layers' images were
-    published beside the group (then it waits for a fetch, not a build). 0 = never wait."""
-    erofs_published: bool = True
-    """Use the EROFS images `group publish`/`group import` publish beside a group's layers
-    (plan/lowers.py): fetched and checked instead of built, so even the first environment of
-    a stack on a node starts on EROFS lowers. False: every node builds its own."""
-    materialize_budget: int = 32 << 30
-    """Bytes of materialized layers kept (least recently used, unmounted ones go first)."""
-    materialize_min_free: int = 8 << 30
-    """No layer is materialized while the node's filesystem has less than this free."""
-    materialize_cpu: float = Field(default=1.0, ge=0)
-    """Cores the materializer's extraction may use at most (its cgroup's CFS quota, beside its
-    SCHED_IDLE priority and the lowest share; host.background); 0 = no cap. One core: the
-    extraction is single-threaded, so the cap only guarantees it never takes more; a lower cap
-    slows materialization (0.5: 1.5-1.8x longer) without a measured gain on a quiet node
-    (docs/benchmarks.md, `bench materialize`)."""
-    materialize_min_idle: float = Field(default=0.5, ge=0)
-    """Idle cores (over 0.2 s, /proc/stat) the extraction waits for before each read: what it
-    causes at normal priority (the network stack, disk flushes, a registry on the node) waits
-    for running environments too (host.cpuidle); 0 = do not wait."""
+    lowers: LowersConfig = Field(default_factory=LowersConfig)
+    """How layers become lower dirs (rollstack.lowers): materialized local copies, EROFS mounts
+    over the lazy store's blobs, else the lazy store's FUSE directories."""
     lazy: LazyStoreSettings = Field(default_factory=lambda: LazyStoreSettings(fetch=FetchConfig(disk_budget=20 << 30)))
-    """The lazy store daemon's settings (mount/config.py): `fetch` (its chunk data path; here
+    """The lazy store daemon's settings (lazystore/config.py): `fetch` (its chunk data path; here
     with a 20 GiB disk chunk cache, `fetch.disk_budget`), `peers` (peer nodes' chunk endpoints,
     asked before the registry), `listen` (host:port on which it also serves its API over TCP,
     for peers; None: unix socket only), ... A `lazy` given replaces this default as a whole."""
@@ -124,6 +93,21 @@ class NodeConfig(BaseModel):
     """Fraction of the time the refill thread may spend starting sandboxes."""
     provision: bool = True
     """Run the elastic provisioner (quota history, OOM handling); off only for tests."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_legacy_lowers(cls, data: Any) -> Any:
+        """A config written before `lowers` had its section (flat `materialize_*`, `erofs_*`)."""
+        if not isinstance(data, dict) or not LEGACY_KEYS.keys() & data.keys():
+            return data
+        data = dict(data)
+        lowers = data.get("lowers")
+        nested = lowers.model_dump() if isinstance(lowers, LowersConfig) else dict(lowers or {})
+        for old, new in LEGACY_KEYS.items():
+            if old in data:
+                nested[new] = data.pop(old)
+        data["lowers"] = nested
+        return data
 
     @property
     def token_path(self) -> Path:

@@ -158,7 +158,7 @@ def _take_warm(stages: "Stages", service: "NodeService", recs: list[Any], prepar
 
 def _begin_all(stages: "Stages", recs: list[Any], prepared: Any, group: Group) -> None:
     """One lazy store request that begins every environment of the group."""
-    from rollstack.node.stages import trace_keys
+    from rollstack.fetch.traces import trace_keys
 
     plan = group.plan
     t = time.perf_counter()

@@ -29,7 +29,7 @@ def _loaded_layers(layers_dir: Path) -> list[str]:
 
 
 def node_info(service: Any) -> NodeInfo:
-    from rollstack.node.stages import trace_keys
+    from rollstack.fetch.traces import trace_keys
 
     cfg = service.config
     with service._lock:  # noqa: SLF001 - a read-only snapshot of the registry
@@ -45,13 +45,11 @@ def node_info(service: Any) -> NodeInfo:
         if key and not rec.internal:
             groups[key] = groups.get(key, 0) + 1
     stages = service.stages
-    materializer = getattr(stages, "materializer", None)
-    if materializer is not None:
-        with materializer._lock:  # noqa: SLF001
-            hot.update(materializer._ready)  # noqa: SLF001
+    if stages is not None and stages.lowers is not None:
+        hot.update(stages.lowers.local_layers())
     capacity: dict[str, float] = {"slots": float(cfg.max_environments)}
     free: dict[str, float] = {"slots": float(max(0, cfg.max_environments - len(live)))}
-    provisioner = getattr(stages, "provisioner", None)
+    provisioner = stages.provisioner if stages is not None else None
     if provisioner is not None:
         c = provisioner.committed()
         capacity.update(cpu=float(c["capacity_cpu"]), memory=float(c["capacity_memory"]))

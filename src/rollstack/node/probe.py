@@ -30,7 +30,7 @@ def probe_group(store: str, groups: Sequence[str], command: str, *, work: Path |
 
     root = Path(tempfile.mkdtemp(prefix="rsprobe-", dir=work))  # short: the daemon's unix socket lives under it
     try:
-        node = NodeService(NodeConfig(store=str(store), root=root.absolute(), materialize_after=0))
+        node = NodeService(NodeConfig(store=str(store), root=root.absolute(), lowers={"materialize_after": 0}))
         node.start()
         try:
             t0 = time.perf_counter()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +28,12 @@ from rollstack.node.config import NodeConfig
 from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
 from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
-from rollstack.node.seams import LazyStore, Materializer
 from rollstack.lazystore import holder
+from rollstack.lazystore.protocol import LazyStore
+from rollstack.lowers.stack import Lowers, flatten
 from rollstack.node import recovery
 from rollstack.node.recovery import end_orphan_daemon
+from rollstack.fetch.traces import trace_keys
 
 if TYPE_CHECKING:
     from rollstack.plan.model import Plan
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from rollstack.run.environment import Environment, EnvironmentRuntime, Leftovers
     from rollstack.store.base import ArtifactStore
     from rollstack.node.warm import WarmPool
-    from rollstack.node.erofs import ErofsLowers
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class Stages:
         self.lazy: LazyStore | None = None
         self.runtime: EnvironmentRuntime | None = None
         self.provisioner: Provisioner | None = None
-        self.materializer: Materializer | None = None
-        self.erofs: ErofsLowers | None = None
+        self.lowers: Lowers | None = None
         self.recovered: Leftovers | None = None
         self.adopted: list[tuple[Environment, dict[str, Any]]] = []
         self.warm: WarmPool | None = None
@@ -128,27 +127,10 @@ class Stages:
         self.runtime.start_network_pool()  # after recovery: a crashed run's warm slots are gone
         if self.lazy is None:  # the old daemon's mounts hold adopted environments' lower dirs
             self.lazy = old_daemon if self.adopted else self._start_lazy(spec)
-        if cfg.materialize_after:
-            from rollstack.node.materialize import LayerMaterializer
-
-            self.materializer = LayerMaterializer(cfg.materialized_dir, self.lazy, after=cfg.materialize_after,
-                                                  budget=cfg.materialize_budget,
-                                                  min_free=cfg.materialize_min_free, store=spec,
-                                                  chunk_cache=cfg.lazy_dir / "state" / "chunks",
-                                                  cpu=cfg.materialize_cpu, min_idle=cfg.materialize_min_idle,
-                                                  cgroup_tag=_node_tag(cfg.root),
-                                                  on_ready=self._lowers_changed).start()
-        if cfg.erofs_lowers:
-            from rollstack.node import erofs
-
-            if erofs.supported():
-                self.erofs = erofs.ErofsLowers(cfg.root / "erofs", self.lazy, cfg.lazy_dir / "state" / "tocs",
-                                               on_ready=self._lowers_changed, grace=cfg.erofs_grace,
-                                               min_idle=cfg.erofs_min_idle,
-                                               fetch_image=self._published_image if cfg.erofs_published else None,
-                                               ).start()
-            else:
-                log.info("this kernel cannot mount EROFS from files: layers stay on FUSE lowers")
+        self.lowers = Lowers.start(cfg.lowers, self.lazy, layers_dir=cfg.materialized_dir, erofs_dir=cfg.root / "erofs",
+                                   tocs_dir=cfg.lazy_dir / "state" / "tocs", chunk_cache=cfg.lazy_dir / "state" / "chunks",
+                                   store=spec, cgroup_tag=_node_tag(cfg.root), fetch_image=self._published_image,
+                                   on_ready=self._lowers_changed)
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)
             for env, doc in self.adopted:
@@ -180,7 +162,7 @@ class Stages:
 
     def ensure_lazy(self) -> bool:
         """Restart the lazy store daemon if it died. Its fd-holder keeps the FUSE connection, so
-        the new daemon takes it over under the running environments (mount/holder.py). True if
+        the new daemon takes it over under the running environments (lazystore/holder.py). True if
         a daemon was restarted."""
         if not self._daemon_dead(self.lazy):
             return False
@@ -188,10 +170,8 @@ class Stages:
         log.error("lazy store daemon %s; starting a successor",
                   f"exited with {proc.returncode}" if proc is not None else "adopted at start is gone")
         self.lazy = self._start_lazy(self._spec)
-        if self.materializer is not None:
-            self.materializer.lazy = self.lazy
-        if self.erofs is not None:
-            self.erofs.lazy = self.lazy
+        if self.lowers is not None:
+            self.lowers.set_lazy(self.lazy)
         return True
 
     def lazy_call(self, call: Callable[[LazyStore], Any]) -> Any:
@@ -273,7 +253,7 @@ class Stages:
             self.warm.stop()
             self.warm = None
         adopted_daemon = self.lazy is not None and getattr(self.lazy, "process", None) is None
-        for name in ("provisioner", "erofs", "materializer", "lazy"):
+        for name in ("provisioner", "lowers", "lazy"):
             part = getattr(self, name)
             if part is None:
                 continue
@@ -305,12 +285,8 @@ class Stages:
 
     def prepare(self, plan: Any, timings: Timings | None = None, count: int = 1) -> Prepared:
         """The work every environment of one plan shares: resolve, the layers' TOCs, the lowers.
-        `count` creates (a GRPO group) do it once.
-
-        EROFS lowers (node/erofs.py): the layers' builds start here, as early as possible. The
-        create that asks first for a layer does not wait for it (a lone cold start keeps its
-        time); a group, and a create that finds the build already under way (a sibling of the
-        same wave), waits up to `erofs_wait` s so it runs on EROFS lowers from its first second."""
+        `count` creates (a GRPO group) do it once; the lowers come from `Lowers.prepare`
+        (which may wait for the layers' EROFS mounts: rollstack.lowers.stack)."""
         t = time.perf_counter()
         stack = self.resolver.resolve(plan)
         t_resolved = time.perf_counter()
@@ -318,12 +294,8 @@ class Stages:
         self.lazy_call(lambda lazy: lazy.add_layers(refs))
         if plan.fetch.eager:
             self.lazy_call(lambda lazy: lazy.fetch_all(refs))
-        if self.erofs is not None:
-            first = self.erofs.request(refs)
-            # a group, a sibling of a wave, or layers whose images only need fetching
-            if self.config.erofs_wait > 0 and (count > 1 or not first or self.erofs.published(refs)):
-                self.erofs.ensure(refs, self.config.erofs_wait)
-        lowers = [self._lower(r.digest) for r in reversed(refs)]  # top first
+        lowers = self.lowers.prepare(refs, count) if self.lowers is not None else \
+            [Path(self.lazy.layer_dir(r.digest)) for r in reversed(refs)]  # top first
         if timings is not None:
             timings.resolve = round(t_resolved - t, 6)
             timings.toc = round(time.perf_counter() - t_resolved, 6)
@@ -378,8 +350,8 @@ class Stages:
             # Admission is checked again here, under the provisioner's lock: concurrent creates
             # that all passed `admit` cannot over-commit the node together.
             self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
-        if self.materializer is not None:
-            self.materializer.used(refs)
+        if self.lowers is not None:
+            self.lowers.used(refs)
         # a warm sandbox's start read under another id: nothing was read under this one yet
         fetch = self._fetch_stats(rec.id) if warm is None else dict.fromkeys(_FETCH_KEYS, 0)
         fetch["stack_bytes"] = int(sum(int(r.size) for r in refs))
@@ -407,23 +379,13 @@ class Stages:
     def _lowers_changed(self) -> None:
         """A layer got a faster lower (an EROFS mount or a local copy): the warm pool refills on
         the new dirs (its sandboxes on the old ones serve until replaced if `fast_lowers`)."""
-        warm = self.warm
-        if warm is not None:
-            warm.relower(lambda digests: tuple(str(self._lower(d)) for d in reversed(digests)))
+        warm, lowers = self.warm, self.lowers
+        if warm is not None and lowers is not None:
+            warm.relower(lowers.stack)
 
     def fast_lowers(self, lowers: Sequence[str]) -> bool:
-        """None of `lowers` is one of the lazy store's FUSE trees (each is an EROFS mount or a
-        local copy): commands on them walk and stat at native speed."""
-        fuse = Path(self.lazy.mountpoint)
-        return not any(Path(p).is_relative_to(fuse) for p in lowers)
-
-    def _lower(self, digest: str) -> Path:
-        """The layer's local copy when it has one (`node.materialize`), else its EROFS mount
-        (`node.erofs`), else its FUSE directory."""
-        local = self.materializer.lower_for(digest) if self.materializer is not None else None
-        if local is None and self.erofs is not None:
-            local = self.erofs.lower_for(digest)
-        return local if local is not None else Path(self.lazy.layer_dir(digest))
+        """Each of `lowers` is an EROFS mount or a local copy (rollstack.lowers.stack.Lowers.fast)."""
+        return self.lowers.fast(lowers) if self.lowers is not None else False
 
     def _fetch_stats(self, env_id: str) -> dict[str, int]:
         try:
@@ -547,29 +509,13 @@ class Stages:
             except Exception:  # noqa: BLE001 - metrics never fail a scrape; the gap is logged
                 log.warning("lazy store stats failed; /metrics goes without them", exc_info=True)
                 stats = {}
-            for key, value in _flatten(stats, "lazy"):
-                out[key] = value
-        if self.materializer is not None:
-            for key, value in _flatten(self.materializer.stats(), "materialized"):
-                out[key] = value
-        if self.erofs is not None:
-            for key, value in _flatten(self.erofs.stats(), "erofs"):
-                out[key] = value
+            out.update(flatten(stats, "lazy"))
+        if self.lowers is not None:
+            out.update(self.lowers.metrics())
         if self.warm is not None:
             out.update(self.warm.stats())
         out["agent_rss_bytes"] = float(_rss())
         return out
-
-
-def trace_keys(stack_digest: str | None, plan: Plan) -> tuple[str | None, str | None]:
-    """(task key, stack key) of the lazy store's access traces: the rollouts of one task (same
-    stack and mutation: a GRPO group; plan names usually differ per rollout, so they are left
-    out) share the first; every task on the stack, the second (what the first seconds of any
-    environment of that stack read)."""
-    if not stack_digest:
-        return None, None
-    task = hashlib.sha256((plan.mutation_text or "").encode()).hexdigest()[:24]
-    return f"{stack_digest}/task/{task}", f"{stack_digest}/stack"
 
 
 def _mutator(plan: Plan) -> Callable[[Path], None] | None:
@@ -603,16 +549,6 @@ def _as_dict(item: Any) -> dict[str, Any]:
 
         return asdict(item)
     return dict(vars(item))
-
-
-def _flatten(doc: Any, prefix: str) -> list[tuple[str, float]]:
-    out: list[tuple[str, float]] = []
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _flatten(v, f"{prefix}_{k}")
-    elif isinstance(doc, (int, float)) and not isinstance(doc, bool):
-        out.append((re.sub(r"[^A-Za-z0-9_]", "_", prefix), float(doc)))
-    return out
 
 
 def _rss() -> int:

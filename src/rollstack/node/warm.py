@@ -24,7 +24,7 @@ only cwd, env (per exec instead) and the start quotas (set at handout) differ.
 Which plans: `runtime: runc`, no user namespace, no network namespace (`network` none); others
 are created cold. Key: the stack's layer digests; a pool also remembers the lower dirs its
 sandboxes stack. When the same digests resolve to other dirs (a layer got its EROFS mount,
-`node.erofs`, or its local copy, `node.materialize`: both tell the pool at once, `relower`), the
+`lowers.erofs`, or its local copy, `lowers.materialize`: both tell the pool at once, `relower`), the
 pool refills on the new dirs. Its sandboxes on the old dirs are *stale*: if those dirs are all
 `fast` (native-speed metadata: EROFS mounts, local copies, never a FUSE tree) they keep serving
 creates, after the fresh ones, until the refill has replaced them one by one; otherwise they are

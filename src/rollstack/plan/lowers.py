@@ -1,6 +1,6 @@
 """EROFS metadata images published beside a group's layers, so no node builds them.
 
-A node stacks a layer as an in-kernel EROFS mount over its lazy-store blob (node/erofs.py) once
+A node stacks a layer as an in-kernel EROFS mount over its lazy-store blob (lowers/erofs.py) once
 it has the layer's EROFS metadata image, built from the layer's TOC (format/erofs.py) and, when
 published, carrying the bytes of its small files (`format.erofs.inline_candidates`).
 Built on the node, that image costs a process and ~0.1-0.8 s of CPU beside the environment's

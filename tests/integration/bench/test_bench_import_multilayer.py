@@ -106,7 +106,7 @@ def test_a_multilayer_image_runs_identically_to_containerd(tmp_path: Path) -> No
         finally:
             rig.ctr.delete(cid)
             rig.ctr.clear()
-        system = RollstackSystem("rollstack", rig.registry.url, tmp_path / "node", rig.link, materialize_after=0)
+        system = RollstackSystem("rollstack", rig.registry.url, tmp_path / "node", rig.link, lowers={"materialize_after": 0})
         try:
             system.start()
             with system.node.create({"name": "ml", "groups": ["test/multilayer:1"], "workdir": "/"}) as env:

@@ -51,7 +51,7 @@ def test_bench_iteration_on_an_imported_image(tmp_path: Path) -> None:
             assert r["eval_cmd_s"] > 0 and set(r["step_s"]) == set(r["steps"])
     # the import published the layer's EROFS image, so even a fresh node's first environments
     # stack its EROFS mount, never the FUSE directory (without file-backed EROFS: always FUSE)
-    from rollstack.node.erofs import supported
+    from rollstack.lowers.erofs import supported
 
     assert all(r["fuse_lowers"] is (not supported()) for r in doc["rollouts"]["rollstack-cold"])
     assert all(r["fuse_lowers"] is None for r in doc["rollouts"]["docker-equivalent-cold"])

@@ -4,7 +4,6 @@ the in-sandbox exec agent, HTTP): every request answered 200 and counted by the 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +11,7 @@ import pytest
 
 from components import need, require_root, require_tool
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
-from node_fixtures import plan, publish_corpus, remember, serve_node  # noqa: E402
+from node_helpers import plan, publish_corpus, remember, serve_node  # noqa: E402
 
 from rollstack import Client  # noqa: E402
 from rollstack.bench import node_wrk  # noqa: E402

@@ -1,4 +1,4 @@
-"""EROFS lowers over the lazy store (format/erofs.py, mount/fs.py `/blobs`, node/erofs.py): the
+"""EROFS lowers over the lazy store (format/erofs.py, lazystore/fs.py `/blobs`, lowers/erofs.py): the
 image the writer makes from a TOC mounts in the kernel over the daemon's FUSE blob file and
 shows exactly the tree the FUSE view shows (types, modes, owners, times, link counts, xattrs,
 the opaque marker, whiteouts, contents); an overlay stacks it; and a walk through it sends the
@@ -18,7 +18,7 @@ from rollstack.format import erofs
 from rollstack.format.reader import LayerReader, read_files, read_toc
 from rollstack.format.source import FileBlobSource
 from rollstack.host.umount import detach
-from rollstack.node.erofs import ErofsLowers, mount_image, supported
+from rollstack.lowers.erofs import ErofsLowers, mount_image, supported
 
 pytestmark = pytest.mark.integration
 

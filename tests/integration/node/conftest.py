@@ -1,4 +1,4 @@
-"""Fixtures of the node integration tests (helpers: node_fixtures.py).
+"""Fixtures of the node integration tests (helpers: node_helpers.py).
 
 - `corpus` (module): the busybox corpus published into a fresh OCI layout store; its spec.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from components import need, require_tool
-from node_fixtures import publish_corpus
+from node_helpers import publish_corpus
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from components import need, require_tool
-from node_fixtures import leftovers, plan, publish_corpus
+from node_helpers import leftovers, plan, publish_corpus
 from rollstack.node.server import free_port
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from fuzz_helpers import EXAMPLES, Canary, ServerErrors, fuzz_operations, tree_snapshot
-from node_fixtures import plan, remember, serve_node
+from node_helpers import plan, remember, serve_node
 
 pytestmark = pytest.mark.integration
 TOKEN = "fuzz-node-token"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from node_fixtures import plan
+from node_helpers import plan
 from rollstack.host import mountinfo
 from rollstack.lazystore import holder
 from rollstack.lazystore.config import daemon_pids

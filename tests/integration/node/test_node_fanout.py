@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node_fixtures import leftovers, plan, remember, serve_node
+from node_helpers import leftovers, plan, remember, serve_node
 from rollstack import Client, errors
 from rollstack.node.api import create_app
 from rollstack.node.config import NodeConfig

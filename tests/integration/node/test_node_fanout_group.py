@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from node_fixtures import leftovers, plan, publish_corpus, remember
+from node_helpers import leftovers, plan, publish_corpus, remember
 from rollstack import errors
 from rollstack.node.config import NodeConfig
 from rollstack.node.recovery import load_records
@@ -31,7 +31,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 def node(corpus: str, tmp_path: Path):
     root = tmp_path / "root"
     service = NodeService(NodeConfig(root=root, store=corpus, warm_pool=4, warm_pool_max=8,
-                                     max_environments=32, materialize_after=0))
+                                     max_environments=32, lowers={"materialize_after": 0}))
     service.start()
     admit = service._admit
 
@@ -59,8 +59,8 @@ def _ready(service: NodeService) -> list[str]:
 
 
 def _fill(service: NodeService) -> list[str]:
-    if service.stages.erofs is not None:  # the pool moves onto the layers' EROFS mounts first
-        assert service.stages.erofs.wait_idle(60)
+    if service.stages.lowers.erofs is not None:  # the pool moves onto the layers' EROFS mounts first
+        assert service.stages.lowers.erofs.wait_idle(60)
     assert service.stages.warm.wait_full(120), service.stages.warm.stats()
     return _ready(service)
 

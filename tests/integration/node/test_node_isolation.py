@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from node_fixtures import plan, remember, serve_node
+from node_helpers import plan, remember, serve_node
 from rollstack import Client, errors
 from rollstack.bench.netlab import Upstream, serve_model
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from node_fixtures import plan, remember, serve_node
+from node_helpers import plan, remember, serve_node
 from rollstack import Client, errors
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from node_fixtures import leftovers, plan, remember, serve_node
+from node_helpers import leftovers, plan, remember, serve_node
 from rollstack import Client, errors
 from rollstack.node.config import NodeConfig
 from rollstack.node.models import ExecRequest
@@ -223,10 +223,10 @@ def _crash(service: NodeService) -> None:
     service._stopping.set()  # ends the reaper
     if service.stages is not None and service.stages.provisioner is not None:
         service.stages.provisioner.stop()  # the provisioner thread would have died with the process
-    if service.stages is not None and service.stages.erofs is not None:
+    if service.stages is not None and service.stages.lowers.erofs is not None:
         # its EROFS worker too: let it finish (a crash after the mount leaves the mount), else it
         # mounts under the successor's root after the successor cleared the stale ones
-        service.stages.erofs.wait_idle(60)
+        service.stages.lowers.erofs.wait_idle(60)
 
 
 def _crashed_node(corpus: str, root: Path, *, kill: tuple[str, ...] = ()) -> str:

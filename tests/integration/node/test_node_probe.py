@@ -4,13 +4,11 @@ first environment of that stack finds it (and prefetches) instead of starting fi
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
-from node_fixtures import publish_corpus  # noqa: E402
+from node_helpers import publish_corpus  # noqa: E402
 
 from rollstack.fetch import shared_traces  # noqa: E402
 from rollstack.node.probe import probe_group  # noqa: E402
@@ -33,7 +31,7 @@ def test_a_probe_publishes_the_stack_trace_a_fresh_node_uses(tmp_path):
     assert out["exit_code"] == 0 and out["published"] >= 1 and out["trace_key"].endswith("/stack")
     assert shared_traces.trace_tag(out["trace_key"]) in set(st.list_tags(shared_traces.REPO)) - set(before)
     assert set(Path(tempfile.gettempdir()).glob("rsprobe-*")) <= probes_before  # the probe's node is gone
-    node = Node(store=store, root=tmp_path / "fresh", materialize_after=0)
+    node = Node(store=store, root=tmp_path / "fresh", lowers={"materialize_after": 0})
     try:
         env = node.create({"name": "after-probe", "groups": groups, "workdir": "/"})
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from node_fixtures import plan, publish_corpus
+from node_helpers import plan, publish_corpus
 from rollstack.node.server import free_port
 
 pytestmark = pytest.mark.integration

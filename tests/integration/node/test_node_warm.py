@@ -22,7 +22,7 @@ import pytest
 
 from proc_helpers import kill_exec_shim
 
-from node_fixtures import leftovers, plan, publish_corpus, remember
+from node_helpers import leftovers, plan, publish_corpus, remember
 from rollstack import Client, errors
 from rollstack.node.api import create_app
 from rollstack.node.config import NodeConfig
@@ -48,7 +48,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _service(root: Path, corpus: str, **extra) -> NodeService:
-    cfg = {"warm_pool": 2, "max_environments": 16, "materialize_after": 0, **extra}
+    cfg = {"warm_pool": 2, "max_environments": 16, "lowers": {"materialize_after": 0}, **extra}
     service = NodeService(NodeConfig(root=root, store=corpus, **cfg))
     service.start()
     return service
@@ -78,9 +78,9 @@ def _ready_ids(service: NodeService) -> list[str]:
 
 def _fill(service: NodeService) -> None:
     """Until the pool is full on the stack's final lowers (a used layer's EROFS mount replaces
-    its FUSE dir a moment after the first create, and the pool moves onto it: node/erofs.py)."""
-    if service.stages.erofs is not None:
-        assert service.stages.erofs.wait_idle(60)
+    its FUSE dir a moment after the first create, and the pool moves onto it: lowers/erofs.py)."""
+    if service.stages.lowers.erofs is not None:
+        assert service.stages.lowers.erofs.wait_idle(60)
     assert service.stages.warm.wait_full(120), service.stages.warm.stats()
 
 
@@ -190,7 +190,7 @@ def test_a_stack_change_replaces_the_pool(node, tmp_path: Path) -> None:
     refill has replaced them; another stack gets its own pool and, at the cap, takes room from
     the older one."""
     service, root = node
-    if service.stages.erofs is None:
+    if service.stages.lowers.erofs is None:
         pytest.skip("this kernel has no file-backed EROFS: the pool never stacks fast lowers")
     p = plan(resources=SMALL)
     _create(service, root, p)

@@ -1,5 +1,5 @@
 """`host.libc`: one loaded C library whose calls report the errno (the mount and syscall paths of
-run.overlay, run.userns, node.erofs and host.umount go through it)."""
+run.overlay, run.userns, lowers.erofs and host.umount go through it)."""
 
 from __future__ import annotations
 

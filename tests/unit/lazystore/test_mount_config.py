@@ -1,4 +1,4 @@
-"""The daemon's one config document (mount/config.py): what the client sends is what the daemon runs."""
+"""The daemon's one config document (lazystore/config.py): what the client sends is what the daemon runs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Environments' trace work (mount/envs.py) on a real service and a real OCI layout store, without
+"""Environments' trace work (lazystore/envs.py) on a real service and a real OCI layout store, without
 FUSE: a create never waits for the shared-trace lookup, the recording decision stays right, and
 an environment's tasks (trace prefetch, lookups, background fill) all run."""
 

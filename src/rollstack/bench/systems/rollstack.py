@@ -34,7 +34,7 @@ ROLLSTACK_SYSTEMS = {"rollstack-eager": True, "rollstack": False}
 """rollstack system name -> eager fetch"""
 FETCH_DETAIL = ("stall_seconds", "fetched_bytes", "critical_path_bytes", "prefetch_bytes", "from_cache_bytes",
                 "reads", "trace_source")
-"""What `Creation.fetch_detail` keeps of the lazy store's environment account (mount/envs.py)."""
+"""What `Creation.fetch_detail` keeps of the lazy store's environment account (lazystore/envs.py)."""
 
 
 @dataclass
@@ -187,8 +187,8 @@ class RollstackSystem:
             return {}
 
     def settle(self, timeout: float = 600.0) -> bool:
-        """Wait until the node has mounted its used layers' EROFS images (`node.erofs`) and
-        materialized the layers it found hot (`node.materialize`)."""
+        """Wait until the node has mounted its used layers' EROFS images (`lowers.erofs`) and
+        materialized the layers it found hot (`lowers.materialize`)."""
         stages = self.node.service.stages if self.node is not None else None
         e = getattr(stages, "erofs", None)
         m = getattr(stages, "materializer", None)

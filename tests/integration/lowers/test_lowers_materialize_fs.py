@@ -16,7 +16,7 @@ from components import require_tool
 from rollstack.format.convert import convert
 from rollstack.lazystore.client import LazyStoreClient
 from rollstack.lazystore.config import DaemonConfig
-from rollstack.node.materialize import LayerMaterializer
+from rollstack.lowers.materialize import LayerMaterializer
 
 pytestmark = pytest.mark.integration
 
@@ -150,21 +150,21 @@ def test_overlayfs_merges_copies_like_fuse_directories(tmp_path, oci_store, lazy
 
 
 def test_a_node_stacks_the_local_copy_once_the_layer_is_hot(tmp_path):
-    from node_fixtures import plan, publish_corpus
+    from node_helpers import plan, publish_corpus
     from rollstack.node.config import NodeConfig
     from rollstack.node.service import NodeService
 
     require_tool("runc", "fusermount3")
     store = publish_corpus(tmp_path / "store", tmp_path / "build")
     root = tmp_path / "node"
-    service = NodeService(NodeConfig(root=root, store=store, materialize_after=1, materialize_min_free=0,
-                                      reap_interval=0.5))
+    service = NodeService(NodeConfig(root=root, store=store, reap_interval=0.5,
+                                     lowers={"materialize_after": 1, "materialize_min_free": 0}))
     service.start()
     try:
         first = service.create(plan())
         service.destroy(first.id)
-        assert service.stages.materializer.wait_idle(120)
-        assert service.stages.materializer.stats()["layers"] >= 1
+        assert service.stages.lowers.materializer.wait_idle(120)
+        assert service.stages.lowers.materializer.stats()["layers"] >= 1
         second = service.create(plan())
         with open("/proc/self/mountinfo") as f:
             overlay = [line for line in f if f"envs/{second.id}" in line and " overlay " in line]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollstack.node.materialize import LayerMaterializer
+from rollstack.lowers.materialize import LayerMaterializer
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def test_a_full_disk_is_never_filled_with_copies(tmp_path):
 def test_a_copy_is_written_back_before_it_is_published(tmp_path, monkeypatch):
     """A restart reuses copies: the data reaches the disk (syncfs) before the rename makes the
     directory a layer, then the rename itself."""
-    import rollstack.node.materialize as materialize
+    import rollstack.lowers.materialize as materialize
 
     seen: list[tuple[str, bool, bool]] = []
 

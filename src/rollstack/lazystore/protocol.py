@@ -1,9 +1,7 @@
-"""The node's view of the stages it strings together: what `Stages` calls, typed.
+"""`LazyStore`: what the stages above call on the lazy store daemon, typed.
 
-The lazy store and the layer materializer are described by protocols (the node calls a daemon
-client it started or one it adopted, and tests hand in fakes); the other stages are their
-concrete classes (`Resolver`, `EnvironmentRuntime`, `Provisioner`), imported only for typing so
-that importing the node stays cheap.
+The node calls a daemon client it started or one it adopted from a previous agent
+(`LazyStoreClient`); tests hand in fakes. `lowers/` reads layers through it too.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ class LazyStore(Protocol):
 
     process: subprocess.Popen | None
     """Our child daemon; None for a daemon adopted from a previous agent."""
+    mountpoint: Path
 
     def add_layers(self, refs: Iterable[LayerRef]) -> dict[str, Any]: ...
     def layer_dir(self, digest: str) -> Path: ...
@@ -32,15 +31,4 @@ class LazyStore(Protocol):
     def end_env(self, env_id: str) -> dict[str, Any]: ...
     def stats(self) -> dict[str, Any]: ...
     def healthy(self) -> bool: ...
-    def stop(self) -> None: ...
-
-
-class Materializer(Protocol):
-    """Local copies of hot layers (`rollstack.node.materialize.LayerMaterializer`)."""
-
-    lazy: LazyStore
-
-    def lower_for(self, digest: str) -> Path | None: ...
-    def used(self, refs: Iterable[LayerRef]) -> None: ...
-    def stats(self) -> dict[str, Any]: ...
     def stop(self) -> None: ...

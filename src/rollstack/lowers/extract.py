@@ -8,11 +8,11 @@ cache already holds (decompressed, content-addressed) are copied from there afte
 the others are fetched in large range reads (`window`, 8 MiB), decompressed and verified exactly
 like the lazy store's reads (`decode_chunk`). No byte goes through FUSE or the lazy store daemon.
 
-The node runs it as its own process (`python -m rollstack.node.extract ...`, see
+The node runs it as its own process (`python -m rollstack.lowers.extract ...`, see
 `spawn_args`): single-threaded (so at most one core), at nice 19 in the SCHED_IDLE class and
 the idle I/O class, in the node's background cgroup (host.background: a CPU cap, default one
 core, and the lowest share), so running environments always go first. The result equals the FUSE view of
-the layer entry by entry (tests/integration/node/test_node_extract.py).
+the layer entry by entry (tests/integration/lowers/test_lowers_extract.py).
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def spawn_args(store: str, repo: str, digest: str, dst: Path, chunk_cache: Path 
     """The extraction's command line; `cgroups`: the node's background cgroup dirs
     (host.background), joined before any work; `min_idle`: cores that must be idle before
     each read (`host.cpuidle.idle_pacer`)."""
-    argv = [sys.executable, "-m", "rollstack.node.extract", "--store", store, "--repo", repo,
+    argv = [sys.executable, "-m", "rollstack.lowers.extract", "--store", store, "--repo", repo,
             "--digest", digest, "--dst", str(dst), "--min-idle", repr(float(min_idle))]
     if chunk_cache is not None:
         argv += ["--chunk-cache", str(chunk_cache)]
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rollstack.store import open_store
 
-    ap = argparse.ArgumentParser(prog="python -m rollstack.node.extract")
+    ap = argparse.ArgumentParser(prog="python -m rollstack.lowers.extract")
     ap.add_argument("--store", required=True)
     ap.add_argument("--repo", required=True)
     ap.add_argument("--digest", required=True)

@@ -5,7 +5,7 @@ read and (for each new overlay mount) every extended-attribute probe overlayfs m
 cannot let the kernel cache directory listings, symlinks or skip opens. For the first
 environments of a stack that is the price of starting from metadata alone. Once a layer is hot
 (used by `after` environments on this node), it is worth having locally. With a `store` (what a
-node passes), the materializer runs `rollstack.node.extract` in its own process after a `grace`
+node passes), the materializer runs `rollstack.lowers.extract` in its own process after a `grace`
 period: the blob is streamed once, in blob order, and decoded straight into `<root>/<hex>.tmp`
 (chunks the node's disk cache holds are taken from there), single-threaded at SCHED_IDLE /
 nice 19 and the idle I/O class, in the node's background cgroup (`cpu` cores at most, default
@@ -103,7 +103,7 @@ class LayerMaterializer:
         self.cpu = cpu  # cores the extraction may use at most (host.background); 0: uncapped
         self.cgroup_tag = cgroup_tag
         self.cgroups: list[Path] = []
-        self.store = store  # set: extract blobs straight into directories (node.extract)
+        self.store = store  # set: extract blobs straight into directories (lowers.extract)
         self.chunk_cache = chunk_cache
         self._proc: subprocess.Popen[str] | None = None
         self.extract_stats: list[dict[str, Any]] = []
@@ -173,7 +173,7 @@ class LayerMaterializer:
     def extract_argv(self, repo: str, digest: str, dst: Path) -> list[str]:
         """The extraction of one layer into `dst` as this node runs it (its own process, in the
         node's background cgroup); `bench materialize` runs the same."""
-        from rollstack.node.extract import spawn_args
+        from rollstack.lowers.extract import spawn_args
 
         if self.store is None:
             raise RuntimeError("a materializer without a store copies through FUSE")
@@ -186,6 +186,11 @@ class LayerMaterializer:
             if path is not None:
                 self._last_used[digest] = time.time()
             return path
+
+    def ready_digests(self) -> set[str]:
+        """The layers that have a complete local copy now."""
+        with self._lock:
+            return set(self._ready)
 
     def used(self, refs: Iterable[Any]) -> None:
         """An environment was created on these layers: count, and queue the ones now hot."""
@@ -282,7 +287,7 @@ class LayerMaterializer:
                 log.exception("materializer on_ready hook failed")
 
     def _extract(self, ref: Any, tmp: Path) -> None:
-        """`python -m rollstack.node.extract` into `tmp`, its own low-priority process."""
+        """`python -m rollstack.lowers.extract` into `tmp`, its own low-priority process."""
         import json
 
         argv = self.extract_argv(ref.repo, ref.digest, tmp)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rollstack.node.erofs import ErofsLowers, _hurry
+from rollstack.lowers.erofs import ErofsLowers, _hurry
 
 
 class _Lazy:

@@ -1,4 +1,4 @@
-"""Materialization by extraction (`rollstack.node.extract`): the blob streamed once into a
+"""Materialization by extraction (`rollstack.lowers.extract`): the blob streamed once into a
 directory, no FUSE. The result equals the layer's FUSE view entry by entry, chunks the node's
 disk cache holds are not fetched again, a corrupted blob fails without leaving a directory in
 place, and the node's materializer uses it (its own low-priority process)."""
@@ -16,8 +16,8 @@ import pytest
 from rollstack.errors import IntegrityError
 from rollstack.lazystore.client import LazyStoreClient
 from rollstack.lazystore.config import DaemonConfig
-from rollstack.node.extract import extract_layer, spawn_args
-from rollstack.node.materialize import LayerMaterializer
+from rollstack.lowers.extract import extract_layer, spawn_args
+from rollstack.lowers.materialize import LayerMaterializer
 from test_node_materialize_fs import describe, lower_tree, publish, upper_tree
 
 pytestmark = pytest.mark.integration

@@ -78,7 +78,7 @@ def mount_image(image: Path, blob: Path, target: Path) -> None:
 def build_argv(tocs_dir: Path, digest: str, out: Path) -> list[str]:
     """A background build as the node runs it: its own process, at nice 10 (`_hurry` lifts it
     to 0 once a create waits for it)."""
-    return ["nice", "-n", "10", sys.executable, "-m", "rollstack.node.erofs", str(tocs_dir), digest, str(out)]
+    return ["nice", "-n", "10", sys.executable, "-m", "rollstack.lowers.erofs", str(tocs_dir), digest, str(out)]
 
 
 def build_image(tocs_dir: Path, digest: str) -> bytes:
@@ -378,14 +378,14 @@ def _hurry(proc: "subprocess.Popen[str]") -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m rollstack.node.erofs TOCS_DIR DIGEST OUT`: `build_image` into OUT."""
+    """`python -m rollstack.lowers.erofs TOCS_DIR DIGEST OUT`: `build_image` into OUT."""
     from rollstack.errors import RollstackError
 
     tocs, digest, out = argv
     try:
         image = build_image(Path(tocs), digest)
     except RollstackError as exc:
-        print(f"rollstack.node.erofs: {exc}", file=sys.stderr)
+        print(f"rollstack.lowers.erofs: {exc}", file=sys.stderr)
         return 2
     Path(out).write_bytes(image)
     return 0

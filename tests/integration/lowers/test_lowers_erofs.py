@@ -1,8 +1,8 @@
-"""EROFS lowers in a node (node/erofs.py, stages' lower choice): with the images published beside
+"""EROFS lowers in a node (lowers/erofs.py, stages' lower choice): with the images published beside
 the group (plan/lowers.py) even the first environment stacks EROFS mounts, fetched not built;
 without them, after the first environment of a stack later ones stack each layer's EROFS mount
 instead of its FUSE directory, and behave the same (commands, files, diff); a GRPO group waits
-for the mounts (`erofs_wait`), a lone first create does not; with `erofs_lowers` off nothing is
+for the mounts (`erofs_wait`), a lone first create does not; with `lowers.erofs` off nothing is
 mounted; a node's stop leaves no mount."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from components import need
-from node_fixtures import leftovers, plan, publish_corpus, remember
+from node_helpers import leftovers, plan, publish_corpus, remember
 from rollstack.format import erofs
 from rollstack.format.reader import read_files, read_toc
 from rollstack.node.config import NodeConfig
-from rollstack.node.erofs import build_image, supported
+from rollstack.lowers.erofs import build_image, supported
 from rollstack.node.models import ExecRequest
 from rollstack.node.service import NodeService
 from rollstack.store.source import StoreBlobSource
@@ -34,7 +34,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _node(corpus: str, root: Path, **kw) -> NodeService:
     service = NodeService(NodeConfig(root=root, store=corpus, warm_pool=0, max_environments=8,
-                                     materialize_after=0, **kw))
+                                     lowers={"materialize_after": 0, **kw}))
     service.start()
     return service
 
@@ -64,7 +64,7 @@ def test_published_images_put_the_first_environment_on_erofs(corpus: str, tmp_pa
         remember(root, first.id)
         lowers = _lowers(service, first.id)
         assert lowers and all(str(root / "erofs") in p for p in lowers), lowers
-        stats = service.stages.erofs.stats()
+        stats = service.stages.lowers.erofs.stats()
         assert stats["fetched"] == len(stack.layers) and stats["failed"] == 0, stats
         store = open_store(corpus)
         for layer in stack.layers:  # what was fetched: this node's own build plus the small files
@@ -91,8 +91,8 @@ def test_later_environments_stack_erofs_mounts(corpus: str, tmp_path: Path) -> N
         first = service.create(plan(resources=SMALL))
         remember(root, first.id)
         assert all("lazy/mnt" in p for p in _lowers(service, first.id))
-        assert service.stages.erofs.wait_idle(60)
-        assert service.stages.erofs.failures() == {}
+        assert service.stages.lowers.erofs.wait_idle(60)
+        assert service.stages.lowers.erofs.failures() == {}
         second = service.create(plan(resources=SMALL))
         remember(root, second.id)
         lowers = _lowers(service, second.id)
@@ -135,9 +135,9 @@ def test_a_group_waits_for_the_mounts_and_a_lone_first_create_does_not(corpus: s
 
 def test_erofs_lowers_off_keeps_fuse(corpus: str, tmp_path: Path) -> None:
     root = tmp_path / "root"
-    service = _node(corpus, root, erofs_lowers=False)
+    service = _node(corpus, root, erofs=False)
     try:
-        assert service.stages.erofs is None
+        assert service.stages.lowers.erofs is None
         for _ in range(2):
             env = service.create(plan(resources=SMALL))
             remember(root, env.id)

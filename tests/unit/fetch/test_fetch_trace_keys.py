@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollstack.node.stages import trace_keys
+from rollstack.fetch.traces import trace_keys
 from rollstack.plan.model import load_plan
 
 

@@ -1,11 +1,11 @@
-"""`node.extract.plan_ranges`: which blob ranges materialization reads (pure)."""
+"""`lowers.extract.plan_ranges`: which blob ranges materialization reads (pure)."""
 
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
 from rollstack.format.toc import Chunk
-from rollstack.node.extract import plan_ranges
+from rollstack.lowers.extract import plan_ranges
 
 
 def chunks(sizes: list[int]) -> list[Chunk]:
