@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXECD := native/build/rollstack-execd
 
-.PHONY: setup demo test test-unit test-integration bench-quick clean
+.PHONY: setup demo test lint test-unit test-integration bench-quick clean
 
 setup: $(STAMP) $(EXECD)
 
@@ -29,6 +29,12 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -ra tests
+
+# ruff over everything; mypy strict where it is cheap (the contract), default over plan and lowers
+lint: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy --strict src/rollstack/contract
+	$(BIN)/mypy src/rollstack/plan src/rollstack/lowers
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit

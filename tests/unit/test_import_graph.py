@@ -15,6 +15,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "rollstack"
 LAYERS: list[set[str]] = [
     {"errors"},  # the core: the error tree, units and statistics, host facts, the layer format
     {"core", "interrupts"},
+    {"contract"},  # the neutral API contract: service protocols, wire models, routes (pydantic only)
     {"host", "format"},
     {"store"},
     {"plan"},
@@ -23,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"lowers", "run"},  # layer stack -> lower dirs, beside one environment's OS side (never each other)
     {"provision"},
     {"node"},  # strings the stages together
-    {"client"},  # the SDK over the node's HTTP API (shares node.models)
+    {"client"},  # the SDK over the node's HTTP API (the contract's routes and models)
     {"corpus"},  # tasks and their plans, for everything above
     {"e2b"},  # the E2B-compatible API: a protocol adapter over one node
     {"integrations", "cluster"},  # consumers of nodes: never each other (the pool's gateway fronts its nodes' E2B API)

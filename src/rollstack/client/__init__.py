@@ -13,12 +13,12 @@ _EXPORTS = {
     "AsyncClient": "rollstack.client.aio",
     "AsyncEnvironment": "rollstack.client.aio",
     "Environment": "rollstack.client.environment",
-    "ExecResult": "rollstack.node.models",
-    "ExecChunk": "rollstack.node.models",
-    "Evaluation": "rollstack.node.models",
-    "Stats": "rollstack.node.models",
-    "EnvironmentInfo": "rollstack.node.models",
-    "CreateResponse": "rollstack.node.models",
+    "ExecResult": "rollstack.contract.models",
+    "ExecChunk": "rollstack.contract.models",
+    "Evaluation": "rollstack.contract.models",
+    "Stats": "rollstack.contract.models",
+    "EnvironmentInfo": "rollstack.contract.models",
+    "CreateResponse": "rollstack.contract.models",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from rollstack.errors import InvalidRequest, NodeUnavailable, RollstackError, from_dict
-from rollstack.node.models import ExecRequest
+from rollstack.contract.models import ExecRequest
 
 DEFAULT_NODE = "http://127.0.0.1:7878"
 DEFAULT_ROOT = Path("/var/lib/rollstack")

@@ -27,7 +27,7 @@ from rollstack.client._base import (
     plan_to_wire,
     raise_for,
 )
-from rollstack.node.models import (
+from rollstack.contract.models import (
     CreateResponse,
     EnvironmentInfo,
     Evaluation,

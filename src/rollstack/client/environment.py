@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterator, overload
 
 from rollstack.client._base import exec_request, plan_to_wire
-from rollstack.node.models import (
+from rollstack.contract.models import (
     CreateResponse,
     EnvironmentInfo,
     Evaluation,
@@ -19,7 +19,7 @@ from rollstack.node.models import (
     ExecResult,
     Stats,
 )
-from rollstack.node.protocol import EnvironmentService
+from rollstack.contract.service import EnvironmentService
 
 
 class Environment:

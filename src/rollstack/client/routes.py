@@ -1,4 +1,5 @@
-"""The node API's routes, once: what each call sends and how its answer is decoded.
+"""The node API's calls, once: what each sends and how its answer is decoded (the routes
+themselves are the contract's, `rollstack.contract.routes`, which the server serves).
 
 `HttpService` (sync) and `AsyncHttpService` (async) are the same list of calls over two httpx
 clients: each method builds a `Call` here and hands it to its transport, so a route, a timeout
@@ -16,10 +17,10 @@ import httpx
 
 from rollstack.client._base import EXEC_ANSWER_SLACK, request_timeout, transport_error
 from rollstack.errors import ExecTimeout, RollstackError, from_dict
-from rollstack.node import models as m
+from rollstack.contract import models as m
+from rollstack.contract import routes as R
 
 T = TypeVar("T")
-ENVS = "/v1/environments"
 _JSON = {"content-type": "application/json"}
 
 
@@ -45,10 +46,6 @@ class Call(Generic[T]):
         return transport_error(exc, url)
 
 
-def _env(env_id: str, tail: str = "") -> str:
-    return f"{ENVS}/{env_id}{tail}"
-
-
 def _none(_: httpx.Response) -> None:
     return None
 
@@ -64,14 +61,14 @@ def _create_kwargs(body: dict[str, Any], lease: float | None, idempotency_key: s
 
 def create(plan: dict[str, Any] | str, lease: float | None = None,
            idempotency_key: str | None = None) -> Call[m.CreateResponse]:
-    return Call("POST", ENVS, lambda r: m.CreateResponse.model_validate_json(r.content),
+    return Call(R.CREATE.method, R.CREATE.path(), lambda r: m.CreateResponse.model_validate_json(r.content),
                 _create_kwargs({"plan": plan}, lease, idempotency_key))
 
 
 def create_many(plan: dict[str, Any] | str, count: int, lease: float | None = None,
                 idempotency_key: str | None = None) -> Call[list[m.CreateResponse]]:
     """`count` identical environments in one call (a GRPO group), all or none."""
-    return Call("POST", ENVS, lambda r: m.CreateGroupResponse.model_validate_json(r.content).environments,
+    return Call(R.CREATE.method, R.CREATE.path(), lambda r: m.CreateGroupResponse.model_validate_json(r.content).environments,
                 _create_kwargs({"plan": plan, "count": count}, lease, idempotency_key))
 
 
@@ -80,73 +77,73 @@ def renew(env_ids: list[str], lease: float | None = None) -> Call[m.LeaseRenewal
     body: dict[str, Any] = {"ids": list(env_ids)}
     if lease is not None:
         body["lease"] = lease
-    return Call("POST", "/v1/leases", lambda r: m.LeaseRenewal.model_validate_json(r.content), {"json": body})
+    return Call(R.RENEW.method, R.RENEW.path(), lambda r: m.LeaseRenewal.model_validate_json(r.content), {"json": body})
 
 
 def renew_one(env_id: str, lease: float | None = None) -> Call[m.LeaseRenewal]:
     """Renew one lease (`EnvironmentNotFound` when it is not live)."""
-    return Call("POST", _env(env_id, "/lease"), lambda r: m.LeaseRenewal.model_validate_json(r.content),
+    return Call(R.RENEW_ONE.method, R.RENEW_ONE.path(env_id=env_id), lambda r: m.LeaseRenewal.model_validate_json(r.content),
                 {"json": {} if lease is None else {"lease": lease}})
 
 
 def list_environments() -> Call[list[m.EnvironmentInfo]]:
-    return Call("GET", ENVS, lambda r: m.EnvironmentList.model_validate_json(r.content).environments)
+    return Call(R.LIST.method, R.LIST.path(), lambda r: m.EnvironmentList.model_validate_json(r.content).environments)
 
 
 def info(env_id: str) -> Call[m.EnvironmentInfo]:
-    return Call("GET", _env(env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
+    return Call(R.INFO.method, R.INFO.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
 
 
 def exec_(env_id: str, request: m.ExecRequest) -> Call[m.ExecResult]:
-    return Call("POST", _env(env_id, "/exec"), lambda r: m.ExecResult.model_validate_json(r.content),
+    return Call(R.EXEC.method, R.EXEC.path(env_id=env_id), lambda r: m.ExecResult.model_validate_json(r.content),
                 {"content": request.model_dump_json(exclude_none=True), "headers": _JSON,
                  "timeout": request_timeout(request.timeout)}, request.timeout)
 
 
 def exec_stream(env_id: str, request: m.ExecRequest) -> Call[None]:
     """The streaming exec: the transport reads its answer line by line (`chunk()`)."""
-    return Call("POST", _env(env_id, "/exec/stream"), _none,
+    return Call(R.EXEC_STREAM.method, R.EXEC_STREAM.path(env_id=env_id), _none,
                 {"content": request.model_dump_json(exclude_none=True), "headers": _JSON,
                  "timeout": request_timeout(request.timeout)}, request.timeout)
 
 
 def read_file(env_id: str, path: str) -> Call[bytes]:
-    return Call("GET", _env(env_id, "/files"), lambda r: r.content, {"params": {"path": path}})
+    return Call(R.READ_FILE.method, R.READ_FILE.path(env_id=env_id), lambda r: r.content, {"params": {"path": path}})
 
 
 def write_file(env_id: str, path: str, data: bytes) -> Call[None]:
-    return Call("PUT", _env(env_id, "/files"), _none, {"params": {"path": path}, "content": data})
+    return Call(R.WRITE_FILE.method, R.WRITE_FILE.path(env_id=env_id), _none, {"params": {"path": path}, "content": data})
 
 
 def diff(env_id: str, binary: str = "name") -> Call[str]:
-    return Call("GET", _env(env_id, "/diff"), lambda r: r.text, {"params": {"binary": binary}})
+    return Call(R.DIFF.method, R.DIFF.path(env_id=env_id), lambda r: r.text, {"params": {"binary": binary}})
 
 
 def evaluate(env_id: str) -> Call[m.Evaluation]:
-    return Call("POST", _env(env_id, "/evaluate"), lambda r: m.Evaluation.model_validate_json(r.content),
+    return Call(R.EVALUATE.method, R.EVALUATE.path(env_id=env_id), lambda r: m.Evaluation.model_validate_json(r.content),
                 {"timeout": request_timeout(None)})
 
 
 def stats(env_id: str) -> Call[m.Stats]:
-    return Call("GET", _env(env_id, "/stats"), lambda r: m.Stats.model_validate_json(r.content))
+    return Call(R.STATS.method, R.STATS.path(env_id=env_id), lambda r: m.Stats.model_validate_json(r.content))
 
 
 def destroy(env_id: str) -> Call[None]:
-    return Call("DELETE", _env(env_id), _none, {"timeout": request_timeout(None)})
+    return Call(R.DESTROY.method, R.DESTROY.path(env_id=env_id), _none, {"timeout": request_timeout(None)})
 
 
 def health() -> Call[m.Health]:
-    return Call("GET", "/healthz", lambda r: m.Health.model_validate_json(r.content))
+    return Call(R.HEALTH.method, R.HEALTH.path(), lambda r: m.Health.model_validate_json(r.content))
 
 
 def metrics_text() -> Call[str]:
-    return Call("GET", "/metrics", lambda r: r.text)
+    return Call(R.METRICS.method, R.METRICS.path(), lambda r: r.text)
 
 
 def metrics() -> Call[dict[str, float]]:
     """The node's own gauges (`rollstack_<name>` on /metrics) as `{name: value}`, the same
     mapping `NodeService.metrics()` returns in-process."""
-    return Call("GET", "/metrics", lambda r: parse_metrics(r.text))
+    return Call(R.METRICS.method, R.METRICS.path(), lambda r: parse_metrics(r.text))
 
 
 _SAMPLE = re.compile(r"^rollstack_([A-Za-z0-9_:]+)\s+(\S+)(?:\s+\d+)?$")

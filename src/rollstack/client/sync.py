@@ -24,7 +24,7 @@ from rollstack.client import routes
 from rollstack.client.environment import EnvironmentFacade
 from rollstack.client.leases import DEFAULT_LEASE, LeaseKeeper
 from rollstack.core.httppool import PerThreadClient, limits
-from rollstack.node.models import (
+from rollstack.contract.models import (
     CreateResponse,
     EnvironmentInfo,
     Evaluation,

@@ -100,7 +100,7 @@ def create_gateway(pool: Pool, token: str | None) -> FastAPI:
             from pydantic import ValidationError
 
             from rollstack.errors import InvalidRequest
-            from rollstack.node.models import CreateGroupResponse, CreateRequest
+            from rollstack.contract.models import CreateGroupResponse, CreateRequest
 
             try:
                 CreateRequest.model_validate({"plan": plan, "count": count})  # the node API's bounds

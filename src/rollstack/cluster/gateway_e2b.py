@@ -32,7 +32,7 @@ import anyio.to_thread
 import httpx
 from pydantic import ValidationError
 
-from rollstack.errors import InsufficientCapacity, NodeUnavailable, RollstackError
+from rollstack.errors import NodeUnavailable, RollstackError
 
 log = logging.getLogger(__name__)
 

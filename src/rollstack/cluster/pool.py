@@ -42,7 +42,7 @@ from rollstack.errors import (
     NodeUnavailable,
     RollstackError,
 )
-from rollstack.node.models import EnvironmentInfo, Health
+from rollstack.contract.models import EnvironmentInfo, Health
 
 
 def _ray_source(address: str | None) -> Callable[[], list[dict[str, Any]]]:

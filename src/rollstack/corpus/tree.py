@@ -147,7 +147,8 @@ def _run(cmd: list[str], timeout: float) -> StepResult:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise RuntimeFailure(f"build step timed out after {timeout:.0f}s", output=out.decode(errors="replace")[-4000:])
+        raise RuntimeFailure(f"build step timed out after {timeout:.0f}s",
+                             output=out.decode(errors="replace")[-4000:]) from None
     except BaseException:
         # Interrupted (Ctrl-C, a failing sibling thread): the step has its own session, end it too.
         try:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rollstack.contract.service import NodeLocal
+
 log = logging.getLogger(__name__)
 
 _DEPENDENCIES = ("e2b", "connectrpc", "protobuf", "pyqwest")
 
 
-def install(app: Any, service: Any, token: str | None) -> Any:
+def install(app: Any, service: NodeLocal, token: str | None) -> Any:
     """Serve the E2B API on the node app `app`; None (logged) when the `e2b` extra is missing."""
     try:
         from rollstack.e2b.app import install as _install

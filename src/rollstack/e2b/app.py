@@ -29,6 +29,7 @@ from rollstack.e2b.envd_process import ProcessService
 from rollstack.e2b.rpc import SANDBOX_HEADER, TOKEN_HEADER, codecs
 from rollstack.e2b.sandboxes import SandboxTable
 from rollstack.errors import SandboxNotFound
+from rollstack.contract.service import NodeLocal
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +46,13 @@ def _is_control(path: str) -> bool:
 class E2BApi:
     """The E2B surface of one node: its sandbox table and the three ASGI apps."""
 
-    def __init__(self, service: Any, token: str | None, max_message: int = MAX_MESSAGE) -> None:
+    def __init__(self, service: NodeLocal, token: str | None, max_message: int = MAX_MESSAGE) -> None:
         from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
         from e2b.envd.process.process_connect import ProcessASGIApplication
 
         self.service, self.token = service, token
         self.table = SandboxTable(service)
-        self.control = create_control_app(self.table, service, token)
+        self.control = create_control_app(self.table, service, token, max_file=service.max_file_bytes)
         self.process = ProcessASGIApplication(ProcessService(self.table, service, token),
                                               read_max_bytes=max_message, codecs=codecs())
         self.filesystem = FilesystemASGIApplication(FilesystemService(self.table, service, token),
@@ -115,7 +116,7 @@ class E2BDispatch:
         await self.app(scope, receive, send)
 
 
-def install(app: Any, service: Any, token: str | None) -> E2BApi:
+def install(app: Any, service: NodeLocal, token: str | None) -> E2BApi:
     """Serve the E2B-compatible API on `app` (the node's FastAPI app) beside its own routes."""
     api = E2BApi(service, token)
     app.add_middleware(E2BDispatch, api=api)

@@ -28,6 +28,7 @@ from rollstack.e2b.models import ConnectRequest, E2BError, NewSandbox, TimeoutRe
 from rollstack.e2b.sandboxes import SandboxTable
 from rollstack.errors import InvalidRequest, NotFound, RollstackError, Unauthorized
 from rollstack.run.files import split_request
+from rollstack.contract.service import NodeLocal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,11 +52,12 @@ def error_from(exc: BaseException) -> JSONResponse:
     return e2b_error(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
-def create_control_app(table: SandboxTable, service: Any, token: str | None, threads: int = 64) -> FastAPI:
+def create_control_app(table: SandboxTable, service: NodeLocal, token: str | None, threads: int = 64,
+                       max_file: int = DEFAULT_MAX_FILE) -> FastAPI:
+    """`max_file`: the largest file an upload may carry (the node's `max_file_bytes`)."""
     app = FastAPI(title="rollstack E2B-compatible API", docs_url=None, redoc_url=None, openapi_url=None,
                   responses={"default": {"model": E2BError, "description": "E2B's error body"}})
     limiter: dict[str, anyio.CapacityLimiter] = {}
-    max_file = int(getattr(getattr(service, "config", None), "max_file_bytes", DEFAULT_MAX_FILE))
 
     async def call(fn: Callable[..., T], *args: Any) -> T:
         if "l" not in limiter:

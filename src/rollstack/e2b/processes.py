@@ -1,6 +1,6 @@
 """The process table of one E2B sandbox: envd's `process.Process` state over the node's exec.
 
-Each process is one `EnvironmentService.exec_attached` call running in its own thread, with an
+Each process is one `NodeLocal.exec_attached` call (rollstack.contract.service) running in its own thread, with an
 `ExecControl` (open stdin, signals). Output and the end are fanned out to the streams attached
 to it (`Start`'s own stream, later `Connect`s) through their event loops' thread-safe queues.
 As in envd, a process outlives the stream that started it: a client that drops its stream does
@@ -20,13 +20,13 @@ import logging
 import signal as signals
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 from pydantic import ValidationError
 
 from rollstack.errors import InsufficientCapacity, InvalidRequest, NotFound, RollstackError
-from rollstack.node.models import ExecRequest
+from rollstack.contract.models import ExecRequest
 from rollstack.run.execpump import ExecControl
+from rollstack.contract.service import NodeLocal
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def end_event(exit_code: int, timed_out: bool, signalled: int | None, error: str
 class ProcessTable:
     """The processes of one sandbox (`service` environment `env_id`)."""
 
-    def __init__(self, service: Any, env_id: str, base_env: dict[str, str] | None = None,
+    def __init__(self, service: NodeLocal, env_id: str, base_env: dict[str, str] | None = None,
                  max_processes: int = MAX_PROCESSES) -> None:
         self.service, self.env_id = service, env_id
         self.base_env = dict(base_env or {})

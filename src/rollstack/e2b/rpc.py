@@ -26,6 +26,7 @@ from rollstack.errors import (
     AlreadyExists, EnvironmentGone, InsufficientCapacity, InvalidRequest, NotFound, OomTerminated,
     RollstackError, SandboxNotFound, Unauthorized,
 )
+from rollstack.contract.service import NodeLocal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,7 +93,7 @@ def to_connect_error(exc: BaseException) -> ConnectError:
 class Envd:
     """Base of the envd services: `call` (unary), `stream` (server streams), `run` (threads)."""
 
-    def __init__(self, table: SandboxTable, service: Any, token: str | None, threads: int = 64) -> None:
+    def __init__(self, table: SandboxTable, service: NodeLocal, token: str | None, threads: int = 64) -> None:
         self.table, self.service, self.token = table, service, token
         self._threads = threads
         self._limiter: anyio.CapacityLimiter | None = None

@@ -25,11 +25,11 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from rollstack.e2b.models import CreatedSandbox, ListedSandbox, NewSandbox, SandboxDetail
 from rollstack.e2b.processes import ProcessTable
 from rollstack.errors import EnvironmentGone, EnvironmentNotFound, OomTerminated, SandboxNotFound
+from rollstack.contract.service import NodeLocal
 
 
 @dataclass
@@ -72,7 +72,7 @@ def _now() -> datetime:
 
 
 class SandboxTable:
-    def __init__(self, service: Any) -> None:
+    def __init__(self, service: NodeLocal) -> None:
         self.service = service
         self._boxes: dict[str, Sandbox] = {}
         self._lock = threading.Lock()

@@ -29,7 +29,7 @@ def encode_chunk(data: bytes, cctx: zstandard.ZstdCompressor) -> tuple[bytes, Co
     return data, Compression.NONE
 
 
-def decode_chunk(chunk: Chunk, stored: bytes) -> bytes:
+def decode_chunk(chunk: Chunk, stored: bytes | memoryview) -> bytes:
     """Stored bytes -> the chunk's uncompressed bytes, verified against `chunk.digest`.
 
     Raises IntegrityError if the bytes are not what the TOC promises (wrong length, not a valid

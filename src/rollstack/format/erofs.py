@@ -35,7 +35,7 @@ import stat
 import struct
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Mapping
 
 from rollstack.errors import FormatError
 from rollstack.format.toc import EntryType, Toc, TocEntry

@@ -334,6 +334,6 @@ class AsyncRolloutEnv(_Episodes):
 
 
 def _timed_out(timeout: float) -> Any:
-    from rollstack.node.models import ExecResult
+    from rollstack.contract.models import ExecResult
 
     return ExecResult(exit_code=-1, timed_out=True, duration=timeout)

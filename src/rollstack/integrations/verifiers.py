@@ -174,7 +174,7 @@ class RollstackRuntime(Runtime):
                 raise SandboxError(f"chown {target} to {self.user}: {result.stderr.strip()[-500:]}")
 
     async def evaluate(self) -> Any:
-        """The plan's clean evaluator on this box's diff (`rollstack.node.models.Evaluation`)."""
+        """The plan's clean evaluator on this box's diff (`rollstack.contract.models.Evaluation`)."""
         try:
             return await self._box().evaluate()
         except RollstackError as exc:

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unauthorized
-from rollstack.node.models import (
+from rollstack.contract.models import (
     CreateGroupResponse,
     CreateRequest,
     CreateResponse,
@@ -43,7 +43,8 @@ from rollstack.node.models import (
     RenewRequest,
     Stats,
 )
-from rollstack.node.protocol import EnvironmentService
+from rollstack.contract import routes as R
+from rollstack.contract.service import EnvironmentService
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -116,23 +117,27 @@ def create_app(
     _install_error_handlers(app)
     auth = [Depends(authorize)]
 
-    @app.get("/healthz", response_model=Health)
+    def route(r: R.Route, **kw: Any) -> Callable[[Any], Any]:
+        """Serve the contract's route `r` (rollstack.contract.routes)."""
+        return app.api_route(r.template, methods=[r.method], **kw)
+
+    @route(R.HEALTH, response_model=Health)
     async def healthz() -> Health:
         return await call("health", service.health)
 
-    @app.get("/v1/node", dependencies=auth, response_model=NodeInfo)
+    @route(R.NODE, dependencies=auth, response_model=NodeInfo)
     async def node() -> NodeInfo:
         from rollstack.node.info import node_info
 
         return await call("node", node_info, service)
 
-    @app.get("/metrics", dependencies=auth, response_class=Response, responses=_raw(200, "text/plain"))
+    @route(R.METRICS, dependencies=auth, response_class=Response, responses=_raw(200, "text/plain"))
     async def prometheus() -> Response:
         body, content_type = await call("metrics", metrics.render)
         return Response(body, media_type=content_type)
 
-    @app.post("/v1/environments", dependencies=auth, status_code=201,
-              response_model=CreateResponse | CreateGroupResponse)
+    @route(R.CREATE, dependencies=auth, status_code=201,
+           response_model=CreateResponse | CreateGroupResponse)
     async def create(req: CreateRequest, idempotency_key: str | None = Header(
             None, alias="Idempotency-Key", description="a retry with the same key returns the same environment(s)"),
     ) -> CreateResponse | CreateGroupResponse:
@@ -143,12 +148,12 @@ def create_app(
         created = await call("create", service.create_many, req.plan, req.count, **options)
         return CreateGroupResponse(environments=created)
 
-    @app.post("/v1/leases", dependencies=auth, response_model=LeaseRenewal)
+    @route(R.RENEW, dependencies=auth, response_model=LeaseRenewal)
     async def renew(req: RenewRequest) -> LeaseRenewal:
         """Renew many environments' leases in one request; unknown or ended ids are `missing`."""
         return await call("renew", service.renew, req.ids, req.lease)
 
-    @app.post("/v1/environments/{env_id}/lease", dependencies=auth, response_model=LeaseRenewal)
+    @route(R.RENEW_ONE, dependencies=auth, response_model=LeaseRenewal)
     async def renew_one(env_id: str, req: LeaseRequest | None = Body(None)) -> LeaseRenewal:
         renewal = await call("renew", service.renew, [env_id], req.lease if req else None)
         if renewal.missing:
@@ -157,28 +162,25 @@ def create_app(
             raise EnvironmentNotFound(f"no live environment {env_id!r}")
         return renewal
 
-    @app.get("/v1/environments", dependencies=auth, response_model=EnvironmentList)
+    @route(R.LIST, dependencies=auth, response_model=EnvironmentList)
     async def list_environments() -> EnvironmentList:
         return EnvironmentList(environments=await call("list", service.list))
 
-    @app.get("/v1/environments/{env_id}", dependencies=auth, response_model=EnvironmentInfo)
+    @route(R.INFO, dependencies=auth, response_model=EnvironmentInfo)
     async def info(env_id: str) -> EnvironmentInfo:
         return await call("info", service.info, env_id)
 
-    @app.delete("/v1/environments/{env_id}", dependencies=auth, status_code=204)
+    @route(R.DESTROY, dependencies=auth, status_code=204)
     async def destroy(env_id: str) -> Response:
         await call("destroy", service.destroy, env_id)
         return Response(status_code=204)
 
-    @app.post("/v1/environments/{env_id}/exec", dependencies=auth, response_model=ExecResult)
+    @route(R.EXEC, dependencies=auth, response_model=ExecResult)
     async def exec_(env_id: str, req: ExecRequest) -> ExecResult:
-        fast = getattr(service, "exec_async", None)  # the node's: an agent exec on this loop
-        if fast is None:
-            return await call("exec", service.exec, env_id, req)
-        return await timed("exec", fast(env_id, req, offload))
+        return await timed("exec", service.exec_async(env_id, req, offload))  # the node's: on this loop
 
-    @app.post(
-        "/v1/environments/{env_id}/exec/stream",
+    @route(
+        R.EXEC_STREAM,
         dependencies=auth,
         response_class=StreamingResponse,
         responses={200: {"content": {"application/x-ndjson": {}}, "description": "ExecChunk lines"}},
@@ -192,13 +194,13 @@ def create_app(
             _ndjson(first, chunks, limiter()), media_type="application/x-ndjson"
         )
 
-    @app.get("/v1/environments/{env_id}/files", dependencies=auth, response_class=Response,
-             responses=_raw(200, "application/octet-stream"))
+    @route(R.READ_FILE, dependencies=auth, response_class=Response,
+           responses=_raw(200, "application/octet-stream"))
     async def read_file(env_id: str, path: str = Query(..., min_length=1)) -> Response:
         data = await call("read_file", service.read_file, env_id, path)
         return Response(data, media_type="application/octet-stream")
 
-    @app.put("/v1/environments/{env_id}/files", dependencies=auth, status_code=204, openapi_extra=_RAW_BODY)
+    @route(R.WRITE_FILE, dependencies=auth, status_code=204, openapi_extra=_RAW_BODY)
     async def write_file(env_id: str, request: Request, path: str = Query(..., min_length=1)) -> Response:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body:
@@ -207,16 +209,16 @@ def create_app(
         await call("write_file", service.write_file, env_id, path, data)
         return Response(status_code=204)
 
-    @app.get("/v1/environments/{env_id}/diff", dependencies=auth, response_class=Response,
-             responses=_raw(200, "text/plain"))
+    @route(R.DIFF, dependencies=auth, response_class=Response,
+           responses=_raw(200, "text/plain"))
     async def diff(env_id: str, binary: Literal["name", "patch"] = "name") -> PlainTextResponse:
         return PlainTextResponse(await call("diff", service.diff, env_id, binary))
 
-    @app.post("/v1/environments/{env_id}/evaluate", dependencies=auth, response_model=Evaluation)
+    @route(R.EVALUATE, dependencies=auth, response_model=Evaluation)
     async def evaluate(env_id: str) -> Evaluation:
         return await call("evaluate", service.evaluate, env_id)
 
-    @app.api_route("/v1/environments/{env_id}/ports/{port}/{path:path}", dependencies=auth,
+    @app.api_route(R.PORT, dependencies=auth,
                    include_in_schema=False,  # one route, many methods: not an OpenAPI operation
                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def port_proxy(env_id: str, port: int, path: str, request: Request) -> Response:
@@ -225,7 +227,7 @@ def create_app(
         base = await call("port", service.port_target, env_id, port)
         return await ports.proxy(base, env_id, port, request)  # streamed both ways
 
-    @app.get("/v1/environments/{env_id}/stats", dependencies=auth, response_model=Stats)
+    @route(R.STATS, dependencies=auth, response_model=Stats)
     async def stats(env_id: str) -> Stats:
         return await call("stats", service.stats, env_id)
 

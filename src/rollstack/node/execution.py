@@ -12,7 +12,7 @@ import queue
 import threading
 from typing import Any, Callable, Iterator
 
-from rollstack.node.models import ExecChunk, ExecResult
+from rollstack.contract.models import ExecChunk, ExecResult
 
 OnOutput = Callable[[str, bytes], None]
 RunExec = Callable[[OnOutput | None], Any]

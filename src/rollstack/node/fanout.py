@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollstack.errors import InsufficientCapacity, InvalidRequest
 from rollstack.node import record as st
-from rollstack.node.models import CreateResponse, Timings
+from rollstack.contract.models import CreateResponse, Timings
 
 if TYPE_CHECKING:
     from rollstack.node.service import NodeService

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstack.node import record as st
-from rollstack.node.models import NodeInfo
+from rollstack.contract.models import NodeInfo
 
 
 def instance_of(service: Any) -> str:

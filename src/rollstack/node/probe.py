@@ -25,7 +25,7 @@ def probe_group(store: str, groups: Sequence[str], command: str, *, work: Path |
     returns {"exit_code", "seconds", "trace_key", "published"}. A failing command still
     publishes its trace (what it read is what the stack's environments read first)."""
     from rollstack.node.config import NodeConfig
-    from rollstack.node.models import ExecRequest
+    from rollstack.contract.models import ExecRequest
     from rollstack.node.service import NodeService
 
     root = Path(tempfile.mkdtemp(prefix="rsprobe-", dir=work))  # short: the daemon's unix socket lives under it

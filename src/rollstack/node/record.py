@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rollstack.node.models import CreateResponse, EnvironmentInfo, Quotas
+from rollstack.contract.models import CreateResponse, EnvironmentInfo, Quotas
 
 if TYPE_CHECKING:
     from rollstack.plan.model import Plan

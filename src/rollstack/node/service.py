@@ -45,7 +45,7 @@ from rollstack.node.config import NodeConfig
 from rollstack.node.counters import Counters
 from rollstack.node.execution import stream, to_wire
 from rollstack.node.idempotency import IdempotencyKeys, fingerprint
-from rollstack.node.models import (
+from rollstack.contract.models import (
     CreateResponse,
     EnvironmentInfo,
     Evaluation,
@@ -451,6 +451,10 @@ class NodeService:
         history, events = self._stages().history(rec.id)
         merged = sorted([*rec.events, *events], key=lambda e: e.get("t", 0.0))
         return Stats(history=history, events=merged, state=rec.state)
+
+    @property
+    def max_file_bytes(self) -> int:
+        return self.config.max_file_bytes
 
     def health(self) -> Health:
         from rollstack import __version__

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest, NodeUnavailable
 from rollstack.node.config import NodeConfig
 from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
-from rollstack.node.models import ExecRequest, Quotas, Sample, Timings
+from rollstack.contract.models import ExecRequest, Quotas, Sample, Timings
 from rollstack.node.record import EnvRecord
 from rollstack.lazystore import holder
 from rollstack.lazystore.protocol import LazyStore

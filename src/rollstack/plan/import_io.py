@@ -37,6 +37,7 @@ class LowerLayers:
         self.used = True  # asked at all: the result (found or not) depends on the layers below
         if self._tocs is None:
             self._open()
+        assert self._tocs is not None
         found = visible(self._tocs, path)
         if found is None:
             return None
@@ -121,7 +122,12 @@ class Uploader:
 
     def submit(self, layer: BuiltLayer) -> None:
         fut = self._pool.submit(self._store.put_blob, self._repo, layer.digest, layer.path)
-        fut.add_done_callback(lambda f, n=layer.size: self._count(f, n))
+        size = layer.size
+
+        def counted(f: Any) -> None:
+            self._count(f, size)
+
+        fut.add_done_callback(counted)
         self._futures.append(fut)
 
     def _count(self, fut: Future[bool], size: int) -> None:

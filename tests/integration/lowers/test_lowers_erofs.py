@@ -17,7 +17,7 @@ from rollstack.format import erofs
 from rollstack.format.reader import read_files, read_toc
 from rollstack.node.config import NodeConfig
 from rollstack.lowers.erofs import build_image, supported
-from rollstack.node.models import ExecRequest
+from rollstack.contract.models import ExecRequest
 from rollstack.node.service import NodeService
 from rollstack.store.source import StoreBlobSource
 from rollstack.store.spec import open_store

@@ -6,7 +6,6 @@ place, and the node's materializer uses it (its own low-priority process)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

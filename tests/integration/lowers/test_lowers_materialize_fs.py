@@ -174,7 +174,7 @@ def test_a_node_stacks_the_local_copy_once_the_layer_is_hot(tmp_path):
 
         lowers = json.loads((root / "envs" / second.id / "meta.json").read_text())["lowers"]
         assert overlay and any(p.startswith(str(root / "layers")) for p in lowers), lowers
-        from rollstack.node.models import ExecRequest
+        from rollstack.contract.models import ExecRequest
 
         res = service.exec(second.id, ExecRequest(argv=["/bin/busybox", "ls", "/"]))
         assert res.exit_code == 0 and "bin" in res.stdout

@@ -78,7 +78,7 @@ def test_fuzzing_the_node_api_finds_no_server_error_and_writes_nothing_outside_e
             _sh(http, env_id, f"ln -s {canary.root} /work/app/out-abs && "
                               f"ln -s ../../../../../../../../..{canary.root} /work/app/out-rel && "
                               f"ln -s / /work/app/out-root")
-        escapes = canary.paths() + [f"/work/app/out-abs/written", "/work/app/out-rel/written",
+        escapes = canary.paths() + ["/work/app/out-abs/written", "/work/app/out-rel/written",
                                     f"/work/app/out-root{canary.root}/written", "out-abs/written",
                                     "/work/app/out-abs", "/work/app/hello.txt", "hello.txt", "/etc/passwd"]
         before_root = tree_snapshot(root, skip=NODE_OWN)

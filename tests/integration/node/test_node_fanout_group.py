@@ -155,6 +155,6 @@ def test_one_environment_failing_part_way_destroys_the_others(node, monkeypatch)
 
 
 def _req(cmd: str):
-    from rollstack.node.models import ExecRequest
+    from rollstack.contract.models import ExecRequest
 
     return ExecRequest(command=cmd)

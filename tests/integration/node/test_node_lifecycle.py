@@ -11,7 +11,7 @@ import pytest
 from node_helpers import leftovers, plan, remember, serve_node
 from rollstack import Client, errors
 from rollstack.node.config import NodeConfig
-from rollstack.node.models import ExecRequest
+from rollstack.contract.models import ExecRequest
 from rollstack.node.service import NodeService
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ from node_helpers import leftovers, plan, publish_corpus, remember
 from rollstack import Client, errors
 from rollstack.node.api import create_app
 from rollstack.node.config import NodeConfig
-from rollstack.node.models import ExecRequest
+from rollstack.contract.models import ExecRequest
 from rollstack.node import recovery
 from rollstack.node.server import BackgroundServer
 from rollstack.node.service import NodeService

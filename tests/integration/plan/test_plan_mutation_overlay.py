@@ -23,7 +23,7 @@ index 1111111..2222222 100644
  def f(x):
 -    return x + 1
 +    return x - 1
- 
+
 diff --git a/pkg/old.py b/pkg/old.py
 deleted file mode 100644
 index 3333333..0000000

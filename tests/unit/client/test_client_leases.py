@@ -20,7 +20,7 @@ from test_client_sdk import PLAN, TOKEN, forwarding_transport  # noqa: E402
 from rollstack import AsyncClient, Client, errors  # noqa: E402
 from rollstack.client.leases import LeaseKeeper  # noqa: E402
 from rollstack.node.api import create_app  # noqa: E402
-from rollstack.node.models import LeaseRenewal  # noqa: E402
+from rollstack.contract.models import LeaseRenewal  # noqa: E402
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from rollstack.demo import agent
 from rollstack.corpus.plans import StackGroups
 from rollstack.errors import InsufficientCapacity, MutationFailed
-from rollstack.node.models import CreateResponse, Evaluation, ExecResult
+from rollstack.contract.models import CreateResponse, Evaluation, ExecResult
 
 GROUPS = StackGroups(os="os/x:1", repos={"pkg": "repo/pkg:1"}, harness="harness/h:1", evaluator="evaluator/e:1")
 DIFF = "diff --git a/p b/p\n--- a/p\n+++ b/p\n@@ -1 +1 @@\n-a\n+b\n"

@@ -11,7 +11,7 @@ import pytest
 
 from rollstack.e2b.processes import ProcessTable, end_event
 from rollstack.errors import EnvironmentGone, InsufficientCapacity, InvalidRequest, NotFound
-from rollstack.node.models import ExecResult
+from rollstack.contract.models import ExecResult
 
 
 def test_end_events_follow_envd():

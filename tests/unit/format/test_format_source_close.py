@@ -27,7 +27,7 @@ def test_racing_closes_close_the_descriptor_once(tmp_path, monkeypatch):
         calls.clear()
         barrier = threading.Barrier(4)
 
-        def closer() -> None:
+        def closer(src: FileBlobSource = src) -> None:
             barrier.wait()
             src.close()
 

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any, Callable
 
 from rollstack.errors import InsufficientCapacity
-from rollstack.node.models import CreateResponse, Evaluation, ExecResult, Timings
+from rollstack.contract.models import CreateResponse, Evaluation, ExecResult, Timings
 
 Handler = Callable[[Any, dict[str, Any]], ExecResult]
 

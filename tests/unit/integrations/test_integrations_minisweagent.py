@@ -19,7 +19,7 @@ from rollstack import Client
 from rollstack.errors import NodeUnavailable, OomTerminated, PlanInvalid
 from rollstack.integrations.episode import MERGE_PREFIX
 from rollstack.integrations.minisweagent import RollstackEnvironment
-from rollstack.node.models import ExecResult
+from rollstack.contract.models import ExecResult
 
 PLAN = {"name": "t", "groups": ["os/busybox:1"], "workdir": "/work/app"}
 M = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"

@@ -16,7 +16,7 @@ import pytest
 from integrations_fakes import AsyncFakeClient, FakeClient
 from rollstack.errors import CommandFailed, EnvironmentNotFound, InvalidRequest, NotFound
 from rollstack.integrations.slime import RollstackSandbox, user_argv
-from rollstack.node.models import ExecResult
+from rollstack.contract.models import ExecResult
 
 P = inspect.Parameter
 KW, POS = P.KEYWORD_ONLY, P.POSITIONAL_OR_KEYWORD

@@ -14,7 +14,7 @@ from verifiers.v1.runtimes import Runtime, make_runtime
 from integrations_fakes import AsyncFakeClient, FakeClient
 from rollstack.errors import EnvironmentGone, NotFound
 from rollstack.integrations.verifiers import RollstackConfig, RollstackRuntime, evaluator_reward
-from rollstack.node.models import ExecResult
+from rollstack.contract.models import ExecResult
 
 
 def started(handler=None) -> tuple[RollstackRuntime, FakeClient]:

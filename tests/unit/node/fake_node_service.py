@@ -6,7 +6,8 @@ import itertools
 from typing import Any, Iterator
 
 from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, PlanInvalid, UnsafePath
-from rollstack.node.models import (
+from rollstack.contract.service import OffloadedExec
+from rollstack.contract.models import (
     CreateResponse,
     EnvironmentInfo,
     Evaluation,
@@ -20,7 +21,8 @@ from rollstack.node.models import (
 )
 
 
-class FakeService:
+class FakeService(OffloadedExec):
+    max_file_bytes = 1 << 30
     def __init__(self, max_environments: int = 4) -> None:
         self.max = max_environments
         self.envs: dict[str, dict[str, bytes]] = {}

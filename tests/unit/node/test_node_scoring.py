@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rollstack.errors import InvalidRequest
 from rollstack.node.execution import stream, to_wire
-from rollstack.node.models import ExecRequest
+from rollstack.contract.models import ExecRequest
 from rollstack.node.scoring import evaluator_plan, reward_file_path, reward_from
 from rollstack.plan.model import load_plan
 

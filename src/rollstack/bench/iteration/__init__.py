@@ -24,7 +24,6 @@ on rollstack / on containerd), this module (the run, its report and the command)
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -1,0 +1,45 @@
+"""The node API's routes, declared once: the server (node/api.py) serves them, the clients
+(client/routes.py) call them. docs/interface.md is their prose; a parity test checks the server
+serves exactly these (tests/unit/contract/test_contract_parity.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    template: str
+    """The path with `{name}` parameters, as FastAPI spells it."""
+
+    def path(self, **params: object) -> str:
+        """The path with its parameters filled in (each one path segment, percent-encoded)."""
+        return self.template.format(**{k: quote(str(v), safe="") for k, v in params.items()})
+
+
+ENVS = "/v1/environments"
+ENV = f"{ENVS}/{{env_id}}"
+
+HEALTH = Route("GET", "/healthz")
+NODE = Route("GET", "/v1/node")
+METRICS = Route("GET", "/metrics")
+CREATE = Route("POST", ENVS)
+LIST = Route("GET", ENVS)
+RENEW = Route("POST", "/v1/leases")
+RENEW_ONE = Route("POST", f"{ENV}/lease")
+INFO = Route("GET", ENV)
+DESTROY = Route("DELETE", ENV)
+EXEC = Route("POST", f"{ENV}/exec")
+EXEC_STREAM = Route("POST", f"{ENV}/exec/stream")
+READ_FILE = Route("GET", f"{ENV}/files")
+WRITE_FILE = Route("PUT", f"{ENV}/files")
+DIFF = Route("GET", f"{ENV}/diff")
+EVALUATE = Route("POST", f"{ENV}/evaluate")
+STATS = Route("GET", f"{ENV}/stats")
+PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
+"""An exposed port, proxied (any method: not an operation of its own)."""
+
+ALL: tuple[Route, ...] = (HEALTH, NODE, METRICS, CREATE, LIST, RENEW, RENEW_ONE, INFO, DESTROY, EXEC,
+                          EXEC_STREAM, READ_FILE, WRITE_FILE, DIFF, EVALUATE, STATS)

@@ -1,0 +1,146 @@
+"""The service every environment backend implements, and what the API, the SDK and the E2B
+adapter call: `EnvironmentService` (blocking) and `AsyncEnvironmentService` (its awaitable twin).
+
+`NodeService` is the real one; the HTTP API wraps one, the in-process `Node` wraps one, and the
+SDK's `HttpService` / `AsyncHttpService` implement the same calls over HTTP, so an `Environment`
+handle works the same on all three. Blocking methods are called from worker threads by callers
+on an event loop; `exec_async` is the one awaited on the loop itself (it hands any blocking part
+to `await offload(fn)`). `OffloadedExec` gives it to a service whose exec only blocks.
+
+`NodeLocal` is the part only an in-process caller can use (the E2B adapter runs in the node's
+process): execs attached to a caller-held control, the lifetime, the merged root for directory
+operations.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Protocol, TypeVar
+
+from rollstack.contract.models import (
+    CreateResponse,
+    EnvironmentInfo,
+    Evaluation,
+    ExecChunk,
+    ExecRequest,
+    ExecResult,
+    Health,
+    LeaseRenewal,
+    Stats,
+)
+
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], Awaitable[T]]
+"""Runs a blocking call in a worker thread and awaits it (the API's `offload`)."""
+
+
+class EnvironmentService(Protocol):
+    def create(self, plan: dict[str, Any], lease: float | None = None,
+               idempotency_key: str | None = None) -> CreateResponse:
+        """`lease`: seconds within which the client renews it (`renew`), else the node reaps it;
+        None: only its lifetime. `idempotency_key`: a retry with the key returns the same
+        environment. (A service may lack both: callers pass them only when set.)"""
+        ...
+
+    def create_many(self, plan: dict[str, Any], count: int, lease: float | None = None,
+                    idempotency_key: str | None = None) -> list[CreateResponse]:
+        """`count` environments of one plan, all or none (a GRPO group)."""
+        ...
+
+    def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
+        """Renew leases (to `lease` seconds from now if given, else each environment's own)."""
+        ...
+
+    def list(self) -> list[EnvironmentInfo]: ...
+
+    def info(self, env_id: str) -> EnvironmentInfo: ...
+
+    def exec(self, env_id: str, request: ExecRequest) -> ExecResult: ...
+
+    async def exec_async(self, env_id: str, request: ExecRequest, offload: Offload[Any]) -> ExecResult:
+        """`exec` on the caller's event loop; blocking parts go through `offload`."""
+        ...
+
+    def exec_stream(self, env_id: str, request: ExecRequest) -> Iterator[ExecChunk]:
+        """Output chunks as they come, then exactly one `result` chunk."""
+        ...
+
+    def read_file(self, env_id: str, path: str) -> bytes: ...
+
+    def write_file(self, env_id: str, path: str, data: bytes) -> None: ...
+
+    def diff(self, env_id: str, binary: str = "name") -> str:
+        """Unified diff from the root; binary files named ("name") or as git binary patches ("patch")."""
+        ...
+
+    def evaluate(self, env_id: str) -> Evaluation: ...
+
+    def stats(self, env_id: str) -> Stats: ...
+
+    def destroy(self, env_id: str) -> None:
+        """Idempotent: destroying an unknown or already destroyed environment is not an error."""
+        ...
+
+    def health(self) -> Health: ...
+
+    def port_target(self, env_id: str, port: int) -> str:
+        """`http://ADDRESS:PORT` of a port the plan exposes (rollstack.node.ports)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Gauges for /metrics: name -> value (names without the `rollstack_` prefix)."""
+        ...
+
+
+class NodeLocal(EnvironmentService, Protocol):
+    """What only a caller in the node's own process can ask (the E2B adapter)."""
+
+    max_file_bytes: int
+    """Largest file the files API reads or writes in one request."""
+
+    def exec_attached(self, env_id: str, request: ExecRequest, on_output: Callable[[str, bytes], None],
+                      control: Any) -> ExecResult:
+        """A blocking exec whose caller holds `control` (`rollstack.run.execpump.ExecControl`):
+        stdin written while it runs, signals, its pid. For long-lived processes."""
+        ...
+
+    def set_timeout(self, env_id: str, seconds: float) -> EnvironmentInfo:
+        """From now on the environment lives `seconds` more (the reaper ends it then)."""
+        ...
+
+    def with_root(self, env_id: str, fn: Callable[[Any], T]) -> T:
+        """`fn(root)` with the environment's merged root dir (a host path), not racing destroy."""
+        ...
+
+
+class AsyncEnvironmentService(Protocol):
+    """`EnvironmentService` over an event loop (the SDK's `AsyncHttpService`): the same calls,
+    awaited; `exec_stream` is an async iterator."""
+
+    async def create(self, plan: dict[str, Any], lease: float | None = None,
+                     idempotency_key: str | None = None) -> CreateResponse: ...
+    async def create_many(self, plan: dict[str, Any], count: int, lease: float | None = None,
+                          idempotency_key: str | None = None) -> list[CreateResponse]: ...
+    async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal: ...
+    async def list(self) -> list[EnvironmentInfo]: ...
+    async def info(self, env_id: str) -> EnvironmentInfo: ...
+    async def exec(self, env_id: str, request: ExecRequest) -> ExecResult: ...
+    def exec_stream(self, env_id: str, request: ExecRequest) -> AsyncIterator[ExecChunk]: ...
+    async def read_file(self, env_id: str, path: str) -> bytes: ...
+    async def write_file(self, env_id: str, path: str, data: bytes) -> None: ...
+    async def diff(self, env_id: str, binary: str = "name") -> str: ...
+    async def evaluate(self, env_id: str) -> Evaluation: ...
+    async def stats(self, env_id: str) -> Stats: ...
+    async def destroy(self, env_id: str) -> None: ...
+    async def health(self) -> Health: ...
+    async def metrics(self) -> dict[str, float]: ...
+
+
+class OffloadedExec:
+    """`exec_async` for a service whose `exec` only blocks: it runs in a worker thread."""
+
+    exec: Callable[[str, ExecRequest], ExecResult]
+
+    async def exec_async(self, env_id: str, request: ExecRequest, offload: Offload[Any]) -> ExecResult:
+        result: ExecResult = await offload(partial(self.exec, env_id, request))
+        return result
