@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from rollstack.bench.env import busybox_plan, publish_busybox_corpus
+from rollstack_bench.env import busybox_plan, publish_busybox_corpus
 
 __all__ = ["plan", "publish_corpus", "leftovers", "remember", "serve_node"]
 

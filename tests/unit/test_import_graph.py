@@ -28,15 +28,12 @@ LAYERS: list[set[str]] = [
     {"corpus"},  # tasks and their plans, for everything above
     {"e2b"},  # the E2B-compatible API: a protocol adapter over one node
     {"integrations", "cluster"},  # consumers of nodes: never each other (the pool's gateway fronts its nodes' E2B API)
-    {"bench", "demo"},  # measure / show everything below (also the consumers), never each other
+    {"demo"},  # shows everything below (also the consumers)
     {"cli"},  # may import anything
 ]
 """Bottom first. A package may import its own modules and any package of a lower layer."""
 
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("bench", "cli"): "bench/<name>.py are the `rollstack bench <name>` typer sub-apps: their commands "
-                      "print through the CLI's one output path (cli.output.emit: --json or human, "
-                      "one `error:` line), like every other command",
     ("node", "e2b"): "node/api.py's create_app is the node agent's composition root: it mounts the "
                      "E2B-compatible API (a protocol adapter over the same NodeService) on the node's "
                      "listen address, imported lazily and only when the e2b extra is installed; e2b "
@@ -129,3 +126,87 @@ def test_an_edge_against_the_flow_is_found(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(me, "SRC", tmp_path)
     assert violations() == [f"{tmp_path.name}/store/a.py:2: rollstack.store imports rollstack.plan",
                             f"{tmp_path.name}/store/b.py:1: rollstack.store imports rollstack.node"]
+
+
+BENCH = SRC.parent / "rollstack_bench"
+
+
+def _all_imports(module: Path, root: Path, top: str, with_typing: bool = True) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every import in `module` (a file under `root`, the
+    directory of package `top`), relative ones resolved; `with_typing=False` leaves out those
+    under `if TYPE_CHECKING:` (never executed)."""
+    tree = ast.parse(module.read_bytes(), str(module))
+    parts = [top, *module.relative_to(root).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts = parts[:-1] + ["__init__"]
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                   for stmt in block.body for n in ast.walk(stmt)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only and not with_typing:
+            continue
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(parts[: len(parts) - node.level] + ([node.module] if node.module else []))
+            out.append((base, node.lineno))
+            out += [(f"{base}.{a.name}", node.lineno) for a in node.names]  # `from pkg import module`
+    return out
+
+
+def test_the_product_never_imports_the_benchmarks() -> None:
+    """Measurement is `rollstack_bench`, beside the product; only the CLI's `bench` group loads it."""
+    found = []
+    for module in sorted(SRC.rglob("*.py")):
+        if module.relative_to(SRC).parts[0] == "cli":
+            continue
+        for name, line in _all_imports(module, SRC, "rollstack"):
+            if name == "rollstack_bench" or name.startswith("rollstack_bench."):
+                found.append(f"{module.relative_to(SRC.parent)}:{line}")
+    assert found == []
+    assert (BENCH / "__init__.py").is_file()
+
+
+def _module_cycles(root: Path, top: str) -> list[list[str]]:
+    """Import cycles between the modules of each package under `root`: every executed import
+    counts, also those inside functions (a cycle hidden in a function is still a knot to untie);
+    type-only imports (`if TYPE_CHECKING:`) do not."""
+    modules = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).with_suffix("").parts
+        name = ".".join([top, *rel[:-1]] if rel[-1] == "__init__" else [top, *rel])
+        modules[name] = path
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name.rsplit(".", 1)[0] if path.name != "__init__.py" else name
+        targets = set()
+        for imported, _ in _all_imports(path, root, top, with_typing=False):
+            if imported in modules and imported != name and imported.rsplit(".", 1)[0] == package \
+                    and modules[imported].name != "__init__.py":
+                targets.add(imported)
+        edges[name] = targets
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    return cycles
+
+
+def test_no_import_cycles_inside_a_package() -> None:
+    assert _module_cycles(SRC, "rollstack") == []
+    assert _module_cycles(BENCH, "rollstack_bench") == []

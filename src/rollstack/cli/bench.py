@@ -1,7 +1,9 @@
 """`rollstack bench ...`: every benchmark, one command group.
 
-Each benchmark lives in `rollstack.bench.<name>` and exposes `register(app)`, which adds its
-command(s) to this group. Benchmarks import heavy dependencies lazily.
+Each benchmark lives in `rollstack_bench.<name>` (measurement is a package of its own, beside
+the product: `make setup` installs both) and exposes `register(app)`, which adds its command(s)
+to this group. Benchmarks import heavy dependencies lazily. Without `rollstack_bench` installed
+the group is empty.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ BENCHMARKS = ("convert", "mutation", "fetch", "env", "elastic", "corpus", "init"
 
 BENCHMARKS += ("imports",)  # `bench import` (a module cannot be named `import`)
 for _name in BENCHMARKS:
-    _modname = f"rollstack.bench.{_name}"
+    _modname = f"rollstack_bench.{_name}"
     try:
         _mod = importlib.import_module(_modname)
     except ModuleNotFoundError as exc:  # a benchmark not written yet; real import errors propagate
-        if exc.name != _modname:
+        if exc.name not in (_modname, "rollstack_bench"):
             raise
         continue
     _mod.register(app)

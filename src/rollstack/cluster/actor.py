@@ -18,14 +18,7 @@ import os
 import threading
 from typing import Any
 
-NAMESPACE = "rollstack"
-PREFIX = "rollstack-node-"
-RESOURCE = "rollstack"
-
-
-def actor_name(ray_node_id: str) -> str:
-    return PREFIX + ray_node_id[:12]
-
+from rollstack.cluster.ray_env import NAMESPACE, PREFIX, RESOURCE, actor_name, members
 
 class NodeActor:
     """The actor body (wrapped by `ray.remote` in `remote_class()`)."""
@@ -40,7 +33,7 @@ class NodeActor:
         self.ray_node_id = ctx.get_node_id()
         self.name = actor_name(self.ray_node_id)
         # A raylet started with ROLLSTACK_NETNS/ROLLSTACK_NODE_IP (bench cluster's per-node
-        # network namespaces, rollstack.bench.cluster_net) runs its agent in that namespace.
+        # network namespaces, rollstack_bench.cluster_net) runs its agent in that namespace.
         netns = os.environ.get("ROLLSTACK_NETNS") or None
         host = (os.environ.get("ROLLSTACK_NODE_IP") if netns else None) or spec.get("host") \
             or ray.util.get_node_ip_address()
@@ -58,8 +51,6 @@ class NodeActor:
         return doc
 
     def _peer_urls(self) -> list[str]:
-        from rollstack.cluster.ray_env import members
-
         return [m["lazy_url"] for m in members(timeout=2.0) if m.get("state") == "running" and m["node_id"] != self.name]
 
     def sync_peers(self) -> list[str] | None:
@@ -74,3 +65,13 @@ def remote_class() -> Any:
     import ray
 
     return ray.remote(NodeActor)
+
+
+def start_actor(ray: Any, ray_node_id: str, spec: dict[str, Any]) -> Any:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return remote_class().options(
+        name=actor_name(ray_node_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        max_restarts=-1, max_task_retries=0, max_concurrency=4, num_cpus=0, resources={RESOURCE: 0.001},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
+    ).remote(spec)

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from rollstack.cluster import ray_env
+from rollstack.cluster.actor import start_actor
 from rollstack.errors import ClusterUnavailable, NodeUnavailable
 
 DEFAULT_ROOT = Path("/var/lib/rollstack/cluster")
@@ -36,7 +37,7 @@ def up(address: str | None, store: str, *, root: Path | str | None = None, optio
     token = existing[0]["token"] if existing else secrets.token_urlsafe(32)
     spec = {"root": str(Path(root or DEFAULT_ROOT).absolute()), "store": store, "token": token,
             "options": dict(options or {}), "start_timeout": start_timeout}
-    handles = {ray_env.actor_name(n["NodeID"]): ray_env.start_actor(ray, n["NodeID"], spec) for n in nodes}
+    handles = {ray_env.actor_name(n["NodeID"]): start_actor(ray, n["NodeID"], spec) for n in nodes}
     deadline = time.monotonic() + timeout
     docs: dict[str, dict[str, Any]] = {}
     while len(docs) < len(handles) and time.monotonic() < deadline:

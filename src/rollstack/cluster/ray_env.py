@@ -9,12 +9,18 @@ import os
 import socket
 from typing import Any
 
-from rollstack.cluster.actor import NAMESPACE, PREFIX, RESOURCE, actor_name
 from rollstack.errors import ClusterUnavailable, InvalidRequest
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
+NAMESPACE = "rollstack"
+PREFIX = "rollstack-node-"
+RESOURCE = "rollstack"
+
+
+def actor_name(ray_node_id: str) -> str:
+    return PREFIX + ray_node_id[:12]
 
 
 def _check_reachable(address: str) -> None:
@@ -87,15 +93,3 @@ def members(timeout: float = 5.0, handles: dict[str, Any] | None = None) -> list
         except Exception as exc:  # noqa: BLE001 - an actor that died or is restarting: not a member now
             log.info("node actor %s did not describe itself: %s", name, exc)
     return sorted(out, key=lambda d: d["node_id"])
-
-
-def start_actor(ray: Any, ray_node_id: str, spec: dict[str, Any]) -> Any:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from rollstack.cluster.actor import remote_class
-
-    return remote_class().options(
-        name=actor_name(ray_node_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        max_restarts=-1, max_task_retries=0, max_concurrency=4, num_cpus=0, resources={RESOURCE: 0.001},
-        scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
-    ).remote(spec)

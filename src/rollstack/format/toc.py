@@ -1,6 +1,6 @@
 """The table of contents of a rollstack layer: what every entry is, where its bytes live.
 
-Pure data: no I/O. `Toc.encode()`/`Toc.decode()` are the only serialisation (see docs/format.md).
+Pure data: no I/O. `format.toc_codec.encode()`/`decode()` are the only serialisation (see docs/format.md).
 Paths are relative, normalised, '/'-separated, without a leading '/' ("" is the layer root).
 """
 
@@ -180,19 +180,6 @@ class Toc:
 
             raise FormatError(f"hardlink {entry.path!r} points to missing entry {entry.link!r}")
         return target
-
-    def encode(self, level: int = TOC_ZSTD_LEVEL) -> bytes:
-        """The TOC as stored in a blob: zstd-compressed binary (docs/format.md)."""
-        from rollstack.format import toc_codec
-
-        return toc_codec.compress(toc_codec.encode_raw(self.entries), level)
-
-    @classmethod
-    def decode(cls, data: bytes) -> "Toc":
-        """Inverse of `encode` (raises FormatError on anything malformed)."""
-        from rollstack.format import toc_codec
-
-        return toc_codec.decode_raw(toc_codec.decompress(data))
 
     # -- internals ----------------------------------------------------------------------
     def _at(self, i: int) -> TocEntry:

@@ -16,7 +16,7 @@ import numpy as np
 import zstandard
 
 from rollstack.errors import FormatError
-from rollstack.format.toc import Chunk, Compression, EntryType, Toc, TocEntry
+from rollstack.format.toc import TOC_ZSTD_LEVEL, Chunk, Compression, EntryType, Toc, TocEntry
 
 RAW_MAGIC = b"RSTOC\x00\x00\x01"
 RAW_VERSION = 1
@@ -51,6 +51,16 @@ TYPE_CODES: dict[EntryType, int] = {
 CODE_TYPES = {v: k for k, v in TYPE_CODES.items()}
 COMPRESSION_CODES: dict[Compression, int] = {Compression.NONE: 0, Compression.ZSTD: 1}
 CODE_COMPRESSIONS = {v: k for k, v in COMPRESSION_CODES.items()}
+
+
+def encode(toc: Toc, level: int = TOC_ZSTD_LEVEL) -> bytes:
+    """The TOC as stored in a blob: zstd-compressed binary (docs/format.md)."""
+    return compress(encode_raw(toc.entries), level)
+
+
+def decode(data: bytes) -> Toc:
+    """Inverse of `encode` (raises FormatError on anything malformed)."""
+    return decode_raw(decompress(data))
 
 
 def _b(s: str) -> bytes:

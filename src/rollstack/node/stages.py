@@ -235,7 +235,7 @@ class Stages:
         return LazyStoreClient.start(DaemonConfig.of(lazy / "mnt", lazy / "state", spec, self.config.lazy))
 
     def _start_provisioner(self, on_terminate: Callable[..., None]) -> Provisioner:
-        from rollstack.provision.backend import detect_backend
+        from rollstack.provision.detect import detect_backend
         from rollstack.provision.config import NodeCapacity, PolicyConfig
         from rollstack.provision.controller import Provisioner
 

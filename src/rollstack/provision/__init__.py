@@ -10,7 +10,8 @@
     prov.unregister("e1"); prov.stop()
 """
 
-from rollstack.provision.backend import CgroupBackend, detect_backend
+from rollstack.provision.backend import CgroupBackend
+from rollstack.provision.detect import detect_backend
 from rollstack.provision.cgroup_v1 import CgroupV1
 from rollstack.provision.cgroup_v2 import CgroupV2
 from rollstack.provision.config import NodeCapacity, PolicyConfig

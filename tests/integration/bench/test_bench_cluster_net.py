@@ -1,4 +1,4 @@
-"""`bench cluster`'s per-node network namespaces (rollstack.bench.cluster_net) on this machine:
+"""`bench cluster`'s per-node network namespaces (rollstack_bench.cluster_net) on this machine:
 each node's own tc-shaped veth into one bridge; the host (registry) and the other nodes reached
 only through it; bytes counted per node link; nothing left after close."""
 
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from rollstack.bench.cluster_net import Fabric
+from rollstack_bench.cluster_net import Fabric
 
 pytestmark = pytest.mark.integration
 

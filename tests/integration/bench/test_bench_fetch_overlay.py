@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench.fetch.rig import overlay
+from rollstack_bench.fetch.rig import overlay
 from rollstack.host import mountinfo
 from rollstack.host.umount import unmount
 from rollstack.run.overlay import mount_overlay

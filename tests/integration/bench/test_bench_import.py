@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench.import_image import write_layout
-from rollstack.bench.imports import run
+from rollstack_bench.import_image import write_layout
+from rollstack_bench.imports import run
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 
 from oci_image_helpers import write_oci_image
 from components import need, require_root
-from rollstack.bench.systems.containerd import available
+from rollstack_bench.systems.containerd import available
 
 pytestmark = pytest.mark.integration
 
@@ -83,10 +83,10 @@ def _image(path: Path, base: Path) -> Path:
 def test_a_multilayer_image_runs_identically_to_containerd(tmp_path: Path) -> None:
     require_root()  # a failure in CI, a skip elsewhere
     need(available() is None, f"containerd for the comparison ({available()})")
-    from rollstack.bench.systems.rig import BenchRig
-    from rollstack.bench.systems.oci import push
-    from rollstack.bench.env import build_busybox_trees
-    from rollstack.bench.systems.rollstack import RollstackSystem
+    from rollstack_bench.systems.rig import BenchRig
+    from rollstack_bench.systems.oci import push
+    from rollstack_bench.env import build_busybox_trees
+    from rollstack_bench.systems.rollstack import RollstackSystem
     from rollstack.plan.imports import import_image
     from rollstack.store import open_store
 

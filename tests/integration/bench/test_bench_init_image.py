@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from components import need, require_root
-from rollstack.bench.systems.containerd import available
+from rollstack_bench.systems.containerd import available
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.integration
 def test_bench_init_image_on_a_single_layer_layout(tmp_path: Path) -> None:
     require_root()  # netns, FUSE, overlayfs, runc, containerd: a failure in CI, a skip elsewhere
     need(available() is None, f"containerd for the baseline ({available()})")
-    from rollstack.bench.env import build_busybox_trees
-    from rollstack.bench.images import write_single_layer_layout
-    from rollstack.bench.init_image import ImageInitConfig, run_init_image
+    from rollstack_bench.env import build_busybox_trees
+    from rollstack_bench.images import write_single_layer_layout
+    from rollstack_bench.init_image import ImageInitConfig, run_init_image
 
     trees = build_busybox_trees(tmp_path / "trees")
     layout = tmp_path / "img"
@@ -47,9 +47,9 @@ def test_bench_prefetch_fetches_the_probed_trace_by_every_plan(tmp_path: Path) -
     """`bench prefetch`: import, probe (trace published), then the trace fetched by each request
     plan over the real link and registry; multi-range never needs more GETs than single ranges."""
     require_root()  # fails in CI when missing, skips on a developer machine
-    from rollstack.bench.env import build_busybox_trees
-    from rollstack.bench.images import write_single_layer_layout
-    from rollstack.bench.prefetch import PLANS, run
+    from rollstack_bench.env import build_busybox_trees
+    from rollstack_bench.images import write_single_layer_layout
+    from rollstack_bench.prefetch import PLANS, run
 
     trees = build_busybox_trees(tmp_path / "trees")
     layout = tmp_path / "img"
@@ -66,9 +66,9 @@ def test_bench_materialize_runs_the_command_beside_the_nodes_extraction(tmp_path
     """`bench materialize`: an environment on FUSE lowers runs the command idle and while the
     node's own extraction (in its background cgroup) runs; the trees are removed afterwards."""
     require_root()
-    from rollstack.bench.env import build_busybox_trees
-    from rollstack.bench.images import write_single_layer_layout
-    from rollstack.bench.materialize import run
+    from rollstack_bench.env import build_busybox_trees
+    from rollstack_bench.images import write_single_layer_layout
+    from rollstack_bench.materialize import run
 
     trees = build_busybox_trees(tmp_path / "trees")
     layout = tmp_path / "img"

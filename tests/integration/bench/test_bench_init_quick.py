@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from components import need
 
-from rollstack.bench.systems.containerd import available
+from rollstack_bench.systems.containerd import available
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +34,8 @@ def _skip_reason() -> str | None:
 
 def test_bench_init_quick_all_systems(tmp_path: Path) -> None:
     need(_skip_reason() is None, str(_skip_reason()))
-    from rollstack.bench.init import InitConfig, default_corpus, run_init, write_report
-    from rollstack.bench.systems.rollstack import SYSTEM_NAMES
+    from rollstack_bench.init import InitConfig, default_corpus, run_init, write_report
+    from rollstack_bench.systems.rollstack import SYSTEM_NAMES
 
     before_ns = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
     cfg = InitConfig(corpus=default_corpus(quick=True), cold=1, warm=1, work=WORK)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstack.bench.isolation import run
+from rollstack_bench.isolation import run
 
 pytestmark = pytest.mark.integration
 

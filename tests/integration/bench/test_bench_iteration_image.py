@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from components import need, require_root
-from rollstack.bench.systems.containerd import available
+from rollstack_bench.systems.containerd import available
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +25,9 @@ EXTRA_APPLETS = ("find", "sha256sum", "base64", "tar", "xargs", "sort")
 def test_bench_iteration_on_an_imported_image(tmp_path: Path) -> None:
     require_root()  # netns, FUSE, overlayfs, runc, containerd: a failure in CI, a skip elsewhere
     need(available() is None, f"containerd for the baseline ({available()})")
-    from rollstack.bench.env import build_busybox_trees
-    from rollstack.bench.images import write_single_layer_layout
-    from rollstack.bench.iteration.image_run import ImageIterConfig, run_image_iteration, write_image_report
+    from rollstack_bench.env import build_busybox_trees
+    from rollstack_bench.images import write_single_layer_layout
+    from rollstack_bench.iteration.image_run import ImageIterConfig, run_image_iteration, write_image_report
 
     trees = build_busybox_trees(tmp_path / "trees")
     for applet in EXTRA_APPLETS:

@@ -14,7 +14,7 @@ from components import need, require_root, require_tool
 from node_helpers import plan, publish_corpus, remember, serve_node  # noqa: E402
 
 from rollstack import Client  # noqa: E402
-from rollstack.bench import node_wrk  # noqa: E402
+from rollstack_bench import node_wrk  # noqa: E402
 
 pytestmark = pytest.mark.integration
 TOKEN = "wrk-token"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench.env import busybox_plan, publish_busybox_corpus
+from rollstack_bench.env import busybox_plan, publish_busybox_corpus
 from rollstack.errors import ClusterUnavailable, NodeLost, NodeUnavailable
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ class Rig:
         self.address, self.spec, self.root, self.cluster = address, spec, root, cluster
         self.env_ids: set[str] = set()
         self.nodes = 3
-        self.fabric = None  # rollstack.bench.cluster_net.Fabric: the nodes' network namespaces
+        self.fabric = None  # rollstack_bench.cluster_net.Fabric: the nodes' network namespaces
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
 
     import rollstack.cluster as rc
 
-    from rollstack.bench.cluster_net import Fabric
+    from rollstack_bench.cluster_net import Fabric
 
     work = tmp_path_factory.mktemp("cluster")
     spec = publish_busybox_corpus(work / "store", work / "build")
@@ -186,7 +186,7 @@ def test_gateway_serves_the_e2b_api_for_the_pool(rig: Rig, monkeypatch: pytest.M
     from e2b import Sandbox
     from e2b.exceptions import AuthenticationException, SandboxException
 
-    from rollstack.bench.env import HELLO_MUTATION
+    from rollstack_bench.env import HELLO_MUTATION
     from rollstack.cluster.gateway import create_gateway
     from rollstack.node.server import BackgroundServer
     from rollstack.plan.published import publish_plan
@@ -421,7 +421,7 @@ def test_removing_a_ray_node_is_node_lost_and_its_agent_stops_with_it(rig: Rig) 
     import shutil
 
     from rollstack import Pool
-    from rollstack.cluster.actor import actor_name
+    from rollstack.cluster.ray_env import actor_name
 
     node = next(iter(rig.cluster.worker_nodes))
     name = actor_name(node.node_id)

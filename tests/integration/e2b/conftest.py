@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rollstack.bench.env import BUSYBOX, HELLO_MUTATION, busybox_plan, publish_busybox_corpus
+from rollstack_bench.env import BUSYBOX, HELLO_MUTATION, busybox_plan, publish_busybox_corpus
 
 TOKEN = "e2b-test-token-0123456789"
 TEMPLATE = "tasks/app:1"

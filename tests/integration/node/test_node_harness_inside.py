@@ -18,7 +18,7 @@ import pytest
 
 from components import require_root
 from corpus_helpers import published_corpus
-from rollstack.bench.netlab import Upstream, serve_model
+from rollstack_bench.netlab import Upstream, serve_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 

@@ -11,7 +11,7 @@ import pytest
 
 from node_helpers import plan, remember, serve_node
 from rollstack import Client, errors
-from rollstack.bench.netlab import Upstream, serve_model
+from rollstack_bench.netlab import Upstream, serve_model
 
 pytestmark = pytest.mark.integration
 TOKEN = "net-integration-token"

@@ -16,7 +16,7 @@ import pytest
 from components import need, require_root
 from rollstack.provision import NodeCapacity, PolicyConfig, Provisioner, detect_backend
 from rollstack.provision.config import GiB, MiB
-from rollstack.bench.workload import WorkloadProcess
+from rollstack_bench.workload import WorkloadProcess
 
 pytestmark = pytest.mark.integration
 

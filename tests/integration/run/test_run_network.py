@@ -13,7 +13,7 @@ from rollstack.plan.network import parse_allow
 from rollstack.run.network import NetworkSpec, leftovers, resolve_spec
 from rollstack.run.ocispec import SpecParams
 
-from rollstack.bench.netlab import Upstream, sh
+from rollstack_bench.netlab import Upstream, sh
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench.netlab import Upstream, sh
+from rollstack_bench.netlab import Upstream, sh
 from rollstack.errors import RuntimeFailure
 from rollstack.run.environment import EnvironmentRuntime, RuntimeConfig
 from rollstack.run.network import NetworkManager, resolve_spec

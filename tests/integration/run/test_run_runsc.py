@@ -57,7 +57,7 @@ def test_quotas_are_the_sandbox_cgroup(gvisor_env):
 def test_an_allow_policy_under_gvisor(runtime, busybox_lower, tmp_path):
     """gVisor's netstack takes the prepared netns over (the /proc/sys/net workaround in
     rollstack.run.runsc): the policy on the host side holds exactly as under runc."""
-    from rollstack.bench.netlab import Upstream
+    from rollstack_bench.netlab import Upstream
 
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "hello").write_text("hi from upstream\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench.netlab import Upstream
+from rollstack_bench.netlab import Upstream
 from rollstack.errors import RuntimeFailure
 from rollstack.plan.network import parse_allow
 from rollstack.run import userns

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rollstack.bench.chaos import Rollout, attribute, flatness
-from rollstack.bench.chaos_faults import Fault
+from rollstack_bench.chaos import Rollout, attribute, flatness
+from rollstack_bench.chaos_faults import Fault
 
 
 def _r(start: float, end: float, error: str | None, *envs: str) -> Rollout:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollstack.bench.exec_overhead import summarize
-from rollstack.bench.init_image import image_name, summary, targets
+from rollstack_bench.exec_overhead import summarize
+from rollstack_bench.init_image import image_name, summary, targets
 from rollstack.lazystore.priority import raise_fuse_thread_priority
 
 

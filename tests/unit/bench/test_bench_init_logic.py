@@ -7,10 +7,10 @@ import shlex
 
 import pytest
 
-from rollstack.bench.init import _rounds, comparison, parse_systems, system_summary
-from rollstack.bench.iteration.rollout import (PhaseClock, Rollout, agent_steps, harness_command, heredoc,
+from rollstack_bench.init import _rounds, comparison, parse_systems, system_summary
+from rollstack_bench.iteration.rollout import (PhaseClock, Rollout, agent_steps, harness_command, heredoc,
                                                iteration_summary, jobs)
-from rollstack.bench.systems.rollstack import Creation, first_command, import_name
+from rollstack_bench.systems.rollstack import Creation, first_command, import_name
 from rollstack.errors import InvalidRequest
 
 
@@ -126,7 +126,7 @@ def test_phase_clock_and_iteration_summary() -> None:
 
 
 def test_work_lock_refuses_a_second_run(tmp_path) -> None:
-    from rollstack.bench.systems.rollstack import work_lock
+    from rollstack_bench.systems.rollstack import work_lock
 
     with work_lock(tmp_path / "w"):
         with pytest.raises(InvalidRequest):
@@ -137,7 +137,7 @@ def test_work_lock_refuses_a_second_run(tmp_path) -> None:
 
 
 def test_rollstack_system_plan_sets_fetch_mode(tmp_path) -> None:
-    from rollstack.bench.systems.rollstack import RollstackSystem
+    from rollstack_bench.systems.rollstack import RollstackSystem
 
     plan = {"name": "p", "groups": ["os/x:1"], "fetch": {"background": True}}
     eager = RollstackSystem("rollstack-eager", "http://127.0.0.1:1", tmp_path).plan(plan)
@@ -150,7 +150,7 @@ def test_rollstack_system_plan_sets_fetch_mode(tmp_path) -> None:
 
 
 def test_retry_capacity_retries_only_insufficient_capacity() -> None:
-    from rollstack.bench.iteration.systems import retry_capacity
+    from rollstack_bench.iteration.systems import retry_capacity
     from rollstack.errors import InsufficientCapacity
 
     calls = []
@@ -172,7 +172,7 @@ def test_retry_capacity_retries_only_insufficient_capacity() -> None:
 def test_node_options_parse_json_values_and_reject_bare_words():
     import pytest
 
-    from rollstack.bench.init import parse_node_options
+    from rollstack_bench.init import parse_node_options
     from rollstack.errors import InvalidRequest
 
     assert parse_node_options(["erofs_lowers=false", "erofs_wait=5", "name=x=y"]) == {

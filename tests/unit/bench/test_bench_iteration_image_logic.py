@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.bench.iteration.image_run import ImageIterConfig, image_plan, image_report
-from rollstack.bench.iteration.image_tasks import (RESULT_FILE, TASK_DIR, TASK_FILE, WRITE_STEP, agent_steps,
+from rollstack_bench.iteration.image_run import ImageIterConfig, image_plan, image_report
+from rollstack_bench.iteration.image_tasks import (RESULT_FILE, TASK_DIR, TASK_FILE, WRITE_STEP, agent_steps,
                                                    image_commands, make_tasks, phase_medians, ratios)
-from rollstack.bench.iteration.rollout import Rollout, jobs
+from rollstack_bench.iteration.rollout import Rollout, jobs
 from rollstack.errors import InvalidRequest
 from rollstack.plan.model import Plan
 from rollstack.plan.mutation import apply_mutation

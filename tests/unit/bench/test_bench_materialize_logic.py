@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstack.bench.materialize import LIMIT_RATIO, summarize
+from rollstack_bench.materialize import LIMIT_RATIO, summarize
 from rollstack.errors import InvalidRequest
 
 

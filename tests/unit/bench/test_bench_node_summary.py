@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollstack.bench.node import _summary
+from rollstack_bench.node import _summary
 
 
 def _burst(rate: float, drained: float, hits: int = 0) -> dict:
@@ -40,7 +40,7 @@ def test_summary_of_the_image_part() -> None:
 
 
 def test_fanout_document_and_summary_report_both_modes_create_only_and_with_exec() -> None:
-    from rollstack.bench.node_fanout import summarize
+    from rollstack_bench.node_fanout import summarize
 
     one = [(0.010, 0.020, 0.01, 0.01, True), (0.012, 0.022, 0.0, 0.01, True), (0.011, 0.021, 0.01, 0.02, True)]
     many = [(0.030, 0.060, 0.04, 0.06, True), (0.034, 0.064, 0.05, 0.07, False), (0.032, 0.062, 0.03, 0.05, True)]

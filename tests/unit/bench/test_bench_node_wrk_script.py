@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstack.bench.node_wrk import lua_script, parse_result
+from rollstack_bench.node_wrk import lua_script, parse_result
 from rollstack.errors import InvalidRequest, RuntimeFailure
 
 

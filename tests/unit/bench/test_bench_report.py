@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollstack.bench.report import (
+from rollstack_bench.report import (
     init_summary, machine_facts, markdown_table, phase_shares, summarize, write_results,
 )
 

@@ -165,7 +165,7 @@ def _worker() -> dict:
 
 
 def test_environment_nodes_are_privileged_with_fuse_node_root_and_the_rollstack_resource():
-    from rollstack.cluster.actor import RESOURCE
+    from rollstack.cluster.ray_env import RESOURCE
     from rollstack.cluster.control import DEFAULT_ROOT
 
     group = _worker()

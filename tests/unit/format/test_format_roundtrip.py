@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rollstack.format import toc_codec
+
 import hashlib
 import io
 import os
@@ -33,7 +35,7 @@ def test_toc_codec_round_trip_all_fields() -> None:
         TocEntry("gone", EntryType.WHITEOUT, 0),
     ]
     toc = Toc(entries)
-    back = Toc.decode(toc.encode())
+    back = toc_codec.decode(toc_codec.encode(toc))
     assert back.paths == sorted(e.path for e in entries)
     assert back.entries == toc.entries
     assert back.lookup("a/f") == entries[2]

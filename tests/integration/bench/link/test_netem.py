@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rollstack.bench.link.netem import LinkProfile, ShapedLink, cleanup_stale, measure
+from rollstack_bench.link.netem import LinkProfile, ShapedLink, cleanup_stale, measure
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from components import need
-from rollstack.bench.systems.baselines import DockerEquivalent, DynamicAssembly, Stack, prepare_images
-from rollstack.bench.systems.containerd import PrivateContainerd, available
-from rollstack.bench.systems.registry import NetnsRegistry
-from rollstack.bench.link.netem import ShapedLink
+from rollstack_bench.systems.baselines import DockerEquivalent, DynamicAssembly, Stack, prepare_images
+from rollstack_bench.systems.containerd import PrivateContainerd, available
+from rollstack_bench.systems.registry import NetnsRegistry
+from rollstack_bench.link.netem import ShapedLink
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstack.bench.link.netem import PROFILES, PROXY_OVERHEAD_S, LinkProfile, get_profile, tbf_burst_bytes
+from rollstack_bench.link.netem import PROFILES, PROXY_OVERHEAD_S, LinkProfile, get_profile, tbf_burst_bytes
 from rollstack.errors import InvalidRequest
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from components import require_root
 
-from rollstack.bench.systems.oci import build_layer, write_image, write_tar
+from rollstack_bench.systems.oci import build_layer, write_image, write_tar
 
 
 def _tree(root: Path) -> None:
@@ -60,7 +60,7 @@ def test_build_layer_caches_and_image_layout(tmp_path: Path) -> None:
     assert blob.digest.startswith("sha256:") and blob.size == Path(blob.path).stat().st_size
     assert build_layer(tmp_path / "t", tmp_path / "blobs", "k1", tmp_path / "meta") == blob  # cached
     layout = tmp_path / "layout"
-    from rollstack.bench.systems.oci import link_blob
+    from rollstack_bench.systems.oci import link_blob
 
     link_blob(layout, blob)
     mdig = write_image(layout, "v1", [blob], workdir="/work/x")
