@@ -93,8 +93,8 @@ class SandboxTable:
             self.service.destroy(created.id)
             raise
         quotas = info.quotas
-        cpu = getattr(quotas, "cpu_limit", None) or 1
-        memory = getattr(quotas, "memory_limit", None) or 0
+        cpu = (quotas.cpu_limit if quotas else None) or 1
+        memory = (quotas.memory_limit if quotas else None) or 0
         now = _now()
         box = Sandbox(
             id=created.id, template_id=req.template_id, access_token=secrets.token_urlsafe(24),

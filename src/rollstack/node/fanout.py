@@ -162,7 +162,7 @@ def _begin_all(stages: "Stages", recs: list[Any], prepared: Any, group: Group) -
 
     plan = group.plan
     t = time.perf_counter()
-    trace_key, stack_key = trace_keys(getattr(prepared.stack, "stack_digest", None), plan)
+    trace_key, stack_key = trace_keys(prepared.stack.stack_digest, plan)
     ids = [r.id for r in recs]
     stages.lazy_call(lambda lazy: lazy.begin_envs(
         ids, prepared.refs, background=plan.fetch.background and not plan.fetch.eager,

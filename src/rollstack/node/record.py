@@ -102,14 +102,11 @@ class EnvRecord:
 
     def info(self, quotas: Quotas | None = None) -> EnvironmentInfo:
         if quotas is None:
-            res = getattr(self.plan, "resources", None)
-            quotas = Quotas(
-                cpu_limit=getattr(res, "cpu", None), memory_limit=getattr(res, "memory", None)
-            )
+            quotas = Quotas(cpu_limit=self.plan.resources.cpu, memory_limit=self.plan.resources.memory)
         return EnvironmentInfo(
             id=self.id,
             state=self.state,
-            plan_name=getattr(self.plan, "name", None),
+            plan_name=self.plan.name,
             age=round(self.age(), 3),
             timeout=self.timeout,
             quotas=quotas,

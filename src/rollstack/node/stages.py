@@ -166,7 +166,7 @@ class Stages:
         a daemon was restarted."""
         if not self._daemon_dead(self.lazy):
             return False
-        proc = getattr(self.lazy, "process", None)
+        proc = self.lazy.process if self.lazy is not None else None
         log.error("lazy store daemon %s; starting a successor",
                   f"exited with {proc.returncode}" if proc is not None else "adopted at start is gone")
         self.lazy = self._start_lazy(self._spec)
@@ -190,7 +190,7 @@ class Stages:
     def _daemon_dead(self, lazy: LazyStore) -> bool:
         """Our child daemon exited, or (one adopted from a previous agent, not our child) no
         daemon process serves our mountpoint any more."""
-        proc = getattr(lazy, "process", None)
+        proc = lazy.process if lazy is not None else None
         if proc is not None:
             return proc.poll() is not None
         return not recovery.daemon_pids(self.config.lazy_dir / "mnt")
@@ -252,7 +252,7 @@ class Stages:
         if self.warm is not None:  # its sandboxes stack the lazy store's dirs: before it stops
             self.warm.stop()
             self.warm = None
-        adopted_daemon = self.lazy is not None and getattr(self.lazy, "process", None) is None
+        adopted_daemon = self.lazy is not None and self.lazy.process is None
         for name in ("provisioner", "lowers", "lazy"):
             part = getattr(self, name)
             if part is None:
@@ -316,7 +316,7 @@ class Stages:
         warm = self._take_warm(rec, plan, net, refs, lowers) if group is None else group.warm.pop(rec.id, None)
         if group is None or rec.id not in group.begun:
             t = time.perf_counter()
-            trace_key, stack_key = trace_keys(getattr(stack, "stack_digest", None), plan)
+            trace_key, stack_key = trace_keys(stack.stack_digest, plan)
             self.lazy_call(lambda lazy: lazy.begin_env(
                 rec.id, refs, background=plan.fetch.background and not plan.fetch.eager,
                 trace_key=trace_key, fallback_key=stack_key))
@@ -360,7 +360,7 @@ class Stages:
             "mode": net.mode, "address": h.address, "gateway": h.gateway, "token": token,
             "endpoints": [e.replace("${ROLLSTACK_GATEWAY}", h.gateway) for e in net.endpoints],
             "expose": list(net.expose)}
-        return Built(runtime=env, refs=refs, stack_digest=getattr(stack, "stack_digest", None), fetch=fetch,
+        return Built(runtime=env, refs=refs, stack_digest=stack.stack_digest, fetch=fetch,
                      network=network)
 
     def _take_warm(self, rec: EnvRecord, plan: Plan, net: Any, refs: list[Any],
@@ -430,10 +430,8 @@ class Stages:
 
     async def exec_async(self, rec: EnvRecord, req: ExecRequest, offload: Any) -> ExecResult:
         """`exec` on the caller's event loop (rollstack.run.handle.Environment.exec_async)."""
-        exec_async = getattr(rec.runtime, "exec_async", None)
-        if exec_async is None:  # a runtime without a loop path
-            return await offload(lambda: self.exec(rec, req, None))
-        return await exec_async(req.resolved_argv(), offload=offload, **self._exec_options(req))
+        assert rec.runtime is not None
+        return await rec.runtime.exec_async(req.resolved_argv(), offload=offload, **self._exec_options(req))
 
     def _exec_options(self, req: ExecRequest) -> dict[str, Any]:
         """A request's cwd, env, stdin, timeout and the node's output cap, as the runtime takes them."""
