@@ -1,7 +1,7 @@
 """rollstack: an environment manager for agentic RL (lazy seekable OCI layers, overlayfs, runc,
 elastic quotas, a node agent with an HTTP API, this SDK and a CLI).
 
-    from rollstack import Client, AsyncClient, Node
+    from rollstack import Client, AsyncClient, Node, AsyncNode
 
 Importing `rollstack` has no side effects; the names below are loaded on first use.
 """
@@ -13,13 +13,14 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Client": "rollstack.client.sync",
-    "AsyncClient": "rollstack.client.aio",
-    "Environment": "rollstack.client.environment",
-    "AsyncEnvironment": "rollstack.client.aio",
+    "Client": "rollstack.client._clients",
+    "AsyncClient": "rollstack.client._clients",
+    "Environment": "rollstack.client._handles",
+    "AsyncEnvironment": "rollstack.client._handles",
     "ExecResult": "rollstack.contract.models",
     "Evaluation": "rollstack.contract.models",
     "Node": "rollstack.client.local",
+    "AsyncNode": "rollstack.client.local",
     "Pool": "rollstack.cluster.pool",
     "AsyncPool": "rollstack.cluster.pool",
 }

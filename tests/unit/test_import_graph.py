@@ -37,7 +37,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("node", "e2b"): "node/api.py's create_app is the node agent's composition root: it mounts the "
                      "E2B-compatible API (a protocol adapter over the same NodeService) on the node's "
                      "listen address, imported lazily and only when the e2b extra is installed; e2b "
-                     "itself imports only node models/protocol",
+                     "itself talks to the service only (test_the_e2b_adapter_talks_to_the_service_only)",
 }
 """(importing package, imported package) -> why this edge against the flow stays."""
 
@@ -210,3 +210,12 @@ def _module_cycles(root: Path, top: str) -> list[list[str]]:
 def test_no_import_cycles_inside_a_package() -> None:
     assert _module_cycles(SRC, "rollstack") == []
     assert _module_cycles(BENCH, "rollstack_bench") == []
+
+
+def test_the_e2b_adapter_talks_to_the_service_only() -> None:
+    """e2b/ is a protocol adapter over the contract (`NodeLocal`): it never reaches into the
+    stages (the node composes it; run/, lazystore/, lowers/, provision/ stay behind the service)."""
+    stages = {"run", "node", "lazystore", "lowers", "provision", "fetch", "store", "plan", "host"}
+    found = [f"{m.relative_to(SRC.parent)}:{line}: {t}" for m in sorted((SRC / "e2b").rglob("*.py"))
+             for t, line in _imports(m) if t in stages]
+    assert found == []

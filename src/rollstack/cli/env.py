@@ -16,8 +16,8 @@ import typer
 from rollstack.cli.output import emit, stdout
 
 if TYPE_CHECKING:
-    from rollstack.client.environment import Environment
-    from rollstack.client.sync import Client
+    from rollstack.client._handles import Environment
+    from rollstack.client._clients import Client
 
 app = typer.Typer(no_args_is_help=True, help="Environments on a node agent: create, exec, cp, diff, evaluate, ls, rm, stats.")
 
@@ -30,7 +30,7 @@ Cmd = Annotated[list[str], typer.Argument(help="the command (after --)", show_de
 def _client(node: str | None, token: str | None, lease: float | None = None) -> "Client":
     """A client without a lease by default: what a command creates outlives the command (it
     lives its plan's lifetime) so that a later `env exec` still finds it."""
-    from rollstack.client.sync import Client
+    from rollstack.client._clients import Client
 
     return Client(node, token, lease=lease)
 

@@ -1,5 +1,9 @@
 """The rollstack SDK: `Client` / `AsyncClient` over a node agent's HTTP API, and the handles they
-return. `rollstack.Node` (in-process, no server) has the same interface as `Client`.
+return (`Environment` / `AsyncEnvironment`). `Node` / `AsyncNode` (in-process, no server) have
+the same interfaces. Layout, as httpx keeps it: `_clients.py` (the clients side by side, on one
+facade each), `_handles.py` (the handles side by side), `_transports.py` (the HTTP services side
+by side, and the threaded face of an in-process service), `routes.py` (every call, once),
+`_base.py` (settings, plan encoding, errors), `leases.py`, `local.py`.
 
 Public names are re-exported lazily so that `import rollstack.client` stays cheap.
 """
@@ -9,10 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
-    "Client": "rollstack.client.sync",
-    "AsyncClient": "rollstack.client.aio",
-    "AsyncEnvironment": "rollstack.client.aio",
-    "Environment": "rollstack.client.environment",
+    "Client": "rollstack.client._clients",
+    "AsyncClient": "rollstack.client._clients",
+    "AsyncEnvironment": "rollstack.client._handles",
+    "Environment": "rollstack.client._handles",
+    "Node": "rollstack.client.local",
+    "AsyncNode": "rollstack.client.local",
     "ExecResult": "rollstack.contract.models",
     "ExecChunk": "rollstack.contract.models",
     "Evaluation": "rollstack.contract.models",

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 from rollstack.client._base import Settings, plan_to_wire
-from rollstack.client.environment import Environment, create_options
+from rollstack.client._handles import Environment, create_options
 from rollstack.client.leases import DEFAULT_LEASE, AsyncLeaseKeeper, LeaseKeeper
 from rollstack.cluster.directory import Directory, Placer
 from rollstack.cluster.placement import PlacementPolicy, PlacementRequest
@@ -239,7 +239,7 @@ class Pool(_Pool):
         return LeaseKeeper(lease, interval)
 
     def _new_service(self, url: str, token: str | None) -> Any:
-        from rollstack.client.sync import HttpService
+        from rollstack.client._transports import HttpService
 
         return HttpService(Settings(url=url, token=token))
 
@@ -364,12 +364,12 @@ class AsyncPool(_Pool):
         return AsyncLeaseKeeper(lease, interval)
 
     def _new_service(self, url: str, token: str | None) -> Any:
-        from rollstack.client.aio import AsyncHttpService
+        from rollstack.client._transports import AsyncHttpService
 
         return AsyncHttpService(Settings.of(url, token or ""))
 
     async def create(self, plan: Any, count: int | None = None, *, idempotency_key: str | None = None) -> Any:
-        from rollstack.client.aio import AsyncEnvironment
+        from rollstack.client._handles import AsyncEnvironment
 
         wire = plan_to_wire(plan)
         req = await asyncio.to_thread(self._core.placer.request, wire)
@@ -411,7 +411,7 @@ class AsyncPool(_Pool):
                 return env
 
     async def get(self, env_id: str) -> Any:
-        from rollstack.client.aio import AsyncEnvironment
+        from rollstack.client._handles import AsyncEnvironment
 
         node_id = await asyncio.to_thread(self._locate, env_id)
         env = AsyncEnvironment(_AsyncBound(self._core, node_id, self._service(node_id),  # type: ignore[arg-type]

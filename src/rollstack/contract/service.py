@@ -92,6 +92,16 @@ class EnvironmentService(Protocol):
         ...
 
 
+class ProcessControl(Protocol):
+    """A caller's handle on one attached exec in flight (rollstack.run.execpump.ExecControl)."""
+
+    def write_stdin(self, data: bytes, timeout: float = 30.0) -> bool: ...
+    def close_stdin(self) -> bool: ...
+    def signal(self, sig: int, wait: float = 10.0) -> bool: ...
+    def pid(self, wait: float = 2.0) -> int | None: ...
+    def finish(self) -> None: ...
+
+
 class NodeLocal(EnvironmentService, Protocol):
     """What only a caller in the node's own process can ask (the E2B adapter)."""
 
@@ -110,6 +120,20 @@ class NodeLocal(EnvironmentService, Protocol):
 
     def with_root(self, env_id: str, fn: Callable[[Any], T]) -> T:
         """`fn(root)` with the environment's merged root dir (a host path), not racing destroy."""
+        ...
+
+    def tree(self, env_id: str, op: str, *args: Any) -> Any:
+        """A directory operation inside the environment, confined to its root (symlinks never
+        lead out): `entry(path)`, `walk(path, depth)`, `make_dir(path)`, `move(src, dst)`,
+        `remove(path)`; entries are `rollstack.contract.files.Entry`."""
+        ...
+
+    def has_path(self, env_id: str, path: str) -> bool:
+        """Whether `path` exists in the environment (an absolute symlink counts: it is not followed)."""
+        ...
+
+    def exec_control(self, open_stdin: bool = False) -> ProcessControl:
+        """A control for one `exec_attached` call."""
         ...
 
 

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rollstack.e2b.models import ConnectRequest, E2BError, NewSandbox, TimeoutRequest, WrittenFile
 from rollstack.e2b.sandboxes import SandboxTable
 from rollstack.errors import InvalidRequest, NotFound, RollstackError, Unauthorized
-from rollstack.run.files import split_request
+from rollstack.contract.files import split_request
 from rollstack.contract.service import NodeLocal
 
 log = logging.getLogger(__name__)

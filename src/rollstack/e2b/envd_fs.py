@@ -1,6 +1,6 @@
 """envd's `filesystem.Filesystem` service (Connect protocol) over the sandbox's root.
 
-Operations go through `rollstack.run.fsops.TreeRoot` on the host side of the environment's
+Operations go through the node's `tree` (rollstack.run.fsops.TreeRoot) on the host side of the environment's
 merged root, never through a command in the sandbox (no image assumptions), and never follow a
 symlink out of it (see rollstack.run.files). Served by the generated `FilesystemASGIApplication`
 from the `e2b` wheel, like the process service. Supported: Stat, ListDir (with depth), MakeDir,
@@ -19,8 +19,7 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from e2b.envd.filesystem import filesystem_pb as pb
 from rollstack.e2b.rpc import Envd, unimplemented
-from rollstack.run.fsops import Entry, TreeRoot
-from rollstack.run.userns import id_base_of
+from rollstack.contract.files import Entry
 
 _TYPES = {"file": pb.FileType.FILE, "dir": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
 
@@ -40,8 +39,7 @@ def entry_info(e: Entry) -> pb.EntryInfo:
 class FilesystemService(Envd):
     async def _on_root(self, ctx: Any, op: str, *args: Any) -> Any:
         async with self.call(ctx) as box:
-            return await self.run(self.service.with_root, box.id,
-                                  lambda root: getattr(TreeRoot(root, id_base_of(root)), op)(*args))
+            return await self.run(self.service.tree, box.id, op, *args)
 
     async def stat(self, request: pb.StatRequest, ctx: Any) -> pb.StatResponse:
         return pb.StatResponse(entry=entry_info(await self._on_root(ctx, "entry", request.path)))

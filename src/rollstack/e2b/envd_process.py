@@ -25,7 +25,7 @@ from protobuf import Oneof
 from e2b.envd.process import process_pb as pb
 from rollstack.e2b.processes import Event, Proc
 from rollstack.e2b.rpc import Envd, unimplemented
-from rollstack.errors import InvalidRequest, UnsafePath
+from rollstack.errors import InvalidRequest
 
 KEEPALIVE_HEADER = "keepalive-ping-interval"
 DEFAULT_KEEPALIVE = 30.0
@@ -110,15 +110,7 @@ class ProcessService(Envd):
         if cmd != "/bin/bash":
             return cmd, args
         if box.has_bash is None:
-            from rollstack.run.files import SafeRoot
-
-            def probe(root: Any) -> bool:
-                try:
-                    return SafeRoot(root).exists("/bin/bash")
-                except UnsafePath:  # an absolute symlink: it is there, we just do not follow it
-                    return True
-
-            box.has_bash = bool(self.service.with_root(box.id, probe))
+            box.has_bash = self.service.has_path(box.id, "/bin/bash")
         return (cmd, args) if box.has_bash else ("/bin/sh", args)
 
 

@@ -25,8 +25,7 @@ from pydantic import ValidationError
 
 from rollstack.errors import InsufficientCapacity, InvalidRequest, NotFound, RollstackError
 from rollstack.contract.models import ExecRequest
-from rollstack.run.execpump import ExecControl
-from rollstack.contract.service import NodeLocal
+from rollstack.contract.service import NodeLocal, ProcessControl
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class Proc:
     envs: dict[str, str]
     cwd: str | None
     tag: str | None
-    control: ExecControl
+    control: ProcessControl
     end: Event | None = None
     signalled: int | None = None
     _subs: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]] = field(default_factory=list)
@@ -134,7 +133,7 @@ class ProcessTable:
                 raise InsufficientCapacity(f"sandbox {self.env_id} runs {len(self._procs)} processes already")
             if tag is not None and any(p.tag == tag for p in self._procs.values()):
                 raise InvalidRequest(f"a process tagged {tag!r} is running already")
-            proc = Proc(next(self._pids), cmd, list(args), dict(envs), cwd, tag, ExecControl(open_stdin=stdin))
+            proc = Proc(next(self._pids), cmd, list(args), dict(envs), cwd, tag, self.service.exec_control(open_stdin=stdin))
             self._procs[proc.pid] = proc
         queue = proc.subscribe(loop)
         thread = threading.Thread(target=self._run, args=(proc, request), daemon=True,

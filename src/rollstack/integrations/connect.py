@@ -15,7 +15,7 @@ def sync_client(client: Any = None, node: str | None = None, token: str | None =
     """(client, owned): `client` as given, else a new `Client(node, token)` (owned)."""
     if client is not None:
         return client, False
-    from rollstack.client.sync import Client
+    from rollstack.client._clients import Client
 
     return Client(node or None, token), True
 
@@ -24,6 +24,6 @@ def async_client(client: Any = None, node: str | None = None, token: str | None 
     """(client, owned): `client` as given, else a new `AsyncClient(node, token)` (owned)."""
     if client is not None:
         return client, False
-    from rollstack.client.aio import AsyncClient
+    from rollstack.client._clients import AsyncClient
 
     return AsyncClient(node or None, token), True

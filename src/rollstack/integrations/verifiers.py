@@ -100,7 +100,7 @@ class RollstackRuntime(Runtime):
         self.workdir: str = config.workdir or "/"
 
     async def start(self) -> None:
-        from rollstack.client.aio import AsyncClient
+        from rollstack.client._clients import AsyncClient
 
         if self.environment is not None:
             raise SandboxError(f"runtime {self.name} is already started")
@@ -198,7 +198,7 @@ class RollstackRuntime(Runtime):
         """Sync backstop (verifiers' atexit hook): destroy the environment by id."""
         if self.environment is None or self.info.id is None:
             return
-        from rollstack.client.sync import Client
+        from rollstack.client._clients import Client
 
         try:
             with Client(self.config.node, self.config.token) as client:

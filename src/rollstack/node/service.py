@@ -38,6 +38,7 @@ from rollstack.errors import (
     PlanInvalid,
     RollstackError,
     RuntimeFailure,
+    UnsafePath,
 )
 from rollstack.node import record as st
 from rollstack.node import recovery
@@ -65,6 +66,8 @@ from rollstack.node.stages import Stages
 
 log = logging.getLogger(__name__)
 
+TREE_OPS = frozenset({"entry", "walk", "make_dir", "move", "remove"})
+"""The directory operations `tree` runs (rollstack.run.fsops.TreeRoot)."""
 BUILD_WAIT = 600.0
 """Seconds a destroy waits for the create still building its environment."""
 _TOMBSTONES = 4096
@@ -606,6 +609,32 @@ class NodeService:
         with rec.lock:
             self._check_files(rec)
             return self._stages().diff(rec, binary)
+
+    def tree(self, env_id: str, op: str, *args: Any) -> Any:
+        """A directory operation (rollstack.run.fsops.TreeRoot) confined to the environment's root."""
+        from rollstack.run.fsops import TreeRoot
+        from rollstack.run.userns import id_base_of
+
+        if op not in TREE_OPS:
+            raise InvalidRequest(f"not a directory operation: {op!r}")
+        return self.with_root(env_id, lambda root: getattr(TreeRoot(root, id_base_of(root)), op)(*args))
+
+    def has_path(self, env_id: str, path: str) -> bool:
+        from rollstack.run.files import SafeRoot
+
+        def probe(root: Any) -> bool:
+            try:
+                return SafeRoot(root).exists(path)
+            except UnsafePath:  # an absolute symlink: it is there, we just do not follow it
+                return True
+
+        return bool(self.with_root(env_id, probe))
+
+    @staticmethod
+    def exec_control(open_stdin: bool = False) -> Any:
+        from rollstack.run.execpump import ExecControl
+
+        return ExecControl(open_stdin=open_stdin)
 
     def with_root(self, env_id: str, fn: Any) -> Any:
         """`fn(root)` with the environment's merged root dir (a host path: wrap it in a

@@ -28,13 +28,11 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollstack.contract.files import split_request
 from rollstack.errors import InvalidRequest, NotFound, UnsafePath
 from rollstack.run.lowerview import kind_of
 
 MAX_SYMLINKS = 40
-NAME_MAX = 255
-"""Bytes in one path component (Linux; ENAMETOOLONG beyond)."""
-PATH_MAX = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -48,27 +46,6 @@ class FileInfo:
     mode: int  # permission bits
     mtime: float
     target: str | None = None  # symlink target
-
-
-def split_request(path: str) -> list[str]:
-    """The components of a request path; refuses `..`, NUL, names no Linux file can have (over
-    NAME_MAX bytes, not encodable: a lone surrogate from a JSON escape) and paths over PATH_MAX,
-    which the kernel would otherwise refuse with an OSError deep inside an operation."""
-    if not isinstance(path, str) or "\x00" in path:
-        raise UnsafePath(f"invalid path {path!r}")
-    try:
-        size = len(os.fsencode(path))
-    except UnicodeError:
-        raise UnsafePath(f"invalid path {path!r}: not valid UTF-8") from None
-    if size > PATH_MAX:
-        raise InvalidRequest(f"path of {size} bytes is longer than {PATH_MAX}")
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise UnsafePath(f"'..' is not allowed in paths: {path!r}")
-    for part in parts:
-        if len(os.fsencode(part)) > NAME_MAX:
-            raise InvalidRequest(f"file name of {len(os.fsencode(part))} bytes is longer than {NAME_MAX}: {part[:40]!r}...")
-    return parts
 
 
 class SafeRoot:

@@ -15,27 +15,14 @@ import errno
 import os
 import shutil
 import stat as statmod
-from dataclasses import dataclass
 
 from rollstack.errors import AlreadyExists, InvalidRequest, NotFound, UnsafePath
+from rollstack.contract.files import Entry
 from rollstack.run.files import SafeRoot, split_request
 from rollstack.run.lowerview import kind_of
 
 MAX_WALK_ENTRIES = 100_000
 """A listing stops with InvalidRequest past this many entries."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    path: str  # absolute inside the environment, normalised
-    kind: str  # file | dir | symlink | other
-    size: int
-    mode: int  # st_mode (type and permission bits)
-    uid: int
-    gid: int
-    mtime: float
-    target: str | None = None  # a symlink's target
 
 
 def _norm(parts: list[str]) -> str:

@@ -220,7 +220,7 @@ def test_an_exec_the_node_never_answers_is_exec_timeout_and_other_calls_node_una
                 await (await _env(client)).exec("sleep 100", timeout=5.0)
 
     async def _env(client: AsyncClient):
-        from rollstack.client.aio import AsyncEnvironment
+        from rollstack.client._handles import AsyncEnvironment
 
         return AsyncEnvironment(client._service, "e1")
 

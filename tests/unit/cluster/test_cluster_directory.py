@@ -109,7 +109,7 @@ def test_async_pool_stream_on_a_dead_node_is_node_lost(nodes) -> None:
 
     async def go():
         async with AsyncPool(nodes=members, interval=0.2) as pool:
-            from rollstack.client.aio import AsyncEnvironment
+            from rollstack.client._handles import AsyncEnvironment
             from rollstack.cluster.pool import _AsyncBound
 
             bound = _AsyncBound(pool._core, "n0", pool._service("n0"), "a1")

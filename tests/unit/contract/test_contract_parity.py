@@ -7,9 +7,10 @@ import inspect
 
 from fastapi.routing import APIRoute
 
-from rollstack.client.aio import AsyncClient, AsyncEnvironment, AsyncHttpService
-from rollstack.client.environment import Environment
-from rollstack.client.sync import Client, HttpService
+from rollstack.client._clients import AsyncClient, Client
+from rollstack.client._handles import AsyncEnvironment, Environment
+from rollstack.client._transports import AsyncHttpService, HttpService, ThreadedService
+from rollstack.client.local import AsyncNode, Node
 from rollstack.contract import routes as R
 from rollstack.contract.service import AsyncEnvironmentService, EnvironmentService
 from rollstack.node.api import create_app
@@ -58,3 +59,12 @@ def test_sync_and_async_handles_offer_the_same_calls() -> None:
     assert _public(Environment) == _public(AsyncEnvironment)
     assert _public(Client) - {"close"} == _public(AsyncClient) - {"aclose"}
     assert {"create", "get", "list", "destroy", "health", "metrics"} <= _public(AsyncClient)
+
+
+def test_the_in_process_twins_match_their_clients() -> None:
+    assert _public(Node) - {"close", "service", "config"} == _public(Client) - {"close", "url"}
+    assert _public(AsyncNode) - {"aclose", "start", "service", "config"} == _public(AsyncClient) - {"aclose", "url"}
+    wanted = _public(AsyncEnvironmentService)
+    assert wanted <= _public(ThreadedService)
+    for name in wanted - {"exec_stream"}:
+        assert inspect.iscoroutinefunction(getattr(ThreadedService, name)), name

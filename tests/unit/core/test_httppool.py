@@ -20,7 +20,7 @@ def test_clients_drop_idle_connections_before_any_server_does():
 
 def test_the_sdk_client_uses_the_client_keepalive():
     from rollstack.client._base import Settings
-    from rollstack.client.sync import HttpService
+    from rollstack.client._transports import HttpService
 
     service = HttpService(Settings(url="http://127.0.0.1:9", token=""))
     try:

@@ -12,6 +12,7 @@ import pytest
 from rollstack.e2b.processes import ProcessTable, end_event
 from rollstack.errors import EnvironmentGone, InsufficientCapacity, InvalidRequest, NotFound
 from rollstack.contract.models import ExecResult
+from rollstack.run.execpump import ExecControl
 
 
 def test_end_events_follow_envd():
@@ -32,6 +33,10 @@ class Scripted:
         self.release = threading.Event()
         self.error = error
         self.requests = []
+
+    @staticmethod
+    def exec_control(open_stdin=False):
+        return ExecControl(open_stdin=open_stdin)
 
     def exec_attached(self, env_id, request, on_output, control):
         self.requests.append(request)

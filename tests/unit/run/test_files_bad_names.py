@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from rollstack.errors import InvalidRequest, UnsafePath
-from rollstack.run.files import NAME_MAX, PATH_MAX, SafeRoot, split_request
+from rollstack.contract.files import NAME_MAX, PATH_MAX, split_request
+from rollstack.run.files import SafeRoot
 
 
 @pytest.mark.parametrize("path", [

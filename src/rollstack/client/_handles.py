@@ -1,0 +1,155 @@
+"""The environment handles, side by side: `Environment` (blocking) and `AsyncEnvironment`.
+
+Each wraps a service (`EnvironmentService`: HTTP for `Client`, a `NodeService` for `Node`; or
+`AsyncEnvironmentService`: HTTP for `AsyncClient`, a threaded `NodeService` for `AsyncNode`) and
+an id, so a handle behaves the same whatever is behind it. A handle used as a context manager
+is always destroyed on exit, whatever happened inside. A handle made by a facade with a lease
+keeper (`client.leases`) is released from it on destroy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Iterator
+
+from rollstack.client._base import exec_request
+from rollstack.contract.models import (
+    CreateResponse,
+    EnvironmentInfo,
+    Evaluation,
+    ExecChunk,
+    ExecResult,
+    Stats,
+)
+from rollstack.contract.service import AsyncEnvironmentService, EnvironmentService
+
+
+class Environment:
+    """One environment on a node. `created` is the create document (timings, fetch) when known."""
+
+    def __init__(self, service: EnvironmentService, env_id: str, created: CreateResponse | None = None,
+                 leases: Any = None):
+        self._service = service
+        self.id = env_id
+        self.created = created
+        self._leases = leases
+        """The keeper renewing this environment's lease (released on destroy), if any."""
+
+    def __repr__(self) -> str:
+        return f"Environment({self.id!r})"
+
+    def __enter__(self) -> "Environment":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def exec(
+        self,
+        command: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: str | bytes | None = None,
+    ) -> ExecResult:
+        """Run `command` (shell string or argv) to completion. A timeout is reported, not raised."""
+        return self._service.exec(self.id, exec_request(command, timeout, cwd, env, stdin))
+
+    def exec_stream(
+        self,
+        command: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: str | bytes | None = None,
+    ) -> Iterator[ExecChunk]:
+        """Chunks of type `stdout`/`stderr` (`.data`) as they come, then one `result` (`.result`)."""
+        return self._service.exec_stream(self.id, exec_request(command, timeout, cwd, env, stdin))
+
+    def read_file(self, path: str) -> bytes:
+        return self._service.read_file(self.id, path)
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        self._service.write_file(self.id, path, data.encode() if isinstance(data, str) else data)
+
+    def diff(self, binary: str = "name") -> str:
+        """Unified diff from the root: binary files named ("name") or as git binary patches ("patch")."""
+        return self._service.diff(self.id, binary)
+
+    def evaluate(self) -> Evaluation:
+        return self._service.evaluate(self.id)
+
+    def stats(self) -> Stats:
+        return self._service.stats(self.id)
+
+    def info(self) -> EnvironmentInfo:
+        return self._service.info(self.id)
+
+    def destroy(self) -> None:
+        """Idempotent."""
+        self._service.destroy(self.id)
+        if self._leases is not None:
+            self._leases.release(self.id)
+
+
+class AsyncEnvironment:
+    """One environment, async. `async with` always destroys it on exit."""
+
+    def __init__(self, service: AsyncEnvironmentService, env_id: str, created: CreateResponse | None = None,
+                 leases: Any = None):
+        self._service = service
+        self.id = env_id
+        self.created = created
+        self._leases = leases
+
+    def __repr__(self) -> str:
+        return f"AsyncEnvironment({self.id!r})"
+
+    async def __aenter__(self) -> "AsyncEnvironment":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.destroy()
+
+    async def exec(self, command: str | list[str], timeout: float | None = None, cwd: str | None = None,
+                   env: dict[str, str] | None = None, stdin: str | bytes | None = None) -> ExecResult:
+        """Run `command` (shell string or argv) to completion. A timeout is reported, not raised."""
+        return await self._service.exec(self.id, exec_request(command, timeout, cwd, env, stdin))
+
+    def exec_stream(self, command: str | list[str], timeout: float | None = None, cwd: str | None = None,
+                    env: dict[str, str] | None = None, stdin: str | bytes | None = None) -> AsyncIterator[ExecChunk]:
+        """Chunks of type `stdout`/`stderr` as they come, then one `result`."""
+        return self._service.exec_stream(self.id, exec_request(command, timeout, cwd, env, stdin))
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._service.read_file(self.id, path)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self._service.write_file(self.id, path, data.encode() if isinstance(data, str) else data)
+
+    async def diff(self, binary: str = "name") -> str:
+        return await self._service.diff(self.id, binary)
+
+    async def evaluate(self) -> Evaluation:
+        return await self._service.evaluate(self.id)
+
+    async def stats(self) -> Stats:
+        return await self._service.stats(self.id)
+
+    async def info(self) -> EnvironmentInfo:
+        return await self._service.info(self.id)
+
+    async def destroy(self) -> None:
+        """Idempotent."""
+        await self._service.destroy(self.id)
+        if self._leases is not None:
+            self._leases.release(self.id)
+
+
+def create_options(leases: Any, idempotency_key: str | None) -> dict[str, Any]:
+    """The create call's optional arguments (only those set: a service may lack them)."""
+    options: dict[str, Any] = {}
+    if leases is not None:
+        options["lease"] = leases.lease
+    if idempotency_key is not None:
+        options["idempotency_key"] = idempotency_key
+    return options
