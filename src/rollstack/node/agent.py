@@ -54,7 +54,9 @@ def serve(config: NodeConfig) -> None:
     from rollstack.node.service import NodeService
 
     config.root.mkdir(parents=True, exist_ok=True)
+    wait_root_released(config)  # a killed predecessor's threads may still be exiting
     lock = hold_root(config)  # noqa: F841 - held (flock) for the life of this process
+    _write_info(config)  # who holds the root, from the moment it does
     token = ensure_token(config.token_path)
     service = NodeService(config)
     # A stop request while starting (recovery, the lazy store) must not kill us half-way with
@@ -66,7 +68,6 @@ def serve(config: NodeConfig) -> None:
         if _SIGNALLED:
             return
         config.pid_path.write_text(f"{os.getpid()}\n")
-        _write_info(config)
         host, port = config.host_port()
         server = uvicorn.Server(
             uvicorn.Config(
@@ -121,6 +122,35 @@ def hold_root(config: NodeConfig) -> Any:
         f.close()
         raise _in_use(config) from None
     return f
+
+
+ROOT_RELEASE_WAIT = 120.0
+"""Seconds a start waits for a dead agent's lock to be released (its threads still exiting)."""
+
+
+def wait_root_released(config: NodeConfig, timeout: float = ROOT_RELEASE_WAIT) -> bool:
+    """True once the root's lock is free, waited for only while its holder is dying: a killed
+    agent's main thread is a zombie at once, but the lock (its file) is released only when its
+    last thread has exited, which a thread in the middle of a FUSE request or an unmount can
+    delay. A holder that is alive and not exiting is another agent: False at once."""
+    deadline = time.monotonic() + timeout
+    while root_held(config):
+        pid = holder(config).get("pid")
+        if isinstance(pid, int) and _running(pid):
+            return False
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not exiting (a zombie, or gone, is not running)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def root_held(config: NodeConfig) -> bool:
@@ -201,8 +231,8 @@ def start(config: NodeConfig) -> dict[str, Any]:
     pid = read_pid(config)
     if pid is not None and healthy(config):
         return {"pid": pid, "url": config.url(), "root": str(config.root), "already_running": True}
-    if root_held(config):  # a live agent on this root, listening elsewhere (or not up yet)
-        raise _in_use(config)
+    if root_held(config) and not wait_root_released(config):
+        raise _in_use(config)  # a live agent on this root, listening elsewhere (or not up yet)
     config.root.mkdir(parents=True, exist_ok=True)
     ensure_token(config.token_path)
     logf = open(config.log_path, "ab")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.host import atomic
@@ -22,6 +24,7 @@ from rollstack.run.files import SafeRoot
 from rollstack.run.network import NetHandle
 from rollstack.run.ocispec import ENV_ID_RE
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
+from rollstack.run.snapshot import merge_uppers
 
 if TYPE_CHECKING:
     from rollstack.run.runtime import EnvironmentRuntime
@@ -134,6 +137,29 @@ class Environment:
     def lowers(self) -> list[Path]:
         return [Path(p) for p in self.meta()["lowers"]]
 
+    @property
+    def fork_layers(self) -> list[Path]:
+        """The frozen uppers this environment was forked from (top first), the top of `lowers`."""
+        return [Path(p) for p in self.meta().get("fork_layers", [])]
+
+    # -- freezing ------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Freeze every process (the cgroup freezer, through the engine)."""
+        self.engine.pause(self.id)
+
+    def resume(self) -> None:
+        self.engine.resume(self.id)
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Its processes frozen for the block (thawed after, whatever happens)."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
     # -- use ---------------------------------------------------------------------------------
 
     def exec(self, cmd: Sequence[str] | str, *, cwd: str | None = None,
@@ -231,8 +257,16 @@ class Environment:
         `binary`: "name" (binary files only named) or "patch" (git binary patches)."""
         if not self.upper.is_dir():
             raise EnvironmentGone(f"environment {self.id} has no upper dir")
-        return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes,
-                          binary=binary)
+        forks = self.fork_layers
+        if not forks:
+            return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes,
+                              binary=binary)
+        # forked: its changes are its upper over the uppers it was forked from, against the base
+        with tempfile.TemporaryDirectory(dir=self.dir, prefix="diff-") as tmp:
+            merged = Path(tmp) / "upper"
+            merge_uppers([self.upper, *forks], merged)
+            base_lowers = self.lowers[len(forks):]
+            return upper_diff(merged, LowerView(base_lowers), base=base, excludes=excludes, binary=binary)
 
     def update(self, cpu: float | None = None, memory: int | None = None) -> None:
         self.engine.update(self.id, cpu=cpu, memory=memory)

@@ -152,6 +152,13 @@ class Runc:
         args = ["kill"] + (["--all"] if all_processes else []) + [container_id, sig]
         self._run(*args)
 
+    def pause(self, container_id: str) -> None:
+        """Freeze every process of the container (the cgroup freezer)."""
+        self._run("pause", container_id)
+
+    def resume(self, container_id: str) -> None:
+        self._run("resume", container_id)
+
     def delete(self, container_id: str, force: bool = False) -> None:
         self._run("delete", *(["--force"] if force else []), container_id)
 

@@ -145,7 +145,7 @@ class EnvironmentRuntime:
     def create(self, env_id: str, lowers: Sequence[Path], params: SpecParams,
                before_start: Callable[[Path], None] | None = None,
                network: NetworkSpec | None = None, runtime: str = "runc",
-               userns: bool | None = None) -> Environment:
+               userns: bool | None = None, fork_layers: Sequence[Path] = ()) -> Environment:
         """Mount, (optionally) prepare the rootfs, start. `env.timings` = {mount, [mutation],
         [network], start}.
 
@@ -154,6 +154,9 @@ class EnvironmentRuntime:
         added to the create after the mount and mutation.
 
         `runtime`: "runc" or "runsc" (gVisor; RuntimeFailure naming it when not installed).
+        `fork_layers`: the top of `lowers` that are frozen uppers of the environment this one
+        was forked from (rollstack.run.snapshot): already in the environment's id space (never
+        idmapped), and part of its changes for `diff`.
         `userns`: root inside mapped to host 100000.. (rollstack.run.userns); None: where the
         node supports it, False: never, True: or fail.
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
@@ -186,6 +189,7 @@ class EnvironmentRuntime:
         try:
             env.dir.mkdir(parents=True)
             env._write_meta({"id": env_id, "lowers": [str(p) for p in lowers],
+                             "fork_layers": [str(p) for p in fork_layers],
                              "created": time.time(), "cwd": params.cwd,
                              "cgroup_parent": self.config.cgroup_parent, "runtime": runtime,
                              "userns": userns})
@@ -206,7 +210,7 @@ class EnvironmentRuntime:
             t0 = time.monotonic()
             stack = [Path(p) for p in lowers]
             if userns:
-                stack = self._idmapped(env, stack)  # counted in timings["mount"]
+                stack = self._idmapped(env, stack, skip=len(fork_layers))  # counted in timings["mount"]
             overlay.mount_overlay(stack, env.upper, env.work, env.rootfs)
             t1 = time.monotonic()
             env.timings["mount"] = t1 - t0
@@ -253,10 +257,11 @@ class EnvironmentRuntime:
             raise
         return env
 
-    def _idmapped(self, env: Environment, lowers: list[Path]) -> list[Path]:
-        """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root."""
-        out = []
-        for i, lower in enumerate(lowers):
+    def _idmapped(self, env: Environment, lowers: list[Path], skip: int = 0) -> list[Path]:
+        """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root.
+        The first `skip` (a fork's frozen uppers) are in the environment's id space already."""
+        out = list(lowers[:skip])
+        for i, lower in enumerate(lowers[skip:], start=skip):
             twin = uns.layer_view(lower)
             if twin is not None:  # a lazy-store layer: its shifted view (rollstack.lazystore.shift)
                 out.append(twin)

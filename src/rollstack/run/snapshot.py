@@ -1,0 +1,104 @@
+"""Freezing an environment's filesystem changes into a read-only layer directory (fork).
+
+`copy_upper(upper, dst)` copies an overlay upper dir as it is: files, directories, symlinks,
+owners, modes, times, xattrs (`trusted.overlay.opaque` included) and whiteouts (0/0 character
+devices), so the copy works as a lower layer below a fresh upper with overlayfs' own rules. The
+caller freezes the environment first (`Environment.frozen()`), so no write lands mid-copy.
+The copy goes to `<dst>.tmp` and is renamed into place: a crash never leaves half a layer.
+
+`merge_uppers(layers, dst)` applies upper dirs (top first) one over another into `dst` with
+overlayfs' rules (a whiteout deletes, an opaque directory replaces, anything else overwrites):
+the changes of a forked environment since its stack's first lower (its own upper over the
+layers it was forked from), what its diff compares against the base layers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat as statmod
+import subprocess
+from pathlib import Path
+
+from rollstack.errors import RuntimeFailure
+from rollstack.run.lowerview import OPAQUE_XATTR
+
+COPY_TIMEOUT = 600.0
+
+
+def copy_upper(upper: Path, dst: Path) -> dict[str, int]:
+    """Copy `upper` to `dst` (which must not exist); {"files", "bytes"} of the copy."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    proc = subprocess.run(["cp", "-a", "--no-target-directory", str(upper), str(tmp)],
+                          capture_output=True, timeout=COPY_TIMEOUT)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeFailure(f"copying {upper} failed: {proc.stderr.decode(errors='replace')[-500:]}",
+                             path=str(upper))
+    os.rename(tmp, dst)
+    return tree_size(dst)
+
+
+def tree_size(root: Path) -> dict[str, int]:
+    files = size = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            files += 1
+            try:
+                size += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return {"files": files, "bytes": size}
+
+
+def merge_uppers(layers: list[Path], dst: Path) -> None:
+    """`layers` (upper dirs, top first) merged into `dst` (must not exist) with overlay rules."""
+    if not layers:
+        dst.mkdir()
+        return
+    *above, bottom = layers
+    proc = subprocess.run(["cp", "-a", "--no-target-directory", str(bottom), str(dst)],
+                          capture_output=True, timeout=COPY_TIMEOUT)
+    if proc.returncode != 0:
+        raise RuntimeFailure(f"copying {bottom} failed: {proc.stderr.decode(errors='replace')[-500:]}")
+    for layer in reversed(above):
+        _apply(layer, dst)
+
+
+def _is_whiteout(st: os.stat_result) -> bool:
+    return statmod.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def _opaque(path: Path) -> bool:
+    try:
+        return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _apply(layer: Path, dst: Path) -> None:
+    """One upper dir over `dst`, entry by entry."""
+    for entry in os.scandir(layer):
+        src, target = Path(entry.path), dst / entry.name
+        st = entry.stat(follow_symlinks=False)
+        if statmod.S_ISDIR(st.st_mode):
+            if _opaque(src) or not (target.is_dir() and not target.is_symlink()):
+                _remove(target)
+                subprocess.run(["cp", "-a", "--no-target-directory", str(src), str(target)], check=True,
+                               capture_output=True, timeout=COPY_TIMEOUT)
+            else:
+                _apply(src, target)
+                shutil.copystat(src, target, follow_symlinks=False)
+                os.chown(target, st.st_uid, st.st_gid, follow_symlinks=False)
+            continue
+        _remove(target)  # a whiteout stays a whiteout: the diff reads it as a deletion
+        subprocess.run(["cp", "-a", str(src), str(target)], check=True, capture_output=True,
+                       timeout=COPY_TIMEOUT)
