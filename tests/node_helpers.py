@@ -78,4 +78,6 @@ def leftovers(root: Path) -> dict[str, list[str]]:
             cgroups += [str(p) for p in parent.iterdir() if p.is_dir() and p.name in ids]
     records_dir = root / "node-envs"  # node.recovery.RECORDS_DIR: records and reserved tmps
     records = sorted(p.name for p in records_dir.iterdir()) if records_dir.is_dir() else []
-    return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "records": records}
+    forks = sorted(p.name for p in (root / "forks").iterdir()) if (root / "forks").is_dir() else []
+    return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "records": records,
+            "forks": forks}

@@ -84,6 +84,17 @@ class Environment:
     def info(self) -> EnvironmentInfo:
         return self._service.info(self.id)
 
+    def fork(self, count: int = 1) -> list["Environment"]:
+        """`count` new environments whose filesystem is this one's now; this one runs on
+        unchanged. They inherit its plan (quotas, network policy, env, workdir), not its
+        processes (docs/fork.md)."""
+        lease = self._leases.lease if self._leases is not None else None
+        made = self._service.fork(self.id, count, lease)
+        children = [Environment(self._service, c.id, c, self._leases) for c in made]
+        if self._leases is not None:
+            self._leases.hold(self._service, [c.id for c in children])
+        return children
+
     def destroy(self) -> None:
         """Idempotent."""
         self._service.destroy(self.id)
@@ -137,6 +148,15 @@ class AsyncEnvironment:
 
     async def info(self) -> EnvironmentInfo:
         return await self._service.info(self.id)
+
+    async def fork(self, count: int = 1) -> list["AsyncEnvironment"]:
+        """`Environment.fork`, awaited."""
+        lease = self._leases.lease if self._leases is not None else None
+        made = await self._service.fork(self.id, count, lease)
+        children = [AsyncEnvironment(self._service, c.id, c, self._leases) for c in made]
+        if self._leases is not None:
+            self._leases.hold(self._service, [c.id for c in children])
+        return children
 
     async def destroy(self) -> None:
         """Idempotent."""

@@ -74,6 +74,9 @@ class HttpService:
                     idempotency_key: str | None = None) -> list[CreateResponse]:
         return self._do(routes.create_many(plan, count, lease, idempotency_key))
 
+    def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
+        return self._do(routes.fork(env_id, count, lease))
+
     def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return self._do(routes.renew(env_ids, lease))
 
@@ -162,6 +165,9 @@ class AsyncHttpService:
                     idempotency_key: str | None = None) -> list[CreateResponse]:
         return await self._do(routes.create_many(plan, count, lease, idempotency_key))
 
+    async def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
+        return await self._do(routes.fork(env_id, count, lease))
+
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._do(routes.renew(env_ids, lease))
 
@@ -236,6 +242,9 @@ class ThreadedService:
                           idempotency_key: str | None = None) -> list[CreateResponse]:
         options = {k: v for k, v in (("lease", lease), ("idempotency_key", idempotency_key)) if v is not None}
         return await self._run(self.service.create_many, plan, count, **options)
+
+    async def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
+        return await self._run(self.service.fork, env_id, count, lease)
 
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._run(self.service.renew, env_ids, lease)

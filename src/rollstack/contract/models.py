@@ -41,6 +41,17 @@ class CreateRequest(BaseModel):
     Absent: no lease, the environment lives its lifetime (plan `timeout`)."""
 
 
+class ForkRequest(BaseModel):
+    """`POST /v1/environments/{id}/fork`: `count` new environments whose filesystem is the
+    parent's at this instant (the parent runs on unchanged); processes are not carried over.
+    The answer is a `CreateGroupResponse`."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: Count = Field(default=1, ge=1, le=256)
+    lease: Number | None = Field(default=None, gt=0, le=MAX_LEASE)
+    """Seconds within which the client renews the children's leases, else the node reaps them."""
+
+
 class LeaseRequest(BaseModel):
     """`POST /v1/environments/{id}/lease`: renew one environment's lease."""
 

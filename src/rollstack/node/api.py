@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unauthorized
 from rollstack.contract.models import (
     CreateGroupResponse,
+    ForkRequest,
     CreateRequest,
     CreateResponse,
     EnvironmentInfo,
@@ -147,6 +148,12 @@ def create_app(
             return await call("create", service.create, req.plan, **options)
         created = await call("create", service.create_many, req.plan, req.count, **options)
         return CreateGroupResponse(environments=created)
+
+    @route(R.FORK, dependencies=auth, status_code=201, response_model=CreateGroupResponse)
+    async def fork(env_id: str, req: ForkRequest | None = Body(None)) -> CreateGroupResponse:
+        """`count` new environments whose filesystem is this one's now (docs/fork.md)."""
+        req = req or ForkRequest()
+        return CreateGroupResponse(environments=await call("fork", service.fork, env_id, req.count, req.lease))
 
     @route(R.RENEW, dependencies=auth, response_model=LeaseRenewal)
     async def renew(req: RenewRequest) -> LeaseRenewal:

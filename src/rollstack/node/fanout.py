@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from rollstack.errors import InsufficientCapacity, InvalidRequest
 from rollstack.node import record as st
@@ -87,7 +87,11 @@ class Group:
         write_mutation(root, plan)
 
 
-def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateResponse]:
+def create_group(service: "NodeService", plan: Any, count: int,
+                 source: Callable[[], Any] | None = None) -> list[CreateResponse]:
+    """`count` environments of `plan`, all or none. `source`: a fork's shared work instead of
+    `Stages.prepare` (the parent's frozen layer on its lowers: `Stages.fork_source`), called
+    once all are admitted; a fork takes no warm sandboxes."""
     if not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
         raise InvalidRequest(f"count must be 1..{MAX_COUNT}, not {count!r}")
     stages = service._stages()
@@ -107,8 +111,12 @@ def create_group(service: "NodeService", plan: Any, count: int) -> list[CreateRe
     shared = Timings()
     group = Group(plan)
     try:
-        prepared = replace(stages.prepare(plan, shared, count=count), group=group)
-        _take_warm(stages, service, recs, prepared, group)
+        if source is None:
+            prepared = replace(stages.prepare(plan, shared, count=count), group=group)
+            _take_warm(stages, service, recs, prepared, group)
+        else:
+            prepared = replace(source(), group=group)
+            group.times.update({f"fork_{k}": v for k, v in prepared.fork.items()})
         _begin_all(stages, recs, prepared, group)
     except BaseException:
         _release(service, recs)

@@ -49,6 +49,8 @@ class EnvRecord:
     runtime: Environment | None = None
     """The running environment (rollstack.run side)."""
     refs: list[LayerRef] = field(default_factory=list)
+    fork_layers: list[Path] = field(default_factory=list)
+    """The frozen uppers this environment stacks if it was forked (rollstack.node.forks)."""
     created: CreateResponse | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     oom_file: Path | None = None

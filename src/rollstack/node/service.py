@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 import uuid
+from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from functools import partial
@@ -91,7 +92,7 @@ class NodeService:
         self._destroys: set[Future] = set()
         self._keys = IdempotencyKeys(config.idempotency_ttl, config.idempotency_keys)
         self.started_at = time.time()
-        self.counters = Counters(("created", "destroyed", "create_failures", "execs", "evaluations", "reaped",
+        self.counters = Counters(("created", "destroyed", "forks", "create_failures", "execs", "evaluations", "reaped",
                                   "lease_expired", "destroy_failures", "lazy_daemon_restarts"))
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -132,7 +133,7 @@ class NodeService:
         age = max(0.0, time.time() - float(doc.get("started_at", time.time())))
         rec = EnvRecord(id=env.id, plan=load_plan(doc["plan"]), timeout=float(doc["timeout"]),
                         state=st.RUNNING, runtime=env, started_at=time.time() - age,
-                        started_mono=time.monotonic() - age)
+                        started_mono=time.monotonic() - age, fork_layers=env.fork_layers)
         rec.renew(doc.get("lease"))  # a full lease from now: the client gets to renew it
         rec.event("adopted")
         if doc.get("destroying"):  # its destroy had failed: finish it, never serve it again
@@ -361,7 +362,51 @@ class NodeService:
                     self._gone.pop(next(iter(self._gone)))
             if rec.final == st.DESTROYED:
                 self.counters.bump("destroyed")
-            return True
+        if rec.fork_layers:
+            self._collect_forks()
+        return True
+
+    def _collect_forks(self) -> None:
+        """Remove the fork layers no live environment stacks any more (rollstack.node.forks)."""
+        if self.stages is None:
+            return
+        with self._lock:
+            in_use = [p for r in self._envs.values() for p in r.fork_layers]
+        try:
+            self.stages.forks.collect(in_use)
+        except Exception:  # noqa: BLE001 - a layer left is collected by the next teardown or start
+            log.exception("collecting fork layers failed")
+
+    def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
+        """`count` new environments whose filesystem is `env_id`'s at this instant (the parent
+        is paused for the copy of its changes, then runs on unchanged). Children inherit the
+        plan (quotas, network policy, env, workdir), not the processes; all or none."""
+        from rollstack.node.fanout import create_group
+
+        lease = _check_lease(lease)
+        parent = self._running(env_id)
+        if parent.internal:
+            raise InvalidRequest(f"environment {env_id} is an evaluator: it cannot be forked")
+        stages = self._stages()
+        plan = parent.plan.model_copy(update={"mutation": None, "mutation_text": None})  # in the layer
+        made: list[Path] = []
+
+        def source() -> Any:
+            prepared = stages.fork_source(parent)
+            made.append(prepared.fork_layers[0])
+            return prepared
+
+        try:
+            group = create_group(self, plan, count, source=source)
+        finally:
+            for layer in made:
+                stages.forks.settle(layer)
+            if made:
+                self._collect_forks()  # a fork that failed leaves no layer behind
+        self.counters.bump("forks")
+        if lease is not None:
+            self.renew([c.id for c in group], lease)
+        return group
 
     def _teardown_failed(self, rec: EnvRecord, exc: BaseException) -> None:
         """Keep `rec` destroying and schedule the next attempt (backoff doubling from 1 s)."""

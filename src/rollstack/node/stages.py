@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from rollstack.errors import EnvironmentNotFound, InsufficientCapacity, InvalidRequest, NodeUnavailable
+from rollstack.errors import EnvironmentGone, EnvironmentNotFound, InsufficientCapacity, InvalidRequest, NodeUnavailable
 from rollstack.node.config import NodeConfig
 from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
 from rollstack.contract.models import ExecRequest, Quotas, Sample, Timings
@@ -32,6 +32,7 @@ from rollstack.lazystore import holder
 from rollstack.lazystore.protocol import LazyStore
 from rollstack.lowers.stack import Lowers, flatten
 from rollstack.node import recovery
+from rollstack.node.forks import ForkLayers
 from rollstack.node.recovery import end_orphan_daemon
 from rollstack.fetch.traces import trace_keys
 
@@ -62,6 +63,17 @@ class Prepared:
     lowers: list[Path]
     group: Any = None
     """A GRPO group's work done for all its environments at once (rollstack.node.fanout.Group)."""
+    fork_layers: list[Path] = field(default_factory=list)
+    """A fork's frozen uppers (top first), the top of `lowers` (rollstack.node.forks)."""
+    fork: dict[str, float] = field(default_factory=dict)
+    """A fork's cut: files, bytes, pause_s, copy_s."""
+
+
+@dataclass(frozen=True)
+class ForkedStack:
+    """The stack a fork's children share: the parent's (its digest names traces)."""
+
+    stack_digest: str | None
 
 
 @dataclass
@@ -82,6 +94,7 @@ class Stages:
         self.runtime: EnvironmentRuntime | None = None
         self.provisioner: Provisioner | None = None
         self.lowers: Lowers | None = None
+        self.forks = ForkLayers(config.root / "forks")
         self.recovered: Leftovers | None = None
         self.adopted: list[tuple[Environment, dict[str, Any]]] = []
         self.warm: WarmPool | None = None
@@ -125,6 +138,7 @@ class Stages:
         if not self.recovered.empty():
             log.warning("previous run left %s; re-adopted %s", self.recovered, [e.id for e, _ in self.adopted])
         self.runtime.start_network_pool()  # after recovery: a crashed run's warm slots are gone
+        self.forks.collect(p for env, _ in self.adopted for p in env.fork_layers)
         if self.lazy is None:  # the old daemon's mounts hold adopted environments' lower dirs
             self.lazy = old_daemon if self.adopted else self._start_lazy(spec)
         self.lowers = Lowers.start(cfg.lowers, self.lazy, layers_dir=cfg.materialized_dir, erofs_dir=cfg.root / "erofs",
@@ -340,11 +354,13 @@ class Stages:
                 env.update(cpu=plan.resources.cpu, memory=plan.resources.memory)
         else:
             env = self.runtime.create(rec.id, lowers, params, before_start=mutate, network=net,
-                                      runtime=plan.runtime, userns=plan.security.userns)
+                                      runtime=plan.runtime, userns=plan.security.userns,
+                                      fork_layers=shared.fork_layers)
         timings.mount = round(env.timings.get("mount", 0.0), 6)
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)
         timings.start = round(env.timings.get("start", 0.0), 6)
         rec.runtime = env
+        rec.fork_layers = list(shared.fork_layers)
         if self.provisioner is not None:
             r = plan.resources
             # Admission is checked again here, under the provisioner's lock: concurrent creates
@@ -362,6 +378,21 @@ class Stages:
             "expose": list(net.expose)}
         return Built(runtime=env, refs=refs, stack_digest=stack.stack_digest, fetch=fetch,
                      network=network)
+
+    def fork_source(self, rec: EnvRecord) -> Prepared:
+        """What a fork's children share: the parent's upper frozen into a layer (the parent
+        paused for the copy, under its lock: no file call or destroy runs meanwhile) on top of
+        its lowers. The layer is pending (never collected) until `ForkLayers.settle`."""
+        from rollstack.node import record as st
+
+        with rec.lock:
+            if rec.state != st.RUNNING or rec.runtime is None:
+                raise EnvironmentGone(f"environment {rec.id} is {rec.state}: it cannot be forked")
+            env = rec.runtime
+            layer, cut = self.forks.freeze(env)
+            lowers, forks = env.lowers, env.fork_layers
+        stack = ForkedStack(rec.created.stack_digest if rec.created is not None else None)
+        return Prepared(stack, list(rec.refs), [layer, *lowers], fork_layers=[layer, *forks], fork=cut)
 
     def _take_warm(self, rec: EnvRecord, plan: Plan, net: Any, refs: list[Any],
                    lowers: list[Path]) -> Environment | None:

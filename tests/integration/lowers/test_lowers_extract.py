@@ -17,7 +17,7 @@ from rollstack.lazystore.client import LazyStoreClient
 from rollstack.lazystore.config import DaemonConfig
 from rollstack.lowers.extract import extract_layer, spawn_args
 from rollstack.lowers.materialize import LayerMaterializer
-from test_node_materialize_fs import describe, lower_tree, publish, upper_tree
+from test_lowers_materialize_fs import describe, lower_tree, publish, upper_tree
 
 pytestmark = pytest.mark.integration
 

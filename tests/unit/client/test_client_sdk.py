@@ -252,3 +252,21 @@ def test_async_create_with_count_is_one_call_all_or_none(service: FakeService) -
             assert await client.list() == []
 
     anyio.run(main)
+
+
+def test_fork_through_the_sdk_and_the_api(service: FakeService) -> None:
+    service.max = 4
+    with Client("http://node", token=TOKEN, transport=forwarding_transport(create_app(service, TOKEN)),
+                lease=30) as client:
+        with client.create(PLAN) as env:
+            env.write_file("/w", "state")
+            kids = env.fork(2)
+            assert len({k.id for k in kids} | {env.id}) == 3
+            assert [k.read_file("/w") for k in kids] == [b"state", b"state"]
+            assert all(service.leases[k.id] == 30 for k in kids)  # the client's lease, held
+            with pytest.raises(errors.InsufficientCapacity):
+                env.fork(2)  # all or none: the node is full
+            for k in kids:
+                k.destroy()
+        with pytest.raises(errors.EnvironmentNotFound):
+            env.fork()  # destroyed: not found

@@ -63,6 +63,16 @@ class FakeService(OffloadedExec):
         lease = {"lease": options["lease"]} if "lease" in options else {}
         return [self.create(plan, **lease) for _ in range(count)]
 
+    def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
+        """Children with a copy of the parent's files (all or none)."""
+        files = self._env(env_id)
+        if len(self.envs) + count > self.max:
+            raise InsufficientCapacity("full")
+        made = self.create_many({"groups": []}, count, **({"lease": lease} if lease is not None else {}))
+        for c in made:
+            self.envs[c.id] = dict(files)
+        return made
+
     def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         self.renewals.append(list(env_ids))
         return LeaseRenewal(renewed=[i for i in env_ids if i in self.envs],

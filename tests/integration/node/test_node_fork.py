@@ -1,0 +1,123 @@
+"""Fork (docs/fork.md), as root on real runc, overlayfs and the lazy store: children start from
+the parent's filesystem at the cut and are isolated from it and from each other; the parent runs
+on unchanged; diffs and evaluations of a child cover the parent's changes; the frozen layer lives
+exactly as long as an environment stacks it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node_helpers import leftovers, plan, remember, serve_node
+from rollstack import Client, errors
+
+pytestmark = pytest.mark.integration
+TOKEN = "fork-token"
+
+
+@pytest.fixture(scope="module")
+def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("fork-root")
+    with serve_node(root, corpus, TOKEN, max_environments=12, reap_interval=0.5) as (service, server):
+        with Client(server.url, token=TOKEN, lease=None) as client:
+            yield root, service, client
+
+
+def _sh(env, script: str) -> str:
+    r = env.exec(["/bin/sh", "-c", script], timeout=60)
+    assert r.exit_code == 0, (script, r.stdout, r.stderr)
+    return r.stdout
+
+
+def _forks(root: Path) -> list[str]:
+    d = root / "forks"
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+@pytest.mark.parametrize("userns", [False, True])
+def test_children_start_from_the_cut_and_are_isolated(node, userns: bool) -> None:
+    root, service, client = node
+    parent = client.create(plan(security={"userns": userns}))
+    remember(root, parent.id)
+    _sh(parent, "echo parent-state > state.txt && mkdir -p deep/dir && echo x > deep/dir/f"
+                " && chown 1000:1000 deep/dir/f && rm hello.txt.orig 2>/dev/null; rm -f gone.txt; true")
+    before = _sh(parent, "ls -la /work/app | sort")
+    kids = parent.fork(3)
+    for k in kids:
+        remember(root, k.id)
+    try:
+        assert len(_forks(root)) == 1  # one frozen copy, shared by the three
+        assert _sh(parent, "ls -la /work/app | sort") == before  # the parent runs on, unchanged
+        _sh(parent, "echo after-the-cut > later.txt")
+        for i, k in enumerate(kids):
+            assert _sh(k, "cat state.txt") == "parent-state\n"
+            assert _sh(k, "stat -c %u deep/dir/f") == "1000\n"  # owners as the parent saw them
+            assert _sh(k, "test -e later.txt && echo yes || echo no") == "no\n"
+            _sh(k, f"echo child-{i} > mine.txt && echo more >> state.txt")
+        for i, k in enumerate(kids):  # each child's writes are its own
+            assert _sh(k, "cat mine.txt") == f"child-{i}\n"
+            assert _sh(k, "cat state.txt") == "parent-state\nmore\n"
+        assert _sh(parent, "cat state.txt") == "parent-state\n"
+        assert _sh(parent, "test -e mine.txt && echo yes || echo no") == "no\n"
+        diff = kids[0].diff()  # the parent's changes and the child's, against the stack
+        assert "b/work/app/state.txt" in diff and "+more" in diff and "+parent-state" in diff
+        assert "b/work/app/mine.txt" in diff and "later.txt" not in diff
+        assert "b/work/app/hello.txt" in diff  # the task's mutation (in the parent's upper) too
+        assert kids[0].evaluate().reward == parent.evaluate().reward
+        parent.destroy()  # the children keep working on the frozen layer
+        assert _sh(kids[1], "cat state.txt") == "parent-state\nmore\n"
+        assert len(_forks(root)) == 1
+    finally:
+        parent.destroy()
+        for k in kids:
+            k.destroy()
+    service.wait_destroyed(120)
+    assert _forks(root) == []  # the last environment stacking it is gone: so is the layer
+
+
+def test_a_fork_of_a_fork_and_bad_input(node) -> None:
+    root, service, client = node
+    parent = client.create(plan())
+    remember(root, parent.id)
+    try:
+        _sh(parent, "echo one > one.txt")
+        (child,) = parent.fork()
+        remember(root, child.id)
+        _sh(child, "echo two > two.txt")
+        (grandchild,) = child.fork()
+        remember(root, grandchild.id)
+        assert _sh(grandchild, "cat one.txt two.txt") == "one\ntwo\n"
+        assert "b/work/app/one.txt" in grandchild.diff() and "b/work/app/two.txt" in grandchild.diff()
+        assert len(_forks(root)) == 2
+        for bad in (0, 257):
+            with pytest.raises(errors.InvalidRequest):
+                parent.fork(bad)
+        with pytest.raises(errors.InsufficientCapacity):
+            parent.fork(64)  # all or none: nothing is left of a fork the node cannot hold
+        child.destroy()
+        grandchild.destroy()
+    finally:
+        parent.destroy()
+    with pytest.raises(errors.EnvironmentNotFound):
+        parent.fork()
+    service.wait_destroyed(120)
+    assert _forks(root) == []
+
+
+def test_fork_destroy_cycles_leave_nothing(node) -> None:
+    root, service, client = node
+    parent = client.create(plan())
+    remember(root, parent.id)
+    try:
+        for i in range(10):  # bounded; `rollstack bench fork` runs the long version
+            _sh(parent, f"echo {i} > n.txt")
+            kids = parent.fork(2)
+            for k in kids:
+                remember(root, k.id)
+                assert _sh(k, "cat n.txt") == f"{i}\n"
+                k.destroy()
+    finally:
+        parent.destroy()
+    service.wait_destroyed(120)
+    assert _forks(root) == [] and not any(leftovers(root).values()), leftovers(root)
