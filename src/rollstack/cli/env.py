@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rollstack.client._handles import Environment
     from rollstack.client._clients import Client
 
-app = typer.Typer(no_args_is_help=True, help="Environments on a node agent: create, exec, cp, diff, evaluate, ls, rm, stats.")
+app = typer.Typer(no_args_is_help=True, help="Environments on a node agent: create, fork, exec, cp, diff, evaluate, ls, rm, stats.")
 
 NodeOpt = Annotated[Optional[str], typer.Option("--node", envvar="ROLLSTACK_NODE", help="node agent URL [default: http://127.0.0.1:7878]")]
 TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="ROLLSTACK_TOKEN", help="bearer token [default: the token file in the node's root]")]
@@ -56,6 +56,22 @@ def create(
             return
         envs = client.create(plan, count=count, idempotency_key=idempotency_key)
     docs = [e.created.model_dump(mode="json") for e in envs if e.created is not None]
+    emit(docs, as_json, lambda ds: [_print_created(d) for d in ds])
+
+
+@app.command("fork")
+def fork(
+    env_id: Annotated[str, typer.Argument(metavar="ID")],
+    count: Annotated[int, typer.Option("--count", min=1, max=256, help="children to make (all or none)")] = 1,
+    node: NodeOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """N new environments whose filesystem is ID's now (ID runs on unchanged; processes are not
+    carried over: docs/fork.md). One id per line; --json prints the create documents."""
+    with _client(node, token) as client:
+        kids = client.get(env_id).fork(count)
+    docs = [k.created.model_dump(mode="json") for k in kids if k.created is not None]
     emit(docs, as_json, lambda ds: [_print_created(d) for d in ds])
 
 

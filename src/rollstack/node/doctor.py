@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -107,6 +108,8 @@ class RootFacts:
     slots: dict[int, str] = field(default_factory=dict)
     """Network slot -> its claim's owner (`<root>:<env-id>` or `<root>:warm`)."""
     records: list[str] = field(default_factory=list)
+    forks: list[str] = field(default_factory=list)
+    """Frozen layers under `<root>/forks` (rollstack.node.forks): with no agent, none is in use."""
     timeouts: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -140,6 +143,7 @@ def findings(facts: RootFacts) -> list[Finding]:
             for slot, owner in sorted(facts.slots.items())]
     out += [Finding("mount", r, mp, f"{fstype} mount") for mp, fstype in reversed(facts.mounts)]
     out += [Finding("record", r, rec, f"recovery record {r}/node-envs/{rec}") for rec in facts.records]
+    out += [Finding("fork", r, name, f"fork layer {r}/forks/{name}") for name in facts.forks]
     if facts.stale_pid_file:
         out.append(Finding("file", r, f"{r}/agent.pid", "pid file of an agent that is gone"))
     return out
@@ -244,6 +248,8 @@ def _agent(facts: RootFacts) -> None:
         return
     facts.state = "stopped"
     facts.stale_pid_file = cfg.pid_path.exists()
+    forks = Path(facts.root) / "forks"
+    facts.forks = sorted(p.name for p in forks.iterdir()) if forks.is_dir() else []
 
 
 def _read_root(facts: RootFacts, probe_timeout: float) -> None:
@@ -364,6 +370,7 @@ def reclaim(root: str, timeout: float = STEP_TIMEOUT) -> list[str]:
         ("unmount", lambda: _unmount_all(root)),
         ("remove background cgroups", lambda: [_remove_cgroup(d) for d in _background_cgroups(root)]),
         ("remove the stale pid file", lambda: (Path(root) / "agent.pid").unlink(missing_ok=True)),
+        ("remove fork layers", lambda: shutil.rmtree(Path(root) / "forks", ignore_errors=True)),
     ]
     for name, step in steps:
         try:

@@ -190,8 +190,9 @@ class RollstackSystem:
         """Wait until the node has mounted its used layers' EROFS images (`lowers.erofs`) and
         materialized the layers it found hot (`lowers.materialize`)."""
         stages = self.node.service.stages if self.node is not None else None
-        e = getattr(stages, "erofs", None)
-        m = getattr(stages, "materializer", None)
+        lowers = stages.lowers if stages is not None else None
+        e = lowers.erofs if lowers is not None else None
+        m = lowers.materializer if lowers is not None else None
         return (e is None or e.wait_idle(timeout)) and (m is None or m.wait_idle(timeout))
 
     def clear(self) -> None:

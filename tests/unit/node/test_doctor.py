@@ -38,10 +38,11 @@ def test_stopped_root_lists_everything_in_reclaim_order() -> None:
     facts = RootFacts(R, state="stopped", stale_pid_file=True, daemons=[11], holders=[12],
                       mounts=[(f"{R}/lazy/mnt", "fuse.rollstack"), (f"{R}/envs/e1/rootfs", "overlay")],
                       fuse={f"{R}/lazy/mnt": "ok"}, containers=["e1"], envs=["e1"],
-                      cgroups=["/sys/fs/cgroup/memory/rollstack/e1"], slots={3: f"{R}:e1"}, records=["e1.json"])
+                      cgroups=["/sys/fs/cgroup/memory/rollstack/e1"], slots={3: f"{R}:e1"}, records=["e1.json"],
+                      forks=["f0123456789ab"])
     kinds = [f.kind for f in findings(facts)]
     assert kinds == ["container", "environment", "cgroup", "daemon", "holder", "netns", "mount", "mount",
-                     "record", "file"]
+                     "record", "fork", "file"]
     mounts = [f.target for f in findings(facts) if f.kind == "mount"]
     assert mounts == [f"{R}/envs/e1/rootfs", f"{R}/lazy/mnt"]  # last mounted first
     assert all(f.fixable and f.root == R for f in findings(facts))

@@ -91,3 +91,13 @@ def test_evaluate_diff_stats(node: FakeService, plan_file, capsys) -> None:
     assert json.loads(run(capsys, "env", "evaluate", env_id, "--json")[1])["reward"] == 1.0
     assert json.loads(run(capsys, "env", "stats", env_id, "--json")[1])["history"][0]["cpu_limit"] == 0.5
     assert run(capsys, "env", "diff", env_id) == (0, "", "")
+
+
+def test_fork(node: FakeService, plan_file, capsys) -> None:
+    env_id = json.loads(run(capsys, "env", "create", str(plan_file), "--json")[1])["id"]
+    code, out, _ = run(capsys, "env", "fork", env_id, "--count", "2", "--json")
+    assert code == 0
+    kids = [d["id"] for d in json.loads(out)]
+    assert len(set(kids)) == 2 and env_id not in kids and set(kids) <= set(node.envs)
+    code, _, err = run(capsys, "env", "fork", "nope")
+    assert code != 0 and "environment_not_found" in err
