@@ -15,7 +15,7 @@ import typer
 app = typer.Typer(no_args_is_help=True, help="Benchmarks (each prints a report; --json for one JSON document).")
 
 BENCHMARKS = ("convert", "mutation", "fetch", "env", "elastic", "corpus", "init", "iteration", "packaging", "e2b",
-              "cluster", "cluster_sim", "node", "isolation", "exec_overhead", "prefetch", "materialize", "chaos")
+              "cluster", "cluster_sim", "node", "isolation", "exec_overhead", "prefetch", "materialize", "chaos", "fork")
 
 BENCHMARKS += ("imports",)  # `bench import` (a module cannot be named `import`)
 for _name in BENCHMARKS:

@@ -1,0 +1,144 @@
+"""`rollstack bench fork`: branching a running environment, measured on a real node.
+
+An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busybox corpus
+(`bench env`'s). A parent environment writes a diff (`--files` files of `--file-kib` KiB each:
+10 MB in 1,000 files by default, then one `--big-mib` MiB file), and is forked:
+- `fork(1)` and `fork(8)` latency as the caller sees it (p50 over `--reps`), with the node's own
+  split: the parent's pause (the cut) and the copy of its upper;
+- the same with the big diff;
+- `create(count=8)` beside `create()` of the same plan, the cost a fork replaces;
+- `--cycles` fork/destroy cycles, then what is left under the node root (must be nothing);
+- the parent's `exec true` p50 while nothing else runs, and right after each cut.
+Goals (issue 37): fork(1) p50 <= 100 ms with 10 MB / 1,000 files, <= 1 s with 100 MB; fork(8)
+<= 1.5x fork(1); the cycles leave nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import typer
+
+
+def _p50(xs: list[float]) -> float:
+    return round(median(xs), 4) if xs else 0.0
+
+
+def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
+    wall, pause, copy = [], [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        kids = parent.fork(count)
+        wall.append(time.perf_counter() - t)
+        group = (kids[0].created.timings.group or {}) if kids[0].created else {}
+        pause.append(float(group.get("fork_pause_s", 0.0)))
+        copy.append(float(group.get("fork_copy_s", 0.0)))
+        for k in kids:
+            assert k.exec(["cat", "/work/app/marker"]).stdout == "cut\n", "a child lost the parent's state"
+            k.destroy()
+    return {"count": count, "reps": reps, "p50_s": _p50(wall), "max_s": round(max(wall), 4),
+            "pause_p50_s": _p50(pause), "copy_p50_s": _p50(copy)}
+
+
+def _exec_p50(env: Any, n: int = 20) -> float:
+    xs = []
+    for _ in range(n):
+        t = time.perf_counter()
+        env.exec(["true"])
+        xs.append(time.perf_counter() - t)
+    return _p50(xs)
+
+
+def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: Path, command: str,
+        log: Any = print) -> dict[str, Any]:
+    from rollstack import Node
+    from rollstack_bench.env import busybox_plan, publish_busybox_corpus
+
+    store = publish_busybox_corpus(work / "store", work / "build")
+    root = work / "node"
+    plan = busybox_plan()
+    doc: dict[str, Any] = {"command": command, "diff": {"files": files, "file_kib": file_kib, "big_mib": big_mib}}
+    with Node(store=store, root=root, max_environments=24) as node:
+        parent = node.create(plan)
+        try:
+            doc["parent_exec_p50_s"] = _exec_p50(parent)
+            parent.exec(["/bin/sh", "-c", f"echo cut > marker && mkdir -p d && i=0; while [ $i -lt {files} ]; do "
+                         f"head -c {file_kib * 1024} /dev/urandom > d/f$i; i=$((i+1)); done"], timeout=600)
+            log(f"[bench fork] parent wrote {files} x {file_kib} KiB")
+            doc["small"] = {"fork_1": _fork_times(parent, 1, reps), "fork_8": _fork_times(parent, 8, max(2, reps // 3))}
+            doc["parent_exec_after_cuts_p50_s"] = _exec_p50(parent)
+            parent.exec(["/bin/sh", "-c", f"head -c {big_mib << 20} /dev/urandom > big.bin"], timeout=600)
+            log(f"[bench fork] parent wrote {big_mib} MiB more")
+            doc["big"] = {"fork_1": _fork_times(parent, 1, max(2, reps // 3))}
+            t = time.perf_counter()
+            for _ in range(cycles):
+                for k in parent.fork(1):
+                    k.destroy()
+            doc["cycles"] = {"n": cycles, "seconds": round(time.perf_counter() - t, 2)}
+        finally:
+            parent.destroy()
+        one, eight = [], []
+        for _ in range(max(2, reps // 3)):
+            t = time.perf_counter()
+            node.create(plan).destroy()
+            one.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for e in node.create(plan, 8):
+                e.destroy()
+            eight.append(time.perf_counter() - t)
+        doc["create"] = {"create_1_p50_s": _p50(one), "create_8_p50_s": _p50(eight), "note": "create + destroy"}
+        node.service.wait_destroyed(300)
+        forks = root / "forks"
+        doc["left_after_cycles"] = sorted(p.name for p in forks.iterdir()) if forks.is_dir() else []
+    small, big = doc["small"], doc["big"]
+    ratio = small["fork_8"]["p50_s"] / small["fork_1"]["p50_s"] if small["fork_1"]["p50_s"] else 0.0
+    doc["fork_8_over_fork_1"] = round(ratio, 2)
+    doc["goals"] = {
+        "fork_1_small_le_100ms": small["fork_1"]["p50_s"] <= 0.1,
+        "fork_1_big_le_1s": big["fork_1"]["p50_s"] <= 1.0,
+        "fork_8_le_1_5x_fork_1": ratio <= 1.5,
+        "cycles_leave_nothing": doc["left_after_cycles"] == [],
+    }
+    return doc
+
+
+def _human(doc: dict[str, Any]) -> None:
+    s, b = doc["small"], doc["big"]
+    d = doc["diff"]
+    print(f"diff {d['files']} x {d['file_kib']} KiB: fork(1) p50 {s['fork_1']['p50_s'] * 1e3:.0f} ms "
+          f"(pause {s['fork_1']['pause_p50_s'] * 1e3:.0f} ms, copy {s['fork_1']['copy_p50_s'] * 1e3:.0f} ms), "
+          f"fork(8) p50 {s['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1']}x)")
+    print(f"+{d['big_mib']} MiB: fork(1) p50 {b['fork_1']['p50_s'] * 1e3:.0f} ms (copy {b['fork_1']['copy_p50_s'] * 1e3:.0f} ms)")
+    c = doc["create"]
+    print(f"create(1) {c['create_1_p50_s'] * 1e3:.0f} ms, create(count=8) {c['create_8_p50_s'] * 1e3:.0f} ms (with destroy)")
+    print(f"parent exec true p50 {doc['parent_exec_p50_s'] * 1e3:.1f} ms, after the cuts {doc['parent_exec_after_cuts_p50_s'] * 1e3:.1f} ms")
+    print(f"{doc['cycles']['n']} fork/destroy cycles in {doc['cycles']['seconds']} s; left: {doc['left_after_cycles'] or 'nothing'}")
+    print("goals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in doc["goals"].items()))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("fork")
+    def fork_bench(
+        files: int = typer.Option(1000, "--files", min=1, help="files in the parent's diff"),
+        file_kib: int = typer.Option(10, "--file-kib", min=1, help="KiB per file"),
+        big_mib: int = typer.Option(100, "--big-mib", min=1, help="MiB of the big diff (one file, added)"),
+        reps: int = typer.Option(9, "--reps", min=3, help="fork(1) samples (fork(8): a third)"),
+        cycles: int = typer.Option(100, "--cycles", min=0, help="fork/destroy cycles at the end"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+    ) -> None:
+        """Fork latency (1 and 8 children) on a 10 MB / 1,000-file and a 100 MB diff; cycles leave nothing."""
+        command = " ".join(["rollstack", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "rollstack bench fork"
+        with tempfile.TemporaryDirectory(prefix="rollstack-bench-fork-", dir="/var/tmp") as tmp:
+            doc = run(files, file_kib, big_mib, reps, cycles, Path(tmp), command,
+                      log=lambda m: print(m, file=sys.stderr))
+        if as_json:
+            print(json.dumps(doc, indent=2))
+        else:
+            _human(doc)
+        raise typer.Exit(0 if all(doc["goals"].values()) else 1)
