@@ -8,6 +8,7 @@ provisioner writes their quotas, the node reads the OOM counter after every exec
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from rollstack.host import mountinfo
@@ -110,3 +111,36 @@ def oom_kills(env_id: str, parent: str = CGROUP_PARENT) -> int:
         return oom_kill_count(path.read_text())
     except OSError:
         return 0
+
+
+FREEZE_TIMEOUT = 10.0
+
+
+def freezer_file(env_id: str, parent: str = CGROUP_PARENT) -> Path | None:
+    """The environment's freezer control: v1 `freezer.state` or v2 `cgroup.freeze`, or None."""
+    rel = env_cgroup(env_id, parent)
+    for mp, fstype in cgroup_mounts():
+        name = "cgroup.freeze" if fstype == "cgroup2" else "freezer.state"
+        path = Path(mp) / rel / name
+        if path.exists():
+            return path
+    return None
+
+
+def set_frozen(control: Path, frozen: bool, timeout: float = FREEZE_TIMEOUT) -> None:
+    """Freeze (or thaw) every process of the cgroup and wait until the kernel says it is done
+    (v1 `freezer.state` reads FROZEN / THAWED; v2 `cgroup.events` says `frozen 1` / `0`)."""
+    v2 = control.name == "cgroup.freeze"
+    control.write_text(("1" if frozen else "0") if v2 else ("FROZEN" if frozen else "THAWED"))
+    deadline = time.monotonic() + timeout
+    while True:
+        if v2:
+            state = stat_value((control.parent / "cgroup.events").read_text(), "frozen")
+            done = state == (1 if frozen else 0)
+        else:
+            done = control.read_text().strip() == ("FROZEN" if frozen else "THAWED")
+        if done:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{control} did not become {'frozen' if frozen else 'thawed'} in {timeout:.0f} s")
+        time.sleep(0.001)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
-from rollstack.host import atomic
+from rollstack.host import atomic, cgroups
 from rollstack.run import agent, cgroupfs, overlay, teardown
 from rollstack.run import userns as uns
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
@@ -145,11 +145,26 @@ class Environment:
     # -- freezing ------------------------------------------------------------------------------
 
     def pause(self) -> None:
-        """Freeze every process (the cgroup freezer, through the engine)."""
-        self.engine.pause(self.id)
+        """Freeze every process: runc's environments through their cgroup's freezer directly
+        (one write and a wait for the kernel: ~1 ms, against ~25 ms for each `runc pause` /
+        `resume` process), gVisor's through its engine (`runsc pause`)."""
+        control = self._freezer()
+        if control is None:
+            self.engine.pause(self.id)
+        else:
+            cgroups.set_frozen(control, True)
 
     def resume(self) -> None:
-        self.engine.resume(self.id)
+        control = self._freezer()
+        if control is None:
+            self.engine.resume(self.id)
+        else:
+            cgroups.set_frozen(control, False)
+
+    def _freezer(self) -> Path | None:
+        if self.runtime_name != "runc":
+            return None
+        return cgroups.freezer_file(self.id, self.meta().get("cgroup_parent") or cgroups.CGROUP_PARENT)
 
     @contextmanager
     def frozen(self) -> Iterator[None]:
