@@ -34,6 +34,7 @@ may succeed later or elsewhere; the ones marked (R) below are, every other code 
     ├── CommandFailed             command_failed        422   (check=True and a non-zero exit)
     ├── OomTerminated             oom_terminated        409
     ├── EnvironmentGone           environment_gone      409
+    ├── EnvironmentPaused         environment_paused    409   (resume it first)
     ├── RuntimeFailure            runtime_error         500
     ├── PortUnavailable           port_unavailable      502   (an exposed port nobody listens on)
     ├── NodeUnavailable           node_unavailable      503   (R: the node is restarting)
@@ -182,6 +183,10 @@ class OomTerminated(RollstackError):
 
 class EnvironmentGone(RollstackError):
     code, status = "environment_gone", 409
+
+
+class EnvironmentPaused(RollstackError):
+    code, status = "environment_paused", 409
 
 
 class RuntimeFailure(RollstackError, OSError):

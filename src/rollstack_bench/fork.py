@@ -8,9 +8,10 @@ An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busy
 - the same with the big diff;
 - `create(count=8)` beside `create()` of the same plan, the cost a fork replaces;
 - `--cycles` fork/destroy cycles, then what is left under the node root (must be nothing);
-- the parent's `exec true` p50 while nothing else runs, and right after each cut.
+- the parent's `exec true` p50 while nothing else runs, and right after each cut;
+- `pause()` / `resume()` p50 through the SDK (in-process node).
 Goals (issue 37): fork(1) p50 <= 100 ms with 10 MB / 1,000 files, <= 1 s with 100 MB; fork(8)
-<= 1.5x fork(1); the cycles leave nothing.
+<= 1.5x fork(1); the cycles leave nothing; resume <= 50 ms.
 """
 
 from __future__ import annotations
@@ -81,6 +82,15 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
                 for k in parent.fork(1):
                     k.destroy()
             doc["cycles"] = {"n": cycles, "seconds": round(time.perf_counter() - t, 2)}
+            pauses, resumes = [], []
+            for _ in range(reps):
+                t = time.perf_counter()
+                parent.pause()
+                t1 = time.perf_counter()
+                parent.resume()
+                pauses.append(t1 - t)
+                resumes.append(time.perf_counter() - t1)
+            doc["pause_resume"] = {"pause_p50_s": _p50(pauses), "resume_p50_s": _p50(resumes), "reps": reps}
         finally:
             parent.destroy()
         one, eight = [], []
@@ -104,6 +114,7 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
         "fork_1_big_le_1s": big["fork_1"]["p50_s"] <= 1.0,
         "fork_8_le_1_5x_fork_1": ratio <= 1.5,
         "cycles_leave_nothing": doc["left_after_cycles"] == [],
+        "resume_le_50ms": doc["pause_resume"]["resume_p50_s"] <= 0.05,
     }
     return doc
 
@@ -118,6 +129,8 @@ def _human(doc: dict[str, Any]) -> None:
     c = doc["create"]
     print(f"create(1) {c['create_1_p50_s'] * 1e3:.0f} ms, create(count=8) {c['create_8_p50_s'] * 1e3:.0f} ms (with destroy)")
     print(f"parent exec true p50 {doc['parent_exec_p50_s'] * 1e3:.1f} ms, after the cuts {doc['parent_exec_after_cuts_p50_s'] * 1e3:.1f} ms")
+    pr = doc["pause_resume"]
+    print(f"pause p50 {pr['pause_p50_s'] * 1e3:.1f} ms, resume p50 {pr['resume_p50_s'] * 1e3:.1f} ms (through the SDK)")
     print(f"{doc['cycles']['n']} fork/destroy cycles in {doc['cycles']['seconds']} s; left: {doc['left_after_cycles'] or 'nothing'}")
     print("goals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in doc["goals"].items()))
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rollstack.client._handles import Environment
     from rollstack.client._clients import Client
 
-app = typer.Typer(no_args_is_help=True, help="Environments on a node agent: create, fork, exec, cp, diff, evaluate, ls, rm, stats.")
+app = typer.Typer(no_args_is_help=True, help="Environments on a node agent: create, fork, pause, resume, exec, cp, diff, evaluate, ls, rm, stats.")
 
 NodeOpt = Annotated[Optional[str], typer.Option("--node", envvar="ROLLSTACK_NODE", help="node agent URL [default: http://127.0.0.1:7878]")]
 TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="ROLLSTACK_TOKEN", help="bearer token [default: the token file in the node's root]")]
@@ -73,6 +73,24 @@ def fork(
         kids = client.get(env_id).fork(count)
     docs = [k.created.model_dump(mode="json") for k in kids if k.created is not None]
     emit(docs, as_json, lambda ds: [_print_created(d) for d in ds])
+
+
+@app.command("pause")
+def pause(env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt = None, token: TokenOpt = None,
+          as_json: JsonOpt = False) -> None:
+    """Freeze ID's processes and give its quotas back to the node (docs/fork.md)."""
+    with _client(node, token) as client:
+        info = client.get(env_id).pause()
+    emit(info.model_dump(mode="json"), as_json, lambda d: stdout.print(f"{d['id']} {d['state']}"))
+
+
+@app.command("resume")
+def resume(env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt = None, token: TokenOpt = None,
+           as_json: JsonOpt = False) -> None:
+    """Thaw a paused ID (insufficient_capacity while the node cannot take its quotas back)."""
+    with _client(node, token) as client:
+        info = client.get(env_id).resume()
+    emit(info.model_dump(mode="json"), as_json, lambda d: stdout.print(f"{d['id']} {d['state']}"))
 
 
 def _print_created(doc: dict[str, Any]) -> None:

@@ -95,6 +95,14 @@ class Environment:
             self._leases.hold(self._service, [c.id for c in children])
         return children
 
+    def pause(self) -> EnvironmentInfo:
+        """Freeze its processes and give its quotas back to the node (state `paused`); files
+        stay readable and writable, execs answer `environment_paused` until `resume`."""
+        return self._service.pause(self.id)
+
+    def resume(self) -> EnvironmentInfo:
+        return self._service.resume(self.id)
+
     def destroy(self) -> None:
         """Idempotent."""
         self._service.destroy(self.id)
@@ -157,6 +165,13 @@ class AsyncEnvironment:
         if self._leases is not None:
             self._leases.hold(self._service, [c.id for c in children])
         return children
+
+    async def pause(self) -> EnvironmentInfo:
+        """`Environment.pause`, awaited."""
+        return await self._service.pause(self.id)
+
+    async def resume(self) -> EnvironmentInfo:
+        return await self._service.resume(self.id)
 
     async def destroy(self) -> None:
         """Idempotent."""

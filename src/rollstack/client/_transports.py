@@ -77,6 +77,12 @@ class HttpService:
     def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
         return self._do(routes.fork(env_id, count, lease))
 
+    def pause(self, env_id: str) -> EnvironmentInfo:
+        return self._do(routes.pause(env_id))
+
+    def resume(self, env_id: str) -> EnvironmentInfo:
+        return self._do(routes.resume(env_id))
+
     def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return self._do(routes.renew(env_ids, lease))
 
@@ -168,6 +174,12 @@ class AsyncHttpService:
     async def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
         return await self._do(routes.fork(env_id, count, lease))
 
+    async def pause(self, env_id: str) -> EnvironmentInfo:
+        return await self._do(routes.pause(env_id))
+
+    async def resume(self, env_id: str) -> EnvironmentInfo:
+        return await self._do(routes.resume(env_id))
+
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._do(routes.renew(env_ids, lease))
 
@@ -245,6 +257,12 @@ class ThreadedService:
 
     async def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
         return await self._run(self.service.fork, env_id, count, lease)
+
+    async def pause(self, env_id: str) -> EnvironmentInfo:
+        return await self._run(self.service.pause, env_id)
+
+    async def resume(self, env_id: str) -> EnvironmentInfo:
+        return await self._run(self.service.resume, env_id)
 
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._run(self.service.renew, env_ids, lease)

@@ -82,6 +82,14 @@ def fork(env_id: str, count: int = 1, lease: float | None = None) -> Call[list[m
                 {"json": body, "timeout": request_timeout(None)})
 
 
+def pause(env_id: str) -> Call[m.EnvironmentInfo]:
+    return Call(R.PAUSE.method, R.PAUSE.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
+
+
+def resume(env_id: str) -> Call[m.EnvironmentInfo]:
+    return Call(R.RESUME.method, R.RESUME.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
+
+
 def renew(env_ids: list[str], lease: float | None = None) -> Call[m.LeaseRenewal]:
     """Renew many leases in one request (`POST /v1/leases`)."""
     body: dict[str, Any] = {"ids": list(env_ids)}

@@ -37,10 +37,13 @@ READ_FILE = Route("GET", f"{ENV}/files")
 WRITE_FILE = Route("PUT", f"{ENV}/files")
 DIFF = Route("GET", f"{ENV}/diff")
 FORK = Route("POST", f"{ENV}/fork")
+PAUSE = Route("POST", f"{ENV}/pause")
+RESUME = Route("POST", f"{ENV}/resume")
 EVALUATE = Route("POST", f"{ENV}/evaluate")
 STATS = Route("GET", f"{ENV}/stats")
 PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
 """An exposed port, proxied (any method: not an operation of its own)."""
 
 ALL: tuple[Route, ...] = (HEALTH, NODE, METRICS, CREATE, LIST, RENEW, RENEW_ONE, INFO, DESTROY, EXEC,
-                          EXEC_STREAM, READ_FILE, WRITE_FILE, DIFF, EVALUATE, STATS, FORK)
+                          EXEC_STREAM, READ_FILE, WRITE_FILE, DIFF, EVALUATE, STATS, FORK, PAUSE,
+                          RESUME)

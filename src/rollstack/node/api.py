@@ -155,6 +155,15 @@ def create_app(
         req = req or ForkRequest()
         return CreateGroupResponse(environments=await call("fork", service.fork, env_id, req.count, req.lease))
 
+    @route(R.PAUSE, dependencies=auth, response_model=EnvironmentInfo)
+    async def pause(env_id: str) -> EnvironmentInfo:
+        """Freeze its processes and give its quotas back to admission (docs/fork.md)."""
+        return await call("pause", service.pause, env_id)
+
+    @route(R.RESUME, dependencies=auth, response_model=EnvironmentInfo)
+    async def resume(env_id: str) -> EnvironmentInfo:
+        return await call("resume", service.resume, env_id)
+
     @route(R.RENEW, dependencies=auth, response_model=LeaseRenewal)
     async def renew(req: RenewRequest) -> LeaseRenewal:
         """Renew many environments' leases in one request; unknown or ended ids are `missing`."""

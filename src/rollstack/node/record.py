@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 CREATING, RUNNING, DESTROYING, DESTROYED = "creating", "running", "destroying", "destroyed"
 OOM_TERMINATED, FAILED = "oom_terminated", "failed"
+PAUSED = "paused"
+"""What `info` says of a running environment whose processes are frozen (`EnvRecord.paused`)."""
 LIVE_STATES = (CREATING, RUNNING, OOM_TERMINATED)
 """States that hold node resources (count against admission)."""
 
@@ -40,6 +42,8 @@ class EnvRecord:
     """The validated `rollstack.plan.model.Plan`."""
     timeout: float
     internal: bool = False
+    paused: bool = False
+    """Its processes are frozen and its quotas given back to admission (`NodeService.pause`)."""
     """An evaluator environment the node created for itself (not listed)."""
     state: str = CREATING
     started_at: float = field(default_factory=time.time)
@@ -97,6 +101,8 @@ class EnvRecord:
             doc["lease"] = self.lease
         if self.state == DESTROYING:
             doc["destroying"] = True  # a restart finishes the destroy instead of adopting
+        if self.paused:
+            doc["paused"] = True  # frozen in the kernel: adopted as paused
         return doc
 
     def event(self, kind: str, **data: Any) -> None:
@@ -107,7 +113,7 @@ class EnvRecord:
             quotas = Quotas(cpu_limit=self.plan.resources.cpu, memory_limit=self.plan.resources.memory)
         return EnvironmentInfo(
             id=self.id,
-            state=self.state,
+            state=PAUSED if self.paused and self.state == RUNNING else self.state,
             plan_name=self.plan.name,
             age=round(self.age(), 3),
             timeout=self.timeout,

@@ -35,6 +35,7 @@ from rollstack.errors import (
     InsufficientCapacity,
     InvalidRequest,
     NodeUnavailable,
+    EnvironmentPaused,
     OomTerminated,
     PlanInvalid,
     RollstackError,
@@ -135,6 +136,7 @@ class NodeService:
                         state=st.RUNNING, runtime=env, started_at=time.time() - age,
                         started_mono=time.monotonic() - age, fork_layers=env.fork_layers)
         rec.renew(doc.get("lease"))  # a full lease from now: the client gets to renew it
+        rec.paused = bool(doc.get("paused"))
         rec.event("adopted")
         if doc.get("destroying"):  # its destroy had failed: finish it, never serve it again
             rec.state, rec.final, rec.teardown_failures = st.DESTROYING, st.DESTROYED, 1
@@ -448,7 +450,41 @@ class NodeService:
             raise OomTerminated(f"environment {env_id} was terminated for lack of memory")
         if rec.state != st.RUNNING:
             raise EnvironmentGone(f"environment {env_id} is {rec.state}")
+        if rec.paused:
+            raise EnvironmentPaused(f"environment {env_id} is paused: resume it first")
         return rec
+
+    def pause(self, env_id: str) -> EnvironmentInfo:
+        """Freeze the environment's processes (the cgroup freezer) and give its quotas back to
+        admission; files stay readable and writable. Idempotent."""
+        rec = self._get(env_id)
+        stages = self._stages()
+        with rec.lock:
+            if rec.state != st.RUNNING:
+                return self._running(env_id).info()  # raises the state's error
+            if not rec.paused:
+                stages.pause(rec)
+                rec.paused = True
+                rec.event("paused")
+                if not rec.internal:
+                    recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
+        return rec.info(self._quotas(rec))
+
+    def resume(self, env_id: str) -> EnvironmentInfo:
+        """Thaw a paused environment once admission takes its quotas back (else
+        `insufficient_capacity`, retryable, and it stays paused). Idempotent."""
+        rec = self._get(env_id)
+        stages = self._stages()
+        with rec.lock:
+            if rec.state != st.RUNNING:
+                raise EnvironmentGone(f"environment {env_id} is {rec.state}")
+            if rec.paused:
+                stages.resume(rec)
+                rec.paused = False
+                rec.event("resumed")
+                if not rec.internal:
+                    recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
+        return rec.info(self._quotas(rec))
 
     def port_target(self, env_id: str, port: int) -> str:
         """`http://ADDRESS:PORT` of an exposed port (rollstack.node.ports)."""

@@ -148,6 +148,8 @@ class Stages:
         if cfg.provision:
             self.provisioner = self._start_provisioner(on_terminate)
             for env, doc in self.adopted:
+                if doc.get("paused"):  # its quotas were given back when it was paused
+                    continue
                 res = load_plan(doc["plan"]).resources
                 try:
                     self.provisioner.register(env.id, f"{CGROUP_PARENT}/{env.id}", res.cpu, res.memory,
@@ -434,6 +436,29 @@ class Stages:
             _try([], self.provisioner.unregister, rec.id)
         if rec.runtime is not None:
             _try([], rec.runtime.kill_init)
+            if rec.paused:  # a frozen process dies of its SIGKILL once thawed
+                _try([], rec.runtime.resume)
+
+    def pause(self, rec: EnvRecord) -> None:
+        """Freeze `rec`'s processes, then give its quotas back to admission."""
+        assert rec.runtime is not None
+        rec.runtime.pause()
+        if self.provisioner is not None:
+            self.provisioner.unregister(rec.id)
+
+    def resume(self, rec: EnvRecord) -> None:
+        """Take `rec`'s quotas back through admission (InsufficientCapacity: it stays frozen),
+        then thaw it."""
+        assert rec.runtime is not None
+        if self.provisioner is not None:
+            r = rec.plan.resources
+            self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
+        try:
+            rec.runtime.resume()
+        except BaseException:
+            if self.provisioner is not None:
+                self.provisioner.unregister(rec.id)
+            raise
 
     def teardown(self, rec: EnvRecord) -> None:
         """Undo whatever part of `build` happened. Raises if something could not be reclaimed."""
@@ -446,6 +471,8 @@ class Stages:
 
             env = Environment(self.runtime, rec.id)  # a create that failed half-way
         if env is not None:
+            if rec.paused:  # frozen processes cannot die: thaw them for their end
+                _try([], env.resume)
             _try(errors, env.destroy)
         if self.lazy is not None:
             _try([], self.lazy.end_env, rec.id)  # may never have begun

@@ -121,3 +121,31 @@ def test_fork_destroy_cycles_leave_nothing(node) -> None:
         parent.destroy()
     service.wait_destroyed(120)
     assert _forks(root) == [] and not any(leftovers(root).values()), leftovers(root)
+
+
+def test_pause_freezes_gives_quota_back_and_resume_thaws(node) -> None:
+    root, service, client = node
+    env = client.create(plan())
+    remember(root, env.id)
+    try:
+        _sh(env, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; done) >/dev/null 2>&1 &")
+        committed = service.stages.provisioner.committed()
+        info = env.pause()
+        assert info.state == "paused" and env.info().state == "paused"
+        assert service.stages.provisioner.committed()["cpu"] < committed["cpu"]  # given back
+        tick = env.read_file("/tmp/tick")  # files stay readable while frozen
+        with pytest.raises(errors.EnvironmentPaused):
+            env.exec(["true"])
+        with pytest.raises(errors.EnvironmentPaused):
+            env.fork()
+        assert env.read_file("/tmp/tick") == tick  # nothing runs
+        assert env.pause().state == "paused"  # idempotent
+        assert env.resume().state == "running"
+        assert env.resume().state == "running"  # idempotent
+        assert _sh(env, "echo back") == "back\n"
+        env.pause()
+    finally:
+        env.destroy()  # a paused environment is destroyed like any other
+    service.wait_destroyed(120)
+    with pytest.raises(errors.EnvironmentNotFound):
+        env.resume()

@@ -30,6 +30,7 @@ class FakeService(OffloadedExec):
         self.ids = itertools.count(1)
         self.last_exec: ExecRequest | None = None
         self.leases: dict[str, float] = {}
+        self.paused: set[str] = set()
         self.renewals: list[list[str]] = []
         self.keys: dict[str, CreateResponse] = {}
         self.create_options: list[dict[str, Any]] = []
@@ -73,6 +74,16 @@ class FakeService(OffloadedExec):
             self.envs[c.id] = dict(files)
         return made
 
+    def pause(self, env_id: str) -> EnvironmentInfo:
+        self._env(env_id)
+        self.paused.add(env_id)
+        return self.info(env_id)
+
+    def resume(self, env_id: str) -> EnvironmentInfo:
+        self._env(env_id)
+        self.paused.discard(env_id)
+        return self.info(env_id)
+
     def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         self.renewals.append(list(env_ids))
         return LeaseRenewal(renewed=[i for i in env_ids if i in self.envs],
@@ -83,7 +94,7 @@ class FakeService(OffloadedExec):
 
     def info(self, env_id: str) -> EnvironmentInfo:
         self._env(env_id)
-        return EnvironmentInfo(id=env_id, state="running", plan_name="fake")
+        return EnvironmentInfo(id=env_id, state="paused" if env_id in self.paused else "running", plan_name="fake")
 
     def exec(self, env_id: str, request: ExecRequest) -> ExecResult:
         self._env(env_id)

@@ -101,3 +101,11 @@ def test_fork(node: FakeService, plan_file, capsys) -> None:
     assert len(set(kids)) == 2 and env_id not in kids and set(kids) <= set(node.envs)
     code, _, err = run(capsys, "env", "fork", "nope")
     assert code != 0 and "environment_not_found" in err
+
+
+def test_pause_resume(node: FakeService, plan_file, capsys) -> None:
+    env_id = json.loads(run(capsys, "env", "create", str(plan_file), "--json")[1])["id"]
+    code, out, _ = run(capsys, "env", "pause", env_id)
+    assert code == 0 and out.split() == [env_id, "paused"]
+    code, out, _ = run(capsys, "env", "resume", env_id, "--json")
+    assert code == 0 and json.loads(out)["state"] == "running"
