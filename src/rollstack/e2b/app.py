@@ -28,7 +28,7 @@ from rollstack.e2b.envd_fs import FilesystemService
 from rollstack.e2b.envd_process import ProcessService
 from rollstack.e2b.rpc import SANDBOX_HEADER, TOKEN_HEADER, codecs
 from rollstack.e2b.sandboxes import SandboxTable
-from rollstack.errors import SandboxNotFound
+from rollstack.errors import EnvironmentPaused, SandboxNotFound
 from rollstack.contract.service import NodeLocal
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,9 @@ class E2BApi:
             box = await anyio.to_thread.run_sync(self.table.get, sandbox_id)
         except SandboxNotFound:
             await _plain(send, 502, f"The sandbox {sandbox_id} was not found")
+            return False
+        except EnvironmentPaused as exc:  # connect resumes it
+            await _plain(send, exc.status, f"{exc.code}: {exc.message}")
             return False
         except Exception as exc:  # noqa: BLE001 - answered, never a traceback to the client
             log.exception("looking up sandbox %s failed", sandbox_id)

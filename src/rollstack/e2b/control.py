@@ -4,7 +4,8 @@ and `/health`, as a FastAPI app of its own (its errors are E2B's `{"code", "mess
 Control-plane routes authenticate with `X-API-KEY` (= the node's bearer token; `Authorization:
 Bearer` works too). envd routes (`/files`, `/health`) are gated by the dispatcher
 (rollstack.e2b.app: `E2b-Sandbox-Id` + `X-Access-Token`) before they get here.
-Not supported (501): pause/resume, snapshots, fork, metrics, logs, network updates.
+Fork (the filesystem: docs/fork.md), pause, and resume by connect are rollstack's own.
+Not supported (501): snapshots, metrics, logs, network updates.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rollstack.e2b.models import ConnectRequest, E2BError, NewSandbox, TimeoutRequest, WrittenFile
+from rollstack.e2b.models import ConnectRequest, E2BError, ForkSandboxes, NewSandbox, TimeoutRequest, WrittenFile
 from rollstack.e2b.sandboxes import SandboxTable
 from rollstack.errors import InvalidRequest, NotFound, RollstackError, Unauthorized
 from rollstack.contract.files import split_request
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_MAX_FILE = 1 << 30
-UNSUPPORTED = frozenset({"pause", "resume", "refreshes", "snapshots", "fork", "metrics", "logs", "network"})
+UNSUPPORTED = frozenset({"refreshes", "snapshots", "metrics", "logs", "network"})
 """E2B's routes under `/sandboxes/{id}/` that rollstack does not implement (501); any other is 404."""
 
 
@@ -127,10 +128,27 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
             req = ConnectRequest.model_validate_json(raw) if raw.strip() else ConnectRequest()
         except ValidationError as exc:
             raise InvalidRequest(f"invalid connect request: {exc.errors()[0].get('msg')}") from None
-        box = await call(table.get, sandbox_id)
+        box = await call(table.resume, sandbox_id)  # a paused sandbox is resumed by a connect
         if req.timeout is not None:
             box = await call(table.set_timeout, sandbox_id, req.timeout)
         return JSONResponse(box.created().dump(), status_code=200)
+
+    app.post("/sandboxes/{sandbox_id}/resume", dependencies=auth, status_code=201)(connect)  # the older name
+
+    @app.post("/sandboxes/{sandbox_id}/pause", dependencies=auth, status_code=204)
+    async def pause(sandbox_id: str) -> Response:
+        await call(table.pause, sandbox_id)
+        return Response(status_code=204)
+
+    @app.post("/sandboxes/{sandbox_id}/fork", dependencies=auth, status_code=201)
+    async def fork(sandbox_id: str, request: Request) -> JSONResponse:
+        raw = await request.body()
+        try:
+            req = ForkSandboxes.model_validate_json(raw) if raw.strip() else ForkSandboxes()
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid fork request: {exc.errors()[0].get('msg')}") from None
+        boxes = await call(table.fork, sandbox_id, req.count, req.timeout)
+        return JSONResponse([{"sandbox": b.created().dump()} for b in boxes], status_code=201)
 
     app.post("/v2/sandboxes/{sandbox_id}/connect", dependencies=auth)(connect)
     app.post("/sandboxes/{sandbox_id}/connect", dependencies=auth)(connect)

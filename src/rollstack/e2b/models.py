@@ -55,6 +55,13 @@ class ConnectRequest(_In):
     timeout: int | None = Field(None, ge=1, le=MAX_TIMEOUT)
 
 
+class ForkSandboxes(_In):
+    """`POST /sandboxes/{id}/fork`: how many (E2B allows 1..20) and their timeout in seconds."""
+
+    count: int = Field(1, ge=1, le=20)
+    timeout: int = Field(300, ge=1, le=MAX_TIMEOUT)
+
+
 class CreatedSandbox(_Out):
     template_id: str = Field(alias="templateID")
     sandbox_id: str = Field(alias="sandboxID")

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 
 from rollstack.e2b.models import CreatedSandbox, ListedSandbox, NewSandbox, SandboxDetail
 from rollstack.e2b.processes import ProcessTable
-from rollstack.errors import EnvironmentGone, EnvironmentNotFound, OomTerminated, SandboxNotFound
+from rollstack.errors import EnvironmentGone, EnvironmentNotFound, EnvironmentPaused, OomTerminated, SandboxNotFound
 from rollstack.contract.service import NodeLocal
 
 
@@ -46,6 +46,7 @@ class Sandbox:
     env_vars: dict[str, str] = field(default_factory=dict)
     has_bash: bool | None = None
     """Whether /bin/bash exists in the sandbox (probed on first use; see envd_process)."""
+    paused: bool = False
 
     def token_ok(self, given: str | None, node_token: str | None) -> bool:
         if node_token is None:
@@ -61,7 +62,7 @@ class Sandbox:
     def listed(self) -> ListedSandbox:
         return ListedSandbox(template_id=self.template_id, sandbox_id=self.id, started_at=self.started_at,
                              end_at=self.end_at, cpu_count=self.cpu_count, memory_mb=self.memory_mb,
-                             metadata=self.metadata)
+                             metadata=self.metadata, state="paused" if self.paused else "running")
 
     def detail(self) -> SandboxDetail:
         return SandboxDetail(**self.listed().model_dump(), envd_access_token=self.access_token)
@@ -87,31 +88,67 @@ class SandboxTable:
             known = self.peek(created.id)
             if known is not None:
                 return known
+        return self._admit(created.id, req.template_id, req.timeout, req.metadata, req.env_vars)
+
+    def _admit(self, env_id: str, template_id: str, timeout: int, metadata: dict[str, str],
+               env_vars: dict[str, str]) -> Sandbox:
+        """A sandbox for the environment `env_id` just made: its lifetime set, in the table."""
         try:
-            info = self.service.set_timeout(created.id, float(req.timeout))
+            info = self.service.set_timeout(env_id, float(timeout))
         except BaseException:
-            self.service.destroy(created.id)
+            self.service.destroy(env_id)
             raise
         quotas = info.quotas
         cpu = (quotas.cpu_limit if quotas else None) or 1
         memory = (quotas.memory_limit if quotas else None) or 0
         now = _now()
         box = Sandbox(
-            id=created.id, template_id=req.template_id, access_token=secrets.token_urlsafe(24),
-            started_at=now, end_at=now + timedelta(seconds=req.timeout),
+            id=env_id, template_id=template_id, access_token=secrets.token_urlsafe(24),
+            started_at=now, end_at=now + timedelta(seconds=timeout),
             cpu_count=max(1, math.ceil(float(cpu))), memory_mb=int(memory) // (1024 * 1024),
-            processes=ProcessTable(self.service, created.id, req.env_vars),
-            metadata=dict(req.metadata), env_vars=dict(req.env_vars),
+            processes=ProcessTable(self.service, env_id, env_vars),
+            metadata=dict(metadata), env_vars=dict(env_vars),
         )
         with self._lock:  # two concurrent retries of one key: the first box in wins
             return self._boxes.setdefault(box.id, box)
+
+    def fork(self, sandbox_id: str, count: int, timeout: int) -> list[Sandbox]:
+        """`count` sandboxes whose filesystem is `sandbox_id`'s now (rollstack's fork: the
+        parent's processes are not carried over; docs/fork.md), each living `timeout` s."""
+        parent = self.get(sandbox_id)
+        made = self.service.fork(sandbox_id, count)
+        boxes = []
+        try:
+            for c in made:
+                boxes.append(self._admit(c.id, parent.template_id, timeout, parent.metadata, parent.env_vars))
+        except BaseException:
+            for c in made:
+                self._forget(c.id)
+                self.service.destroy(c.id)
+            raise
+        return boxes
+
+    def pause(self, sandbox_id: str) -> None:
+        """Freeze the sandbox (its running processes too) and give its quotas back."""
+        box = self.get(sandbox_id)
+        self.service.pause(sandbox_id)
+        box.paused = True
+
+    def resume(self, sandbox_id: str) -> Sandbox:
+        """Thaw a paused sandbox (a running one is left as it is)."""
+        box = self.get(sandbox_id, paused_ok=True)
+        if box.paused:
+            self.service.resume(sandbox_id)
+            box.paused = False
+        return box
 
     def peek(self, sandbox_id: str) -> Sandbox | None:
         with self._lock:
             return self._boxes.get(sandbox_id)
 
-    def get(self, sandbox_id: str) -> Sandbox:
-        """The live sandbox `sandbox_id` (SandboxNotFound if it is not, or no longer, running)."""
+    def get(self, sandbox_id: str, paused_ok: bool = False) -> Sandbox:
+        """The live sandbox `sandbox_id` (SandboxNotFound if it is not, or no longer, running;
+        a paused one counts with `paused_ok`, else it is `environment_paused`)."""
         box = self.peek(sandbox_id)
         if box is None:
             raise SandboxNotFound(f"sandbox {sandbox_id!r} was not found on this node")
@@ -119,13 +156,17 @@ class SandboxTable:
             state = self.service.info(sandbox_id).state
         except (EnvironmentNotFound, EnvironmentGone, OomTerminated):
             state = "gone"
+        if state == "paused":
+            if paused_ok:
+                return box
+            raise EnvironmentPaused(f"sandbox {sandbox_id!r} is paused: connect to it to resume it")
         if state != "running":
             self._forget(sandbox_id)
             raise SandboxNotFound(f"sandbox {sandbox_id!r} was not found on this node (it is {state})")
         return box
 
     def list(self, metadata: dict[str, str] | None = None) -> list[Sandbox]:
-        running = {e.id for e in self.service.list() if e.state == "running"}
+        running = {e.id for e in self.service.list() if e.state in ("running", "paused")}
         with self._lock:
             for gone in [i for i in self._boxes if i not in running]:
                 self._boxes.pop(gone)
@@ -142,7 +183,7 @@ class SandboxTable:
 
     def kill(self, sandbox_id: str) -> None:
         """Destroy the sandbox's environment (its processes end with it)."""
-        box = self.get(sandbox_id)
+        box = self.get(sandbox_id, paused_ok=True)
         self._forget(sandbox_id)
         box.processes.kill_all()
         self.service.destroy(sandbox_id)

@@ -88,3 +88,24 @@ def test_async_many_commands_in_one_sandbox(e2b_node):
             await box.kill()
 
     assert asyncio.run(scenario()) == [f"{i}-1\n{i}-2\n{i}-3\n" for i in range(16)]
+
+
+def test_async_fork_pause_connect(e2b_node):
+    async def scenario() -> None:
+        box = await AsyncSandbox.create(e2b_node.template, timeout=120)
+        kids: list = []
+        try:
+            await box.files.write("/work/app/state.txt", "cut")
+            kids = await box.fork(count=2, timeout=60)
+            assert all(isinstance(k, AsyncSandbox) for k in kids), kids
+            assert [await k.files.read("/work/app/state.txt") for k in kids] == ["cut", "cut"]
+            await box.pause()
+            same = await AsyncSandbox.connect(box.sandbox_id)
+            assert (await same.commands.run("cat /work/app/state.txt")).stdout == "cut"
+        finally:
+            for k in kids:
+                if isinstance(k, AsyncSandbox):
+                    await k.kill()
+            await box.kill()
+
+    asyncio.run(scenario())

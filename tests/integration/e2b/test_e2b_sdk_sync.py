@@ -217,3 +217,32 @@ def test_a_create_retried_with_its_idempotency_key_returns_the_same_sandbox(e2b_
         assert [b.sandbox_id for b in Sandbox.list(query=SandboxQuery()).next_items()].count(first.sandbox_id) == 1
     finally:
         first.kill()
+
+
+def test_fork_pause_and_connect_resume(e2b_node):
+    """`Sandbox.fork` (the filesystem: rollstack does not carry processes over), `pause`, and
+    `Sandbox.connect` resuming a paused sandbox, with the unmodified SDK."""
+    box = Sandbox.create(e2b_node.template, timeout=120)
+    kids: list = []
+    try:
+        box.files.write("/work/app/state.txt", "cut")
+        kids = box.fork(count=2, timeout=60)
+        assert len(kids) == 2 and all(isinstance(k, Sandbox) for k in kids), kids
+        assert len({k.sandbox_id for k in kids} | {box.sandbox_id}) == 3
+        for i, k in enumerate(kids):
+            assert k.files.read("/work/app/state.txt") == "cut"
+            k.files.write("/work/app/state.txt", f"child {i}")
+            assert k.commands.run("cat /work/app/hello.txt").stdout == "bug\n"  # the task's state too
+        assert box.files.read("/work/app/state.txt") == "cut"  # children write their own copies
+        box.pause()
+        states = {s.sandbox_id: s.state for s in Sandbox.list().next_items()}
+        assert str(states[box.sandbox_id]).lower().endswith("paused"), states
+        with pytest.raises(SandboxException):
+            box.commands.run("true")  # frozen: environment_paused until resumed
+        same = Sandbox.connect(box.sandbox_id)
+        assert same.commands.run("cat /work/app/state.txt").stdout == "cut"
+    finally:
+        for k in kids:
+            if isinstance(k, Sandbox):
+                k.kill()
+        box.kill()
