@@ -18,6 +18,7 @@ from rollstack.contract.models import (
     Evaluation,
     ExecChunk,
     ExecResult,
+    Snapshot,
     Stats,
 )
 from rollstack.contract.service import AsyncEnvironmentService, EnvironmentService
@@ -103,6 +104,11 @@ class Environment:
     def resume(self) -> EnvironmentInfo:
         return self._service.resume(self.id)
 
+    def snapshot(self, name: str) -> Snapshot:
+        """Publish its filesystem now as plan `name` (`NAME:TAG`): `create(name)` starts from it
+        on any node sharing the store (docs/fork.md)."""
+        return self._service.snapshot(self.id, name)
+
     def destroy(self) -> None:
         """Idempotent."""
         self._service.destroy(self.id)
@@ -172,6 +178,10 @@ class AsyncEnvironment:
 
     async def resume(self) -> EnvironmentInfo:
         return await self._service.resume(self.id)
+
+    async def snapshot(self, name: str) -> Snapshot:
+        """`Environment.snapshot`, awaited."""
+        return await self._service.snapshot(self.id, name)
 
     async def destroy(self) -> None:
         """Idempotent."""

@@ -28,6 +28,7 @@ from rollstack.contract.models import (
     ExecResult,
     Health,
     LeaseRenewal,
+    Snapshot,
     Stats,
 )
 
@@ -82,6 +83,9 @@ class HttpService:
 
     def resume(self, env_id: str) -> EnvironmentInfo:
         return self._do(routes.resume(env_id))
+
+    def snapshot(self, env_id: str, name: str) -> Snapshot:
+        return self._do(routes.snapshot(env_id, name))
 
     def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return self._do(routes.renew(env_ids, lease))
@@ -180,6 +184,9 @@ class AsyncHttpService:
     async def resume(self, env_id: str) -> EnvironmentInfo:
         return await self._do(routes.resume(env_id))
 
+    async def snapshot(self, env_id: str, name: str) -> Snapshot:
+        return await self._do(routes.snapshot(env_id, name))
+
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._do(routes.renew(env_ids, lease))
 
@@ -263,6 +270,9 @@ class ThreadedService:
 
     async def resume(self, env_id: str) -> EnvironmentInfo:
         return await self._run(self.service.resume, env_id)
+
+    async def snapshot(self, env_id: str, name: str) -> Snapshot:
+        return await self._run(self.service.snapshot, env_id, name)
 
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._run(self.service.renew, env_ids, lease)

@@ -90,6 +90,11 @@ def resume(env_id: str) -> Call[m.EnvironmentInfo]:
     return Call(R.RESUME.method, R.RESUME.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
 
 
+def snapshot(env_id: str, name: str) -> Call[m.Snapshot]:
+    return Call(R.SNAPSHOT.method, R.SNAPSHOT.path(env_id=env_id), lambda r: m.Snapshot.model_validate_json(r.content),
+                {"json": {"name": name}, "timeout": request_timeout(None)})
+
+
 def renew(env_ids: list[str], lease: float | None = None) -> Call[m.LeaseRenewal]:
     """Renew many leases in one request (`POST /v1/leases`)."""
     body: dict[str, Any] = {"ids": list(env_ids)}

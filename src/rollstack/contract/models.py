@@ -52,6 +52,27 @@ class ForkRequest(BaseModel):
     """Seconds within which the client renews the children's leases, else the node reaps them."""
 
 
+class SnapshotRequest(BaseModel):
+    """`POST /v1/environments/{id}/snapshot`: publish the environment's filesystem as `name`
+    (`NAME:TAG`), a plan any node sharing the store starts from (docs/fork.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=3, max_length=256)
+
+
+class Snapshot(_Wire):
+    """A published snapshot: `plan` (`NAME:TAG`) starts from it; its changes are the layer
+    group `group` stacked on the parent's groups."""
+
+    plan: str
+    group: str
+    layer: str
+    """The layer's digest."""
+    files: int
+    bytes: int
+    seconds: float
+
+
 class LeaseRequest(BaseModel):
     """`POST /v1/environments/{id}/lease`: renew one environment's lease."""
 

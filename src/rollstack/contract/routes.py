@@ -39,6 +39,7 @@ DIFF = Route("GET", f"{ENV}/diff")
 FORK = Route("POST", f"{ENV}/fork")
 PAUSE = Route("POST", f"{ENV}/pause")
 RESUME = Route("POST", f"{ENV}/resume")
+SNAPSHOT = Route("POST", f"{ENV}/snapshot")
 EVALUATE = Route("POST", f"{ENV}/evaluate")
 STATS = Route("GET", f"{ENV}/stats")
 PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
@@ -46,4 +47,4 @@ PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
 
 ALL: tuple[Route, ...] = (HEALTH, NODE, METRICS, CREATE, LIST, RENEW, RENEW_ONE, INFO, DESTROY, EXEC,
                           EXEC_STREAM, READ_FILE, WRITE_FILE, DIFF, EVALUATE, STATS, FORK, PAUSE,
-                          RESUME)
+                          RESUME, SNAPSHOT)

@@ -28,6 +28,8 @@ from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unau
 from rollstack.contract.models import (
     CreateGroupResponse,
     ForkRequest,
+    Snapshot,
+    SnapshotRequest,
     CreateRequest,
     CreateResponse,
     EnvironmentInfo,
@@ -163,6 +165,11 @@ def create_app(
     @route(R.RESUME, dependencies=auth, response_model=EnvironmentInfo)
     async def resume(env_id: str) -> EnvironmentInfo:
         return await call("resume", service.resume, env_id)
+
+    @route(R.SNAPSHOT, dependencies=auth, status_code=201, response_model=Snapshot)
+    async def snapshot(env_id: str, req: SnapshotRequest) -> Snapshot:
+        """Publish its filesystem now as a plan any node sharing the store starts from."""
+        return await call("snapshot", service.snapshot, env_id, req.name)
 
     @route(R.RENEW, dependencies=auth, response_model=LeaseRenewal)
     async def renew(req: RenewRequest) -> LeaseRenewal:

@@ -60,6 +60,7 @@ from rollstack.contract.models import (
     MAX_LEASE,
     LeaseRenewal,
     Quotas,
+    Snapshot,
     Stats,
     Timings,
 )
@@ -409,6 +410,16 @@ class NodeService:
         if lease is not None:
             self.renew([c.id for c in group], lease)
         return group
+
+    def snapshot(self, env_id: str, name: str) -> Snapshot:
+        """Publish the environment's filesystem now as plan `name` (`NAME:TAG`) in the node's
+        store; `create(name)` starts from it on any node sharing the store (docs/fork.md)."""
+        rec = self._get(env_id)
+        if rec.internal:
+            raise InvalidRequest(f"environment {env_id} is an evaluator: it cannot be snapshotted")
+        if rec.state != st.RUNNING:
+            self._running(env_id)  # raises the state's error
+        return Snapshot(**self._stages().snapshot(rec, name))
 
     def _teardown_failed(self, rec: EnvRecord, exc: BaseException) -> None:
         """Keep `rec` destroying and schedule the next attempt (backoff doubling from 1 s)."""

@@ -396,6 +396,54 @@ class Stages:
         stack = ForkedStack(rec.created.stack_digest if rec.created is not None else None)
         return Prepared(stack, list(rec.refs), [layer, *lowers], fork_layers=[layer, *forks], fork=cut)
 
+    def snapshot(self, rec: EnvRecord, name_tag: str) -> dict[str, Any]:
+        """Publish `rec`'s filesystem now as plan `NAME:TAG` over group `NAME-fs:TAG` (its
+        changes, one seekable layer) in the node's store. The environment is frozen only for the
+        copy of its changes; conversion and upload run after it is thawed. Nothing is published
+        unless all of it is (the plan's manifest goes last)."""
+        import tempfile
+
+        from rollstack.errors import AlreadyExists, TemplateNotFound
+        from rollstack.node import record as st
+        from rollstack.plan.groups import publish_group, split_name_tag
+        from rollstack.plan.published import load_published, publish_plan
+        from rollstack.run.snapshot import tree_size
+
+        name, tag = split_name_tag(name_tag)  # InvalidRequest for a hostile or malformed name
+        group = f"{name}-fs:{tag}"
+        split_name_tag(group)
+        assert self.store is not None
+        try:
+            load_published(self.store, f"{name}:{tag}")
+        except TemplateNotFound:
+            pass
+        else:
+            raise AlreadyExists(f"a plan {name}:{tag} exists already: pick another tag")
+        t0 = time.perf_counter()
+        self.forks.root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="snapshot-", dir=self.forks.root.parent) as tmp:
+            copy = Path(tmp) / "changes"
+            with rec.lock:
+                if rec.state != st.RUNNING or rec.runtime is None:
+                    raise EnvironmentGone(f"environment {rec.id} is {rec.state}: it cannot be snapshotted")
+                env = rec.runtime
+                if rec.paused:
+                    env.changes_copy(copy)
+                else:
+                    with env.frozen():
+                        env.changes_copy(copy)
+            files = int(tree_size(copy)["files"])
+            published = publish_group(self.store, group, [copy], kind="snapshot", work_dir=Path(tmp),
+                                      source_desc=f"snapshot of {rec.id}")
+        doc = rec.plan.model_dump(mode="json", exclude_none=True)
+        doc.update(name=name, groups=[*rec.plan.groups, group])
+        doc.pop("mutation", None)
+        doc.pop("mutation_text", None)  # the task's changes are in the snapshot's layer
+        publish_plan(self.store, f"{name}:{tag}", doc)
+        layer = published.layers[0]
+        return {"plan": f"{name}:{tag}", "group": group, "layer": layer["digest"], "bytes": int(layer["size"]),
+                "files": files, "seconds": round(time.perf_counter() - t0, 6)}
+
     def _take_warm(self, rec: EnvRecord, plan: Plan, net: Any, refs: list[Any],
                    lowers: list[Path]) -> Environment | None:
         """A warm sandbox for this plan (the record takes its id), or None: create cold."""

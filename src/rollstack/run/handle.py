@@ -24,7 +24,7 @@ from rollstack.run.files import SafeRoot
 from rollstack.run.network import NetHandle
 from rollstack.run.ocispec import ENV_ID_RE
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
-from rollstack.run.snapshot import merge_uppers
+from rollstack.run.snapshot import merge_uppers, unshift_tree
 
 if TYPE_CHECKING:
     from rollstack.run.runtime import EnvironmentRuntime
@@ -264,6 +264,13 @@ class Environment:
         if not overlay.is_mounted(self.rootfs):
             raise EnvironmentGone(f"environment {self.id} has no mounted root")
         return SafeRoot(self.rootfs, uns.HOST_BASE if self.meta().get("userns") else 0)
+
+    def changes_copy(self, dst: Path) -> None:
+        """Its changes since the stack (its upper over the layers it was forked from) copied to
+        `dst` as one upper dir, owners as the environment sees them. Freeze it first."""
+        merge_uppers([self.upper, *self.fork_layers], dst)
+        if self.meta().get("userns"):
+            unshift_tree(dst, uns.HOST_BASE)
 
     def diff(self, base: str = "/", excludes: Sequence[str] = DEFAULT_EXCLUDES,
              binary: str = "name") -> str:

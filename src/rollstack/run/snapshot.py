@@ -102,3 +102,19 @@ def _apply(layer: Path, dst: Path) -> None:
         _remove(target)  # a whiteout stays a whiteout: the diff reads it as a deletion
         subprocess.run(["cp", "-a", str(src), str(target)], check=True, capture_output=True,
                        timeout=COPY_TIMEOUT)
+
+
+def unshift_tree(root: Path, base: int) -> int:
+    """Owners inside a user-namespaced environment's id range (host `base`..) back to what the
+    environment sees (0..), in place; the entries changed."""
+    changed = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames, ""] if dirpath == str(root) else [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name) if name else dirpath
+            st = os.lstat(path)
+            uid = st.st_uid - base if st.st_uid >= base else st.st_uid
+            gid = st.st_gid - base if st.st_gid >= base else st.st_gid
+            if (uid, gid) != (st.st_uid, st.st_gid):
+                os.lchown(path, uid, gid)
+                changed += 1
+    return changed

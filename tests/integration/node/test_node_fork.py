@@ -149,3 +149,39 @@ def test_pause_freezes_gives_quota_back_and_resume_thaws(node) -> None:
     service.wait_destroyed(120)
     with pytest.raises(errors.EnvironmentNotFound):
         env.resume()
+
+
+@pytest.mark.parametrize("userns", [False, True])
+def test_a_snapshot_starts_on_a_fresh_node(node, corpus: str, tmp_path: Path, userns: bool) -> None:
+    """`env.snapshot("NAME:TAG")` publishes the environment's filesystem; a second node, with
+    its own root and nothing cached, starts an environment from it (lazily, like any plan)."""
+    root, service, client = node
+    env = client.create(plan(security={"userns": userns}))
+    remember(root, env.id)
+    name = f"snap/app{int(userns)}:t{tmp_path.name[-6:]}"
+    try:
+        _sh(env, "echo snapped > state.txt && rm -f /bin/true.bak && chown 1000 state.txt"
+                 " && mkdir -p gone && rm -rf gone")
+        (child,) = env.fork()  # a fork's snapshot carries the layers it was forked from
+        remember(root, child.id)
+        _sh(child, "echo child >> state.txt")
+        snap = child.snapshot(name)
+        assert snap.plan == name and snap.files >= 1 and snap.bytes > 0
+        with pytest.raises(errors.AlreadyExists):
+            child.snapshot(name)  # a name that exists is refused, nothing is replaced
+        for bad in ("../../etc:x", "Name With Spaces:1", "x"):
+            with pytest.raises(errors.InvalidRequest):
+                child.snapshot(bad)
+        _sh(child, "echo after >> state.txt")  # not in the snapshot
+        child.destroy()
+    finally:
+        env.destroy()
+    with serve_node(tmp_path / "other-node", corpus, TOKEN, max_environments=4) as (_, server):
+        with Client(server.url, token=TOKEN, lease=None) as other:
+            restored = other.create(name)
+            try:
+                assert _sh(restored, "cat state.txt") == "snapped\nchild\n"
+                assert _sh(restored, "stat -c %u state.txt") == "1000\n"
+                assert _sh(restored, "cat hello.txt") == "bug\n"  # the task's state, not applied twice
+            finally:
+                restored.destroy()

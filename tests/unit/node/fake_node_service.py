@@ -16,6 +16,7 @@ from rollstack.contract.models import (
     ExecResult,
     Health,
     LeaseRenewal,
+    Snapshot,
     Stats,
     Timings,
 )
@@ -31,6 +32,7 @@ class FakeService(OffloadedExec):
         self.last_exec: ExecRequest | None = None
         self.leases: dict[str, float] = {}
         self.paused: set[str] = set()
+        self.snapshots: dict[str, dict[str, bytes]] = {}
         self.renewals: list[list[str]] = []
         self.keys: dict[str, CreateResponse] = {}
         self.create_options: list[dict[str, Any]] = []
@@ -83,6 +85,12 @@ class FakeService(OffloadedExec):
         self._env(env_id)
         self.paused.discard(env_id)
         return self.info(env_id)
+
+    def snapshot(self, env_id: str, name: str) -> Snapshot:
+        self._env(env_id)
+        self.snapshots[name] = dict(self.envs[env_id])
+        return Snapshot(plan=name, group=f"{name.split(':')[0]}-fs:{name.split(':')[1]}", layer="sha256:" + "0" * 64,
+                        files=len(self.envs[env_id]), bytes=0, seconds=0.0)
 
     def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         self.renewals.append(list(env_ids))
