@@ -109,6 +109,8 @@ class Timings(_Wire):
     mutation: float = 0.0
     start: float = 0.0
     total: float = 0.0
+    setup: float = 0.0
+    """The plan's setup commands (a group's: run once, in the environment it was forked from)."""
     warm: bool = False
     """A warm sandbox was handed out (rollstack.node.warm): mount and start happened before."""
     group: dict[str, float] | None = None

@@ -166,7 +166,10 @@ class NodeService:
 
         def create() -> CreateResponse:
             loaded = self._load(plan)
-            return self._create(loaded, internal=False, rec=self._admit(loaded, False, lease))
+            created = self._create(loaded, internal=False, rec=self._admit(loaded, False, lease))
+            if loaded.setup:
+                self._setup(created, loaded)
+            return created
 
         if idempotency_key is None:
             return create()
@@ -184,7 +187,10 @@ class NodeService:
         lease = _check_lease(lease)
 
         def create() -> list[CreateResponse]:
-            group = create_group(self, self._load(plan), count)
+            loaded = self._load(plan)
+            group = self._setup_once(loaded, count) if loaded.setup and count > 1 else None
+            if group is None:
+                group = create_group(self, loaded, count)
             if lease is not None:
                 self.renew([c.id for c in group], lease)
             return group
@@ -193,6 +199,43 @@ class NodeService:
             return create()
         group = self._keys.run(idempotency_key, fingerprint(plan, count, lease), create)
         self.renew([c.id for c in group])
+        return group
+
+    def _setup(self, created: CreateResponse, plan: Any) -> None:
+        """Run the plan's setup commands in the new environment; one that fails destroys it
+        and raises CommandFailed (with the tail of its output)."""
+        from rollstack.errors import CommandFailed
+
+        t = time.perf_counter()
+        for command in plan.setup:
+            try:
+                r = self.exec(created.id, ExecRequest(command=command, timeout=plan.setup_timeout))
+            except BaseException:
+                self._destroy_quietly(created.id)
+                raise
+            if r.exit_code != 0 or r.timed_out:
+                self._destroy_quietly(created.id)
+                raise CommandFailed(f"setup command {command!r} exited {r.exit_code}"
+                                    f"{' (timed out)' if r.timed_out else ''}: {(r.stderr or r.stdout)[-500:]}",
+                                    exit_code=r.exit_code)
+        created.timings.setup = round(time.perf_counter() - t, 6)
+        created.timings.total = round(created.timings.total + created.timings.setup, 6)
+
+    def _setup_once(self, plan: Any, count: int) -> list[CreateResponse]:
+        """A group whose plan has setup commands: one environment runs them, the group is
+        forked from it (each environment starts where the setup left the files), then that
+        one is destroyed. Its setup and the fork count in every member's timings."""
+        t = time.perf_counter()
+        first = self._create(plan, internal=False, rec=self._admit(plan, False))
+        try:
+            self._setup(first, plan)
+            group = self.fork(first.id, count)
+        finally:
+            self._destroy_quietly(first.id)
+        total = round(time.perf_counter() - t, 6)
+        for c in group:
+            c.timings.setup = first.timings.setup
+            c.timings.total = total
         return group
 
     def _load(self, plan: dict[str, Any] | Any) -> Any:

@@ -164,6 +164,12 @@ class Plan(_Model):
     fetch: FetchPolicy = Field(default_factory=FetchPolicy)
     timeout: float = Field(1800.0, gt=0, allow_inf_nan=False)
     """seconds the environment may live"""
+    setup: list[str] = Field(default_factory=list, max_length=64)
+    """shell commands run in order (in workdir, `/bin/sh -c`) once the environment has started,
+    before create answers; a non-zero exit fails the create (`command_failed`). A group
+    (`count` > 1) runs them once and forks its environments from there (docs/fork.md)."""
+    setup_timeout: float = Field(600.0, gt=0, allow_inf_nan=False)
+    """seconds each setup command may run"""
     evaluator: Evaluator | None = None
 
     _groups = field_validator("groups")(classmethod(lambda cls, v: _check_groups(v)))

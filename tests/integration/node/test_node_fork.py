@@ -185,3 +185,33 @@ def test_a_snapshot_starts_on_a_fresh_node(node, corpus: str, tmp_path: Path, us
                 assert _sh(restored, "cat hello.txt") == "bug\n"  # the task's state, not applied twice
             finally:
                 restored.destroy()
+
+
+def test_setup_runs_once_and_a_group_is_forked_from_it(node) -> None:
+    root, service, client = node
+    setup = ["echo ran >> /work/app/setup.log", "echo $((6*7)) > /work/app/answer"]
+    one = client.create(plan(setup=setup))
+    remember(root, one.id)
+    try:
+        assert _sh(one, "cat setup.log answer") == "ran\n42\n"
+        assert one.created.timings.setup > 0
+    finally:
+        one.destroy()
+    group = client.create(plan(setup=setup), 3)
+    for e in group:
+        remember(root, e.id)
+    try:
+        assert [_sh(e, "cat setup.log") for e in group] == ["ran\n"] * 3  # once, before the fork
+        assert all(e.created.timings.setup > 0 for e in group)
+        assert len({e.id for e in group}) == 3
+    finally:
+        for e in group:
+            e.destroy()
+    live = {e.id for e in client.list()}
+    with pytest.raises(errors.CommandFailed):
+        client.create(plan(setup=["echo broken >&2; exit 3"]))
+    with pytest.raises(errors.CommandFailed):
+        client.create(plan(setup=["exit 4"]), 2)
+    service.wait_destroyed(120)
+    assert {e.id for e in client.list()} <= live  # a failed setup leaves no environment
+    assert _forks(root) == []
