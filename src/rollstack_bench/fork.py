@@ -9,7 +9,9 @@ An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busy
 - `create(count=8)` beside `create()` of the same plan, the cost a fork replaces;
 - `--cycles` fork/destroy cycles, then what is left under the node root (must be nothing);
 - the parent's `exec true` p50 while nothing else runs, and right after each cut;
-- `pause()` / `resume()` p50 through the SDK (in-process node).
+- `pause()` / `resume()` p50 through the SDK (in-process node);
+- a task whose setup burns `--setup-seconds` of CPU: its group of `--group` with the setup run
+  once and forked (`create(plan, count)` with `setup`) vs created one by one, each running it.
 Goals (issue 37): fork(1) p50 <= 100 ms with 10 MB / 1,000 files, <= 1 s with 100 MB; fork(8)
 <= 1.5x fork(1); the cycles leave nothing; resume <= 50 ms.
 """
@@ -56,8 +58,43 @@ def _exec_p50(env: Any, n: int = 20) -> float:
     return _p50(xs)
 
 
+def _setup_iteration(node: Any, plan: dict[str, Any], seconds: int, group: int) -> dict[str, Any]:
+    """A task whose setup is `seconds` of one core's work (a shell loop, calibrated here): its group of `group` created with the
+    setup run once and forked (`create(count=group)`) vs created one by one in parallel, each
+    running the setup (what a driver without fork does); every member then runs one command."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = "i=0; while [ $i -lt {n} ]; do i=$((i+1)); done"
+    probe = node.create(plan)  # calibrate: a fixed amount of work that takes `seconds` on an idle core
+    try:
+        t = time.perf_counter()
+        probe.exec(["/bin/sh", "-c", loop.format(n=200_000)], timeout=600)
+        n = int(200_000 * seconds / max(time.perf_counter() - t, 1e-3))
+    finally:
+        probe.destroy()
+    burn = loop.format(n=n) + "; echo done > setup.ok"
+    p = {**plan, "setup": [burn], "setup_timeout": seconds * 20 + 60}
+    t = time.perf_counter()
+    envs = node.create(p, group)
+    for e in envs:
+        assert e.exec(["cat", "setup.ok"]).stdout == "done\n"
+    once = time.perf_counter() - t
+    for e in envs:
+        e.destroy()
+    t = time.perf_counter()
+    with ThreadPoolExecutor(group) as pool:
+        envs = list(pool.map(lambda _: node.create(p), range(group)))
+    for e in envs:
+        assert e.exec(["cat", "setup.ok"]).stdout == "done\n"
+    every = time.perf_counter() - t
+    for e in envs:
+        e.destroy()
+    return {"setup_seconds": seconds, "group": group, "loop_iterations": n, "setup_once_then_fork_s": round(once, 2),
+            "setup_in_every_rollout_s": round(every, 2), "speedup": round(every / once, 2) if once else 0.0}
+
+
 def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: Path, command: str,
-        log: Any = print) -> dict[str, Any]:
+        log: Any = print, setup_seconds: int = 0, group: int = 4) -> dict[str, Any]:
     from rollstack import Node
     from rollstack_bench.env import busybox_plan, publish_busybox_corpus
 
@@ -103,6 +140,9 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
                 e.destroy()
             eight.append(time.perf_counter() - t)
         doc["create"] = {"create_1_p50_s": _p50(one), "create_8_p50_s": _p50(eight), "note": "create + destroy"}
+        if setup_seconds:
+            log(f"[bench fork] a group of {group} with a {setup_seconds} s setup, once vs in every rollout")
+            doc["setup"] = _setup_iteration(node, plan, setup_seconds, group)
         node.service.wait_destroyed(300)
         forks = root / "forks"
         doc["left_after_cycles"] = sorted(p.name for p in forks.iterdir()) if forks.is_dir() else []
@@ -131,6 +171,10 @@ def _human(doc: dict[str, Any]) -> None:
     print(f"parent exec true p50 {doc['parent_exec_p50_s'] * 1e3:.1f} ms, after the cuts {doc['parent_exec_after_cuts_p50_s'] * 1e3:.1f} ms")
     pr = doc["pause_resume"]
     print(f"pause p50 {pr['pause_p50_s'] * 1e3:.1f} ms, resume p50 {pr['resume_p50_s'] * 1e3:.1f} ms (through the SDK)")
+    if "setup" in doc:
+        su = doc["setup"]
+        print(f"group of {su['group']} with a {su['setup_seconds']} s CPU setup: once + fork {su['setup_once_then_fork_s']} s, "
+              f"in every rollout {su['setup_in_every_rollout_s']} s ({su['speedup']}x)")
     print(f"{doc['cycles']['n']} fork/destroy cycles in {doc['cycles']['seconds']} s; left: {doc['left_after_cycles'] or 'nothing'}")
     print("goals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in doc["goals"].items()))
 
@@ -143,13 +187,15 @@ def register(app: typer.Typer) -> None:
         big_mib: int = typer.Option(100, "--big-mib", min=1, help="MiB of the big diff (one file, added)"),
         reps: int = typer.Option(9, "--reps", min=3, help="fork(1) samples (fork(8): a third)"),
         cycles: int = typer.Option(100, "--cycles", min=0, help="fork/destroy cycles at the end"),
+        setup_seconds: int = typer.Option(20, "--setup-seconds", min=0, help="CPU seconds of the setup step (0: skip that part)"),
+        group: int = typer.Option(4, "--group", min=2, max=16, help="group size for the setup comparison"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
         """Fork latency (1 and 8 children) on a 10 MB / 1,000-file and a 100 MB diff; cycles leave nothing."""
         command = " ".join(["rollstack", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "rollstack bench fork"
         with tempfile.TemporaryDirectory(prefix="rollstack-bench-fork-", dir="/var/tmp") as tmp:
             doc = run(files, file_kib, big_mib, reps, cycles, Path(tmp), command,
-                      log=lambda m: print(m, file=sys.stderr))
+                      log=lambda m: print(m, file=sys.stderr), setup_seconds=setup_seconds, group=group)
         if as_json:
             print(json.dumps(doc, indent=2))
         else:
