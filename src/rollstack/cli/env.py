@@ -79,17 +79,20 @@ def fork(
 def pause(env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt = None, token: TokenOpt = None,
           as_json: JsonOpt = False) -> None:
     """Freeze ID's processes and give its quotas back to the node (docs/fork.md)."""
-    with _client(node, token) as client:
-        info = client.get(env_id).pause()
-    emit(info.model_dump(mode="json"), as_json, lambda d: stdout.print(f"{d['id']} {d['state']}"))
+    _set_state(env_id, "pause", node, token, as_json)
 
 
 @app.command("resume")
 def resume(env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt = None, token: TokenOpt = None,
            as_json: JsonOpt = False) -> None:
     """Thaw a paused ID (insufficient_capacity while the node cannot take its quotas back)."""
+    _set_state(env_id, "resume", node, token, as_json)
+
+
+def _set_state(env_id: str, call: str, node: str | None, token: str | None, as_json: bool) -> None:
     with _client(node, token) as client:
-        info = client.get(env_id).resume()
+        env = client.get(env_id)
+        info = env.pause() if call == "pause" else env.resume()
     emit(info.model_dump(mode="json"), as_json, lambda d: stdout.print(f"{d['id']} {d['state']}"))
 
 

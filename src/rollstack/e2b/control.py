@@ -22,7 +22,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollstack.e2b.models import ConnectRequest, E2BError, ForkSandboxes, NewSandbox, TimeoutRequest, WrittenFile
@@ -33,6 +33,7 @@ from rollstack.contract.service import NodeLocal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_MAX_FILE = 1 << 30
 UNSUPPORTED = frozenset({"refreshes", "snapshots", "metrics", "logs", "network"})
@@ -51,6 +52,15 @@ def error_from(exc: BaseException) -> JSONResponse:
         return e2b_error(status, f"{exc.code}: {exc.message}" if exc.message else exc.code)
     log.error("E2B API call failed", exc_info=exc)
     return e2b_error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _optional_body(request: Request, model: type[M], what: str) -> M:
+    """The request's JSON body as `model`, its defaults when the body is empty (the SDK sends none)."""
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw) if raw.strip() else model()
+    except ValidationError as exc:
+        raise InvalidRequest(f"invalid {what} request: {exc.errors()[0].get('msg')}") from None
 
 
 def create_control_app(table: SandboxTable, service: NodeLocal, token: str | None, threads: int = 64,
@@ -123,11 +133,7 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
         return Response(status_code=204)
 
     async def connect(sandbox_id: str, request: Request) -> JSONResponse:
-        raw = await request.body()
-        try:
-            req = ConnectRequest.model_validate_json(raw) if raw.strip() else ConnectRequest()
-        except ValidationError as exc:
-            raise InvalidRequest(f"invalid connect request: {exc.errors()[0].get('msg')}") from None
+        req = await _optional_body(request, ConnectRequest, "connect")
         box = await call(table.resume, sandbox_id)  # a paused sandbox is resumed by a connect
         if req.timeout is not None:
             box = await call(table.set_timeout, sandbox_id, req.timeout)
@@ -142,11 +148,7 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
 
     @app.post("/sandboxes/{sandbox_id}/fork", dependencies=auth, status_code=201)
     async def fork(sandbox_id: str, request: Request) -> JSONResponse:
-        raw = await request.body()
-        try:
-            req = ForkSandboxes.model_validate_json(raw) if raw.strip() else ForkSandboxes()
-        except ValidationError as exc:
-            raise InvalidRequest(f"invalid fork request: {exc.errors()[0].get('msg')}") from None
+        req = await _optional_body(request, ForkSandboxes, "fork")
         boxes = await call(table.fork, sandbox_id, req.count, req.timeout)
         return JSONResponse([{"sandbox": b.created().dump()} for b in boxes], status_code=201)
 
