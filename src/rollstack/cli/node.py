@@ -39,6 +39,8 @@ def start(
     token_file: Annotated[Optional[Path], typer.Option("--token-file", help="bearer token file [default: ROOT/token]")] = None,
     max_environments: Annotated[Optional[int], typer.Option("--max-environments", help="admission limit")] = None,
     warm_pool: Annotated[Optional[int], typer.Option("--warm-pool", help="started sandboxes kept per stack [default: 0, off]")] = None,
+    uplink: Annotated[Optional[list[str]], typer.Option(
+        "--uplink", help="host interface whose forwarding egress may switch on (repeatable) [default: those the routes to each destination use]")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", help="stay attached")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -52,6 +54,7 @@ def start(
         token_file=token_file.absolute() if token_file else None,
         max_environments=max_environments,
         warm_pool=warm_pool,
+        network_uplinks=uplink or None,
     )
     if foreground:
         agent.serve(config)

@@ -80,8 +80,10 @@ class NodeConfig(BaseModel):
     """Network slots (netns + veth + a drop-all table) kept prepared once the first create asks
     for a network, so later ones only load their rules; 0: each is built during its create."""
     network_uplinks: list[str] = Field(default_factory=list)
-    """The node's uplink interfaces (e.g. ["eth0"]): `outbound`/`allow` environments' replies
-    are forwarded from them, so their per-interface forwarding is switched on (nothing else)."""
+    """The node's uplink interfaces (e.g. ["eth0"], `node start --uplink`): `outbound`/`allow`
+    environments' replies are forwarded from them, so their per-interface forwarding is switched
+    on (nothing else). Empty (the default): the interfaces the kernel routes each environment's
+    destinations through, found at its create (run/network.py `NetworkManager.uplinks`)."""
     warm_pool: int = Field(default=0, ge=0)
     """Started sandboxes kept per layer stack and handed out at create (rollstack.node.warm;
     docs/node.md, "Warm pool"); 0: off, every create starts its container."""

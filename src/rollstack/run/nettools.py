@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -103,3 +105,37 @@ def _sysctl(key: str, value: str) -> None:
         Path("/proc/sys", key).write_text(value)
     except OSError as e:
         raise RuntimeFailure(f"sysctl {key.replace('/', '.')}={value}: {e.strerror}") from None
+
+
+IFNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")
+"""An interface name that is safe as a /proc/sys path component."""
+
+
+def devices_of(routes_json: str) -> set[str]:
+    """The output devices of `ip -j route get|show` text: host interfaces only (not `lo`, not
+    the node's own veths), names checked (they become /proc/sys paths)."""
+    try:
+        routes = json.loads(routes_json or "[]")
+    except ValueError:
+        return set()
+    out = set()
+    for r in routes if isinstance(routes, list) else []:
+        dev = r.get("dev") if isinstance(r, dict) else None
+        if isinstance(dev, str) and dev != "lo" and not dev.startswith(PREFIX) and IFNAME.fullmatch(dev):
+            out.add(dev)
+    return out
+
+
+def route_devices(destinations: Sequence[str]) -> set[str]:
+    """The host interfaces the kernel routes each destination through (`"default"`: the default
+    routes'; an address: `ip route get`). Unroutable destinations give nothing."""
+    out: set[str] = set()
+    for dest in destinations:
+        args = ["ip", "-j", "route", "show", "default"] if dest == "default" else ["ip", "-j", "route", "get", dest]
+        try:
+            r = subprocess.run(args, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0:
+            out |= devices_of(r.stdout)
+    return out

@@ -30,8 +30,10 @@ concurrent nodes never pick the same names or addresses. `teardown` removes the 
 veth (both ends, synchronously), the netns and the claim, tolerating any of them being gone.
 
 Forwarding past the node (`outbound`, or allow entries that are not the node itself) also needs
-the uplink's forwarding on (replies are forwarded from it): the node turns it on only for
-interfaces named in its config (`forward_interfaces`); see docs/runtime.md.
+the uplink's forwarding on (replies are forwarded from it): the node turns it on for the
+interfaces the kernel routes the destinations through (`ip route get`; outbound: the default
+routes'), or only for those named in its config (`forward_interfaces`, `node start --uplink`);
+see docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from typing import Any, Sequence
 
 from rollstack.errors import NotFound, PlanInvalid, RuntimeFailure
 from rollstack.plan.network import DENIED_NETS, AllowEntry
-from rollstack.run.nettools import PREFIX, _ip, _nft, _sysctl, leftovers
+from rollstack.run.nettools import PREFIX, _ip, _nft, _sysctl, leftovers, route_devices
 
 __all__ = ["NetHandle", "NetworkManager", "NetworkSpec", "Rule", "leftovers", "resolve_spec",
            "ruleset"]
@@ -370,6 +372,18 @@ class NetworkManager:
                 pass
             raise
 
+    def uplinks(self, spec: NetworkSpec) -> list[str]:
+        """The host interfaces whose forwarding `spec`'s egress needs: `forward_interfaces` when
+        configured, else those the kernel routes its destinations through (outbound: the
+        default routes'; allow: each allowed network's first address), found at each setup."""
+        if self.forward_interfaces:
+            return list(self.forward_interfaces)
+        if spec.mode == "outbound":
+            dests = ["default"]
+        else:
+            dests = [str(ipaddress.ip_network(r.net, strict=False).network_address) for r in spec.rules if r.net]
+        return sorted(route_devices(dests))
+
     def setup(self, h: NetHandle, spec: NetworkSpec, attach_pid: int | None = None) -> None:
         """Build (or, for a slot from the pool, only re-policy) the netns, veth and table of
         claimed slot `h` (in the netns of `attach_pid` if given). On failure, undoes it and raises."""
@@ -380,7 +394,7 @@ class NetworkManager:
             self._prepare(h, attach_pid)
         try:
             if spec.mode != "none":
-                for uplink in self.forward_interfaces:
+                for uplink in self.uplinks(spec):
                     _sysctl(f"net/ipv4/conf/{uplink}/forwarding", "1")
             table = f"{PREFIX}_{h.slot}"
             # one transaction: the drop-everything table is replaced by the policy atomically

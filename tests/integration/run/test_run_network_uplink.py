@@ -56,6 +56,29 @@ def test_outbound_is_natted_out_of_the_configured_uplink(tmp_path, busybox_lower
         rt.cleanup_leftovers()
 
 
+def test_allow_egress_works_with_default_settings(tmp_path, busybox_lower, internet):
+    """No uplink configured: the create finds the interface the kernel routes the allowed
+    destination through and switches its forwarding on. (`outbound` takes the default routes'
+    interfaces the same way: tests/unit/run/test_run_uplinks.py; not switched on here, where
+    the default route is this machine's real uplink.)"""
+    from rollstack.plan.network import parse_allow
+
+    rt = EnvironmentRuntime(RuntimeConfig(root=tmp_path / "rt", subreaper=False))
+    try:
+        assert _forwarding(internet.host_if) == "0"
+        spec = resolve_spec("allow", [parse_allow(f"{internet.addr}:8080")], [])
+        assert rt.network.uplinks(spec) == [internet.host_if]
+        env = rt.create("up-3", [busybox_lower], SpecParams("up-3"), network=spec)
+        try:
+            assert _forwarding(internet.host_if) == "1"
+            r = env.exec(f"timeout 5 wget -q -O - http://{internet.addr}:8080/hello", timeout=20)
+            assert (r.exit_code, r.stdout) == (0, b"from the internet\n"), r
+        finally:
+            env.destroy()
+    finally:
+        rt.cleanup_leftovers()
+
+
 def test_an_uplink_must_be_an_interface_name():
     for bad in ("../../kernel/x", "eth0/forwarding", "", "a" * 16):
         with pytest.raises(RuntimeFailure, match="is not an interface name"):
