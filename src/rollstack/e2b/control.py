@@ -133,13 +133,19 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
         return Response(status_code=204)
 
     async def connect(sandbox_id: str, request: Request) -> JSONResponse:
+        return await _connect(sandbox_id, request, 200)
+
+    async def _connect(sandbox_id: str, request: Request, status: int) -> JSONResponse:
         req = await _optional_body(request, ConnectRequest, "connect")
         box = await call(table.resume, sandbox_id)  # a paused sandbox is resumed by a connect
         if req.timeout is not None:
             box = await call(table.set_timeout, sandbox_id, req.timeout)
-        return JSONResponse(box.created().dump(), status_code=200)
+        return JSONResponse(box.created().dump(), status_code=status)
 
-    app.post("/sandboxes/{sandbox_id}/resume", dependencies=auth, status_code=201)(connect)  # the older name
+    @app.post("/sandboxes/{sandbox_id}/resume", dependencies=auth, status_code=201)
+    async def resume(sandbox_id: str, request: Request) -> JSONResponse:
+        """The older name of a connect to a paused sandbox (201, as E2B answers it)."""
+        return await _connect(sandbox_id, request, 201)
 
     @app.post("/sandboxes/{sandbox_id}/pause", dependencies=auth, status_code=204)
     async def pause(sandbox_id: str) -> Response:

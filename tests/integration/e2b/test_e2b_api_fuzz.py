@@ -89,7 +89,7 @@ def test_fuzzing_the_e2b_rest_api_finds_no_server_error(e2b_node, boxes, tmp_pat
     def variants(op, mode) -> list:
         out = []
         if "{sandbox_id}" in op.path:
-            destructive = op.method.upper() == "DELETE" or op.path.endswith(("/timeout", "/connect"))
+            destructive = op.method.upper() == "DELETE" or op.path.endswith(("/timeout", "/connect", "/pause", "/resume"))
             box = victim if destructive else keep
             out.append(op.as_strategy(generation_mode=mode, path_parameters={"sandbox_id": box.sandbox_id}))
         if "{rest}" in op.path:

@@ -25,7 +25,7 @@ from node_helpers import plan, remember, serve_node
 
 pytestmark = pytest.mark.integration
 TOKEN = "fuzz-node-token"
-NODE_OWN = ("envs", "lazy", "runc", "runc-exec", "node-envs", "erofs", "layers", "resolve-cache")
+NODE_OWN = ("envs", "lazy", "runc", "runc-exec", "node-envs", "erofs", "layers", "resolve-cache", "forks")
 """Top-level entries of the node root that hold per-environment state or caches (layers are
 materialized in the background while the fuzzer runs)."""
 EXEC_TIMEOUT = 5.0
@@ -89,7 +89,7 @@ def test_fuzzing_the_node_api_finds_no_server_error_and_writes_nothing_outside_e
         def variants(op, mode) -> list[dict]:
             if "{env_id}" not in op.path:
                 return []
-            destructive = op.method.upper() == "DELETE" or op.path.endswith("/lease")
+            destructive = op.method.upper() == "DELETE" or op.path.endswith(("/lease", "/pause", "/resume"))
             ids = [victim] if destructive else stable
             out = [op.as_strategy(generation_mode=mode, path_parameters={"env_id": i}) for i in ids]
             if op.path.endswith("/files") and mode.value == "positive":
@@ -97,13 +97,18 @@ def test_fuzzing_the_node_api_finds_no_server_error_and_writes_nothing_outside_e
                         for i in stable for p in escapes]
             return out
 
-        def limit(op) -> int:
-            return max(6, EXAMPLES // 10) if op.path.endswith("/evaluate") else EXAMPLES  # each creates an env
+        def limit(op) -> int:  # each of these creates environments (or publishes a snapshot)
+            return max(6, EXAMPLES // 10) if op.path.endswith(("/evaluate", "/fork", "/snapshot")) else EXAMPLES
+
+        def full(case, response) -> bool:
+            """`insufficient_capacity` (503, retryable) is the right answer of a full node (a
+            fork of many), not a server error."""
+            return response.status_code == 503 and b'"insufficient_capacity"' in response.content
 
         with ServerErrors() as errors:
             started = time.monotonic()
             failures, sent = fuzz_operations(schema, server.url, {"Authorization": f"Bearer {TOKEN}"},
-                                             variants=variants, prepare=_bound_exec, limit=limit)
+                                             variants=variants, prepare=_bound_exec, limit=limit, accept=full)
             elapsed = time.monotonic() - started
         print(f"node API fuzz: {sent} requests in {elapsed:.0f} s ({EXAMPLES} examples per operation and mode)")
         assert not failures, "\n\n".join(failures)
