@@ -5,7 +5,7 @@ Control-plane routes authenticate with `X-API-KEY` (= the node's bearer token; `
 Bearer` works too). envd routes (`/files`, `/health`) are gated by the dispatcher
 (rollstack.e2b.app: `E2b-Sandbox-Id` + `X-Access-Token`) before they get here.
 Fork (the filesystem: docs/fork.md), pause, and resume by connect are rollstack's own.
-Not supported (501): snapshots, metrics, logs, network updates.
+`get_metrics` comes from the provisioner's samples. Not supported (501): snapshots, logs, network updates.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_MAX_FILE = 1 << 30
-UNSUPPORTED = frozenset({"refreshes", "snapshots", "metrics", "logs", "network"})
+UNSUPPORTED = frozenset({"refreshes", "snapshots", "logs", "network"})
 """E2B's routes under `/sandboxes/{id}/` that rollstack does not implement (501); any other is 404."""
 
 
@@ -146,6 +146,12 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
     async def resume(sandbox_id: str, request: Request) -> JSONResponse:
         """The older name of a connect to a paused sandbox (201, as E2B answers it)."""
         return await _connect(sandbox_id, request, 201)
+
+    @app.get("/sandboxes/{sandbox_id}/metrics", dependencies=auth)
+    async def metrics(sandbox_id: str, start: int | None = Query(None, ge=0, le=2**40),
+                      end: int | None = Query(None, ge=0, le=2**40)) -> JSONResponse:
+        """`Sandbox.get_metrics`: CPU and memory samples of the node's provisioner."""
+        return JSONResponse(await call(table.metrics, sandbox_id, start, end))
 
     @app.post("/sandboxes/{sandbox_id}/pause", dependencies=auth, status_code=204)
     async def pause(sandbox_id: str) -> Response:

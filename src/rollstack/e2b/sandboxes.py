@@ -142,6 +142,25 @@ class SandboxTable:
             box.paused = False
         return box
 
+    def metrics(self, sandbox_id: str, start: int | None = None, end: int | None = None) -> list[dict]:
+        """E2B's metrics entries from the provisioner's samples (CPU and memory, as used against
+        the sandbox's current quotas; disk is not sampled: 0), between unix times `start`/`end`."""
+        box = self.get(sandbox_id, paused_ok=True)
+        stats = self.service.stats(sandbox_id)
+        out = []
+        for s in stats.history:
+            at = box.started_at + timedelta(seconds=s.t)
+            unix = int(at.timestamp())
+            if (start is not None and unix < start) or (end is not None and unix > end):
+                continue
+            limit = s.cpu_limit or box.cpu_count
+            out.append({"timestamp": at.isoformat().replace("+00:00", "Z"), "timestampUnix": unix,
+                        "cpuCount": box.cpu_count,
+                        "cpuUsedPct": round(100.0 * float(s.cpu_usage or 0.0) / float(limit), 2) if limit else 0.0,
+                        "memUsed": int(s.memory_usage or 0), "memTotal": int(s.memory_limit or 0),
+                        "memCache": 0, "diskUsed": 0, "diskTotal": 0})
+        return out
+
     def peek(self, sandbox_id: str) -> Sandbox | None:
         with self._lock:
             return self._boxes.get(sandbox_id)

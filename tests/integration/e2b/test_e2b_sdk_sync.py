@@ -246,3 +246,22 @@ def test_fork_pause_and_connect_resume(e2b_node):
             if isinstance(k, Sandbox):
                 k.kill()
         box.kill()
+
+
+def test_get_metrics_from_the_provisioners_samples(e2b_node):
+    box = Sandbox.create(e2b_node.template, timeout=60)
+    try:
+        box.commands.run("i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")
+        deadline = time.monotonic() + 60
+        metrics = box.get_metrics()
+        while not metrics and time.monotonic() < deadline:
+            time.sleep(0.5)
+            metrics = box.get_metrics()
+        assert metrics, "no samples within 60 s"
+        m = metrics[-1]
+        assert m.cpu_count >= 1 and m.mem_total > 0 and 0 <= m.cpu_used_pct <= 100 * m.cpu_count * 8
+        assert metrics == sorted(metrics, key=lambda x: x.timestamp)
+        assert box.get_metrics(start=m.timestamp) and all(x.timestamp >= m.timestamp.replace(microsecond=0)
+                                                          for x in box.get_metrics(start=m.timestamp))
+    finally:
+        box.kill()
