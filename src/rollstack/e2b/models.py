@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENVD_VERSION = "0.5.7"
 """The envd version we answer as: stdin control (0.3.0), default user (0.4.0), CloseStdin
@@ -34,6 +34,18 @@ class _Out(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+UNHONOURED_CREATE = {
+    "network": "a sandbox's network is its template plan's (network: none | outbound | {allow: [...]})",
+    "volumeMounts": "volumes are not supported (docs/e2b.md)",
+    "autoPause": "pausing on timeout is not supported: a sandbox is destroyed at its timeout",
+    "autoResume": "resuming on traffic is not supported: connect resumes a paused sandbox",
+    "mcp": "MCP gateways are not supported",
+    "iam": "IAM credentials are not supported",
+}
+"""E2B create fields that would change what a sandbox is: refused (422 naming the field) unless
+absent or empty/false, so a client never believes it got what it asked for."""
+
+
 class NewSandbox(_In):
     """`POST /v2/sandboxes` and `POST /sandboxes`."""
 
@@ -41,6 +53,21 @@ class NewSandbox(_In):
     timeout: int = Field(DEFAULT_TIMEOUT, ge=1, le=MAX_TIMEOUT)
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_is_not_honoured(cls, data: Any) -> Any:
+        """E2B create fields rollstack does not honour are refused by name, never ignored."""
+        if isinstance(data, dict):
+            for key, why in UNHONOURED_CREATE.items():
+                value = data.get(key)
+                if value is not None and value is not False and value != [] and value != {}:
+                    raise ValueError(f"{key}: {why}")
+            for key in ("allow_internet_access", "allowInternetAccess"):  # the SDK sends the first
+                if data.get(key) is not None:
+                    raise ValueError(f"{key}: a sandbox's network is its template plan's (network: none | "
+                                     "outbound | {allow: [...]}); publish a plan with the policy")
+        return data
 
 
 class TimeoutRequest(_In):

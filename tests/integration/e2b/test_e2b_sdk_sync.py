@@ -265,3 +265,15 @@ def test_get_metrics_from_the_provisioners_samples(e2b_node):
                                                           for x in box.get_metrics(start=m.timestamp))
     finally:
         box.kill()
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"allow_internet_access": False}, "allow_internet_access"),
+    ({"network": {"allow_out": ["10.0.0.0/8"]}}, "network"),
+    ({"lifecycle": {"on_timeout": "pause"}}, "autoPause"),
+])
+def test_create_options_rollstack_does_not_honour_are_refused_by_name(e2b_node, options, field):
+    with pytest.raises(SandboxException) as info:  # a 400 naming the field
+        Sandbox.create(e2b_node.template, timeout=30, metadata={"refused": "1"}, **options)
+    assert f"400: body: Value error, {field}:" in str(info.value)
+    assert not [s for s in Sandbox.list().next_items() if s.metadata.get("refused")]
