@@ -165,8 +165,11 @@ def test_control_plane_errors_are_e2b_shaped(e2b_node):
     created = r.json()
     assert {"templateID", "sandboxID", "clientID", "envdVersion", "envdAccessToken"} <= set(created)
     sid = created["sandboxID"]
-    assert httpx.post(url + f"/sandboxes/{sid}/pause", headers=key).status_code == 501
-    assert httpx.get(url + f"/sandboxes/{sid}/metrics", headers=key).status_code == 501
+    assert httpx.post(url + f"/sandboxes/{sid}/snapshots", headers=key).status_code == 501
+    assert httpx.get(url + f"/sandboxes/{sid}/logs", headers=key).status_code == 501
+    assert httpx.post(url + f"/sandboxes/{sid}/pause", headers=key).status_code == 204
+    r = httpx.post(url + f"/sandboxes/{sid}/fork", json={"count": 1}, headers=key)
+    assert r.status_code == 409 and "environment_paused" in r.json()["message"]  # E2B-shaped
     assert httpx.post(url + f"/sandboxes/{sid}/connect", json={"timeout": 30}, headers=key).status_code == 200
     assert httpx.delete(url + f"/sandboxes/{sid}", headers=key).status_code == 204
     r = httpx.delete(url + f"/sandboxes/{sid}", headers=key)
