@@ -44,7 +44,7 @@ def test_bench_iteration_on_an_imported_image(tmp_path: Path) -> None:
     for name, rs in doc["rollouts"].items():
         assert len(rs) == 4, name
         bad = [r for r in rs if r["error"] or r["reward"] != 1.0]
-        assert not bad, (name, bad[:1])
+        assert not bad, (name, [(r["error"], r["reward"], r.get("message")) for r in bad])
         for r in rs:
             assert set(r["steps"]) == {"step-1", "step-2", "step-3", "write"} and not any(r["steps"].values()), r
             assert [p["name"] for p in r["phases"]] == ["init", "exec", "eval", "destroy"]
