@@ -5,7 +5,8 @@ Control-plane routes authenticate with `X-API-KEY` (= the node's bearer token; `
 Bearer` works too). envd routes (`/files`, `/health`) are gated by the dispatcher
 (rollstack.e2b.app: `E2b-Sandbox-Id` + `X-Access-Token`) before they get here.
 Fork (the filesystem: docs/fork.md), pause, and resume by connect are rollstack's own.
-`get_metrics` comes from the provisioner's samples. Not supported (501): snapshots, logs, network updates.
+`get_metrics` comes from the provisioner's samples; `create_snapshot(mode="filesystem")` is the
+node's snapshot. Not supported (501): logs, network updates.
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rollstack.e2b.models import ConnectRequest, E2BError, ForkSandboxes, NewSandbox, TimeoutRequest, WrittenFile
+from rollstack.e2b.models import (
+    ConnectRequest,
+    E2BError,
+    ForkSandboxes,
+    NewSandbox,
+    SnapshotSandbox,
+    TimeoutRequest,
+    WrittenFile,
+)
 from rollstack.e2b.sandboxes import SandboxTable
 from rollstack.errors import InvalidRequest, NotFound, RollstackError, Unauthorized
 from rollstack.contract.files import split_request
@@ -36,7 +45,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_MAX_FILE = 1 << 30
-UNSUPPORTED = frozenset({"refreshes", "snapshots", "logs", "network"})
+UNSUPPORTED = frozenset({"refreshes", "logs", "network"})
 """E2B's routes under `/sandboxes/{id}/` that rollstack does not implement (501); any other is 404."""
 
 
@@ -152,6 +161,12 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
                       end: int | None = Query(None, ge=0, le=2**40)) -> JSONResponse:
         """`Sandbox.get_metrics`: CPU and memory samples of the node's provisioner."""
         return JSONResponse(await call(table.metrics, sandbox_id, start, end))
+
+    @app.post("/sandboxes/{sandbox_id}/snapshots", dependencies=auth, status_code=201)
+    async def snapshot(sandbox_id: str, request: Request) -> JSONResponse:
+        """`create_snapshot(mode="filesystem")`: a published plan `Sandbox.create` starts from."""
+        req = await _optional_body(request, SnapshotSandbox, "snapshot")
+        return JSONResponse(await call(table.snapshot, sandbox_id, req.name, req.memory), status_code=201)
 
     @app.post("/sandboxes/{sandbox_id}/pause", dependencies=auth, status_code=204)
     async def pause(sandbox_id: str) -> Response:

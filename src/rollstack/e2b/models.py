@@ -89,6 +89,14 @@ class ForkSandboxes(_In):
     timeout: int = Field(300, ge=1, le=MAX_TIMEOUT)
 
 
+class SnapshotSandbox(_In):
+    """`POST /sandboxes/{id}/snapshots` (`create_snapshot`): a template name (a tag is made when
+    it has none) and whether memory is kept (`mode="full"`): rollstack's are filesystem-only."""
+
+    name: str | None = Field(None, min_length=1, max_length=200)
+    memory: bool | None = None
+
+
 class CreatedSandbox(_Out):
     template_id: str = Field(alias="templateID")
     sandbox_id: str = Field(alias="sandboxID")

@@ -28,7 +28,14 @@ from datetime import datetime, timedelta, timezone
 
 from rollstack.e2b.models import CreatedSandbox, ListedSandbox, NewSandbox, SandboxDetail
 from rollstack.e2b.processes import ProcessTable
-from rollstack.errors import EnvironmentGone, EnvironmentNotFound, EnvironmentPaused, OomTerminated, SandboxNotFound
+from rollstack.errors import (
+    EnvironmentGone,
+    EnvironmentNotFound,
+    EnvironmentPaused,
+    InvalidRequest,
+    OomTerminated,
+    SandboxNotFound,
+)
 from rollstack.contract.service import NodeLocal
 
 
@@ -127,6 +134,19 @@ class SandboxTable:
                 self.service.destroy(c.id)
             raise
         return boxes
+
+    def snapshot(self, sandbox_id: str, name: str | None, memory: bool | None) -> dict[str, object]:
+        """E2B's `create_snapshot(mode="filesystem")`: the node's snapshot of the sandbox under
+        `NAME:TAG` (a fresh tag when `name` has none; `snapshots/<sandbox id>` without a name).
+        The id is what `Sandbox.create(id)` takes (a published plan)."""
+        if memory:
+            raise InvalidRequest("memory: rollstack snapshots are filesystem-only (create_snapshot(mode='filesystem')); "
+                                 "processes are not carried over")
+        self.get(sandbox_id, paused_ok=True)
+        base = name or f"snapshots/{sandbox_id}"
+        ref = base if ":" in base.rsplit("/", 1)[-1] else f"{base}:s{secrets.token_hex(6)}"
+        snap = self.service.snapshot(sandbox_id, ref)
+        return {"snapshotID": snap.plan, "names": [snap.plan.rsplit(":", 1)[0]]}
 
     def pause(self, sandbox_id: str) -> None:
         """Freeze the sandbox (its running processes too) and give its quotas back."""

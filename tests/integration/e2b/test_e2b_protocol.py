@@ -165,7 +165,7 @@ def test_control_plane_errors_are_e2b_shaped(e2b_node):
     created = r.json()
     assert {"templateID", "sandboxID", "clientID", "envdVersion", "envdAccessToken"} <= set(created)
     sid = created["sandboxID"]
-    assert httpx.post(url + f"/sandboxes/{sid}/snapshots", headers=key).status_code == 501
+    assert httpx.post(url + f"/sandboxes/{sid}/refreshes", headers=key).status_code == 501
     assert httpx.get(url + f"/sandboxes/{sid}/logs", headers=key).status_code == 501
     assert httpx.post(url + f"/sandboxes/{sid}/pause", headers=key).status_code == 204
     r = httpx.post(url + f"/sandboxes/{sid}/fork", json={"count": 1}, headers=key)

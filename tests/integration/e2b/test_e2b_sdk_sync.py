@@ -277,3 +277,22 @@ def test_create_options_rollstack_does_not_honour_are_refused_by_name(e2b_node, 
         Sandbox.create(e2b_node.template, timeout=30, metadata={"refused": "1"}, **options)
     assert f"400: body: Value error, {field}:" in str(info.value)
     assert not [s for s in Sandbox.list().next_items() if s.metadata.get("refused")]
+
+
+def test_a_filesystem_snapshot_is_a_template(e2b_node):
+    box = Sandbox.create(e2b_node.template, timeout=120)
+    try:
+        box.files.write("/work/app/state.txt", "snap")
+        with pytest.raises(SandboxException):
+            box.create_snapshot(mode="full")  # memory kept: rollstack's are filesystem-only
+        info = box.create_snapshot()  # no mode: the filesystem (documented)
+        assert info.snapshot_id.startswith(f"snapshots/{box.sandbox_id}:")
+        named = box.create_snapshot("snap/e2b", mode="filesystem")
+        assert named.names == ["snap/e2b"] and named.snapshot_id != info.snapshot_id
+    finally:
+        box.kill()
+    restored = Sandbox.create(info.snapshot_id, timeout=60)  # on any node sharing the store
+    try:
+        assert restored.files.read("/work/app/state.txt") == "snap"
+    finally:
+        restored.kill()
