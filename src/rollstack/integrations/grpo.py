@@ -169,6 +169,10 @@ class Driver:
         self.limit = AdaptiveLimit(concurrency)
         self.given_up: dict[str, str] = {}
         self._rng = random.Random(seed)
+        self._k = 1
+        self._groups: dict[str, "asyncio.Future[list[Any]]"] = {}
+        """A task whose plan has `setup`: its group, set up once and forked (`create(plan, k)`),
+        from which each rollout's first attempt takes its environment."""
 
     def _note(self, exc: RollstackError, result: RolloutResult) -> None:
         result.retries[exc.code] = result.retries.get(exc.code, 0) + 1
@@ -203,7 +207,9 @@ class Driver:
     async def _attempt(self, task: SweTask, plan: dict[str, Any], result: RolloutResult, creates: list[int]) -> None:
         t0 = time.monotonic()
         try:
-            env = await self.client.create(plan)
+            env = await self._group_env(task, plan, result)
+            if env is None:
+                env = await self.client.create(plan)
         except RollstackError as exc:
             if exc.code not in TRANSIENT or creates[0] >= self.retry.max_retries:
                 raise
@@ -231,6 +237,34 @@ class Driver:
                 await env.destroy()
             except RollstackError as exc:
                 self.log(f"{result.instance_id}#{result.index}: destroy: {exc.code}: {exc}")
+
+    async def _group_env(self, task: SweTask, plan: dict[str, Any], result: RolloutResult) -> Any:
+        """This rollout's environment from its task's group when the plan has setup commands
+        (the node runs them once and forks the group: docs/fork.md), else None. A failed group
+        create leaves every rollout to create its own (and the error to its retry rules)."""
+        if not plan.get("setup") or self._k < 2 or result.resamples:
+            return None
+        group = self._groups.get(task.instance_id)
+        if group is None:
+            group = self._groups[task.instance_id] = asyncio.ensure_future(self.client.create(plan, self._k))
+        try:
+            envs = await asyncio.shield(group)
+        except RollstackError:
+            return None
+        return envs.pop() if envs else None
+
+    async def _release_groups(self) -> None:
+        """Destroy what no rollout took from its group (rollouts that gave up first)."""
+        for group in self._groups.values():
+            if group.done() and not group.cancelled() and group.exception() is None:
+                for env in group.result():
+                    try:
+                        await env.destroy()
+                    except RollstackError as exc:
+                        self.log(f"destroy of an unused group environment: {exc.code}: {exc}")
+            elif not group.done():
+                group.cancel()
+        self._groups.clear()
 
     async def rollout(self, task: SweTask, plan: dict[str, Any], index: int) -> RolloutResult:
         result = RolloutResult(task.instance_id, index, status="failed")
@@ -279,7 +313,10 @@ class Driver:
             result.total_seconds = time.monotonic() - t0
 
     async def run(self, tasks: Sequence[SweTask], k: int) -> list[list[RolloutResult]]:
-        """K rollouts of every task, all scheduled at once under the concurrency limit."""
+        """K rollouts of every task, all scheduled at once under the concurrency limit. A task
+        whose plan has `setup` commands gets its K environments in one group create: set up
+        once, forked K times."""
+        self._k = k
         plans: dict[str, dict[str, Any]] = {}
         jobs = []
         for task in tasks:
@@ -288,7 +325,10 @@ class Driver:
             except RollstackError as exc:
                 self.given_up[task.instance_id] = exc.code
             jobs.extend(self._scheduled(task, plans.get(task.instance_id), i) for i in range(k))
-        flat = await asyncio.gather(*jobs)
+        try:
+            flat = await asyncio.gather(*jobs)
+        finally:
+            await self._release_groups()
         return [list(flat[i * k:(i + 1) * k]) for i in range(len(tasks))]
 
     async def _scheduled(self, task: SweTask, plan: dict[str, Any] | None, index: int) -> RolloutResult:

@@ -106,8 +106,12 @@ class AsyncFakeClient:
     def __init__(self, inner: FakeClient | None = None) -> None:
         self.inner = inner or FakeClient()
         self.max_live = 0
+        self.groups: list[int] = []
 
-    async def create(self, plan: Any) -> AsyncFakeEnv:
+    async def create(self, plan: Any, count: int | None = None) -> Any:
+        if count is not None:  # a group: all or none
+            self.groups.append(count)
+            return [await self.create(plan) for _ in range(count)]
         env = AsyncFakeEnv(self.inner.create(plan))
         self.max_live = max(self.max_live, len(self.inner.live))
         return env

@@ -268,3 +268,24 @@ def test_example_chooses_template_corpus_or_demo_plans(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text("{}")
     with pytest.raises(InvalidRequest):  # inside a corpus directory: its (here broken) manifest is used
         choose(parse([]), tfile)
+
+
+def test_a_plan_with_setup_gets_its_group_in_one_create() -> None:
+    """Setup commands in the plan: each task's K environments come from one group create (the
+    node sets up once and forks), and nothing a rollout did not take is left behind."""
+    client = AsyncFakeClient()
+    template = {**TEMPLATE, "setup": ["pip install -e ."]}
+    report, _ = asyncio.run(run_batch(client, tasks(3), 4, ScriptedPolicy(), template=template,
+                                      sleep=lambda _s: asyncio.sleep(0), concurrency=2))
+    assert client.groups == [4, 4, 4]
+    assert report["rollouts"]["ok"] == 12 and [g["rewards"] for g in report["groups"]] == [[1.0] * 4] * 3
+    assert not client.inner.live
+
+
+def test_a_failed_group_create_leaves_each_rollout_its_own() -> None:
+    client = AsyncFakeClient()
+    client.inner.create_errors = [InsufficientCapacity("no room for 4")]
+    template = {**TEMPLATE, "setup": ["make"]}
+    report, _ = asyncio.run(run_batch(client, tasks(1), 4, ScriptedPolicy(), template=template,
+                                      sleep=lambda _s: asyncio.sleep(0), concurrency=2))
+    assert report["rollouts"]["ok"] == 4 and not client.inner.live
