@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+from rollstack.errors import RuntimeFailure
 from rollstack.host import mountinfo
 
 CGROUP_PARENT = "rollstack"
@@ -113,7 +114,7 @@ def oom_kills(env_id: str, parent: str = CGROUP_PARENT) -> int:
         return 0
 
 
-FREEZE_TIMEOUT = 10.0
+FREEZE_TIMEOUT = 30.0
 
 
 def freezer_file(env_id: str, parent: str = CGROUP_PARENT) -> Path | None:
@@ -142,5 +143,8 @@ def set_frozen(control: Path, frozen: bool, timeout: float = FREEZE_TIMEOUT) -> 
         if done:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{control} did not become {'frozen' if frozen else 'thawed'} in {timeout:.0f} s")
+            if frozen:  # never leave it half frozen (FREEZING): thaw what was frozen so far
+                control.write_text("0" if v2 else "THAWED")
+            raise RuntimeFailure(f"{control} did not become {'frozen' if frozen else 'thawed'} in {timeout:.0f} s "
+                                 "(a process stuck in the kernel, e.g. on I/O)", path=str(control))
         time.sleep(0.001)
