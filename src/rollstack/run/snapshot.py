@@ -107,14 +107,13 @@ def _apply(layer: Path, dst: Path) -> None:
 def unshift_tree(root: Path, base: int) -> int:
     """Owners inside a user-namespaced environment's id range (host `base`..) back to what the
     environment sees (0..), in place; the entries changed."""
+    paths = [str(root)] + [os.path.join(d, n) for d, dirs, files in os.walk(root) for n in (*dirs, *files)]
     changed = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames, ""] if dirpath == str(root) else [*dirnames, *filenames]:
-            path = os.path.join(dirpath, name) if name else dirpath
-            st = os.lstat(path)
-            uid = st.st_uid - base if st.st_uid >= base else st.st_uid
-            gid = st.st_gid - base if st.st_gid >= base else st.st_gid
-            if (uid, gid) != (st.st_uid, st.st_gid):
-                os.lchown(path, uid, gid)
-                changed += 1
+    for path in paths:
+        st = os.lstat(path)
+        uid = st.st_uid - base if st.st_uid >= base else st.st_uid
+        gid = st.st_gid - base if st.st_gid >= base else st.st_gid
+        if (uid, gid) != (st.st_uid, st.st_gid):
+            os.lchown(path, uid, gid)
+            changed += 1
     return changed
