@@ -56,6 +56,18 @@ def _destroyed(client: Client, env_id: str) -> None:
     pytest.fail(f"{env_id} stayed destroying")
 
 
+def _all_destroyed(service: NodeService) -> None:
+    """Wait until the node lists no environment, `destroying` ones included (a slow machine may
+    still be tearing down what earlier tests destroyed asynchronously)."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while service.list() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not service.list(), [(e.id, e.state) for e in service.list()]
+    assert service.wait_destroyed(120)  # evaluators' too (not listed)
+
+
 @pytest.fixture(autouse=True)
 def _node_root(node) -> None:
     NODE_ROOT[0] = node[0].config.root
@@ -615,4 +627,5 @@ def test_a_destroy_during_its_create_waits_for_the_build_and_leaves_nothing(node
     t.join(120)
     assert isinstance(out.get("r"), errors.EnvironmentGone), out
     _destroyed(client, env_id)
+    _all_destroyed(service)  # earlier tests' background teardowns share the node root
     assert not any(leftovers(NODE_ROOT[0]).values()), leftovers(NODE_ROOT[0])
