@@ -24,7 +24,7 @@ from rollstack.client._base import Settings, plan_to_wire
 from rollstack.client._handles import AsyncEnvironment, Environment, create_options
 from rollstack.client._transports import AsyncHttpService, HttpService
 from rollstack.client.leases import DEFAULT_LEASE, AsyncLeaseKeeper, LeaseKeeper
-from rollstack.contract.models import EnvironmentInfo, Health
+from rollstack.contract.models import EnvironmentInfo, Health, SnapshotInfo
 from rollstack.contract.service import AsyncEnvironmentService, EnvironmentService
 
 
@@ -64,6 +64,14 @@ class EnvironmentFacade:
 
     def list(self) -> list[EnvironmentInfo]:
         return self._service.list()
+
+    def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
+        """The snapshots in the node's store (of environment `source` only, if given)."""
+        return self._service.snapshots(source)
+
+    def delete_snapshot(self, name: str) -> None:
+        """Remove snapshot `name` (NAME:TAG); `TemplateNotFound` if there is none."""
+        self._service.delete_snapshot(name)
 
     def destroy(self, env_id: str) -> None:
         """Destroy an environment by id (idempotent for ids this node destroyed)."""
@@ -123,6 +131,14 @@ class AsyncEnvironmentFacade:
 
     async def list(self) -> list[EnvironmentInfo]:
         return await self._service.list()
+
+    async def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
+        """The snapshots in the node's store (of environment `source` only, if given)."""
+        return await self._service.snapshots(source)
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Remove snapshot `name` (NAME:TAG); `TemplateNotFound` if there is none."""
+        await self._service.delete_snapshot(name)
 
     async def destroy(self, env_id: str) -> None:
         """Destroy an environment by id (idempotent for ids this node destroyed)."""

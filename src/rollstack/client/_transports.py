@@ -29,6 +29,7 @@ from rollstack.contract.models import (
     Health,
     LeaseRenewal,
     Snapshot,
+    SnapshotInfo,
     Stats,
 )
 
@@ -86,6 +87,12 @@ class HttpService:
 
     def snapshot(self, env_id: str, name: str) -> Snapshot:
         return self._do(routes.snapshot(env_id, name))
+
+    def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
+        return self._do(routes.snapshots(source))
+
+    def delete_snapshot(self, name: str) -> None:
+        self._do(routes.delete_snapshot(name))
 
     def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return self._do(routes.renew(env_ids, lease))
@@ -187,6 +194,12 @@ class AsyncHttpService:
     async def snapshot(self, env_id: str, name: str) -> Snapshot:
         return await self._do(routes.snapshot(env_id, name))
 
+    async def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
+        return await self._do(routes.snapshots(source))
+
+    async def delete_snapshot(self, name: str) -> None:
+        await self._do(routes.delete_snapshot(name))
+
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._do(routes.renew(env_ids, lease))
 
@@ -273,6 +286,12 @@ class ThreadedService:
 
     async def snapshot(self, env_id: str, name: str) -> Snapshot:
         return await self._run(self.service.snapshot, env_id, name)
+
+    async def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
+        return await self._run(self.service.snapshots, source)
+
+    async def delete_snapshot(self, name: str) -> None:
+        await self._run(self.service.delete_snapshot, name)
 
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._run(self.service.renew, env_ids, lease)

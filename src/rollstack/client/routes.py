@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
 import httpx
+from pydantic import TypeAdapter
 
 from rollstack.client._base import EXEC_ANSWER_SLACK, request_timeout, transport_error
 from rollstack.errors import ExecTimeout, RollstackError, from_dict
@@ -22,6 +23,8 @@ from rollstack.contract import routes as R
 
 T = TypeVar("T")
 _JSON = {"content-type": "application/json"}
+
+_SNAPSHOTS = TypeAdapter(list[m.SnapshotInfo])
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,15 @@ def resume(env_id: str) -> Call[m.EnvironmentInfo]:
 def snapshot(env_id: str, name: str) -> Call[m.Snapshot]:
     return Call(R.SNAPSHOT.method, R.SNAPSHOT.path(env_id=env_id), lambda r: m.Snapshot.model_validate_json(r.content),
                 {"json": {"name": name}, "timeout": request_timeout(None)})
+
+
+def snapshots(source: str | None = None) -> Call[list[m.SnapshotInfo]]:
+    params = {"source": source} if source is not None else {}
+    return Call(R.SNAPSHOTS.method, R.SNAPSHOTS.path(), lambda r: _SNAPSHOTS.validate_json(r.content), {"params": params})
+
+
+def delete_snapshot(name: str) -> Call[None]:
+    return Call(R.DELETE_SNAPSHOT.method, R.DELETE_SNAPSHOT.path(), _none, {"params": {"name": name}})
 
 
 def renew(env_ids: list[str], lease: float | None = None) -> Call[m.LeaseRenewal]:

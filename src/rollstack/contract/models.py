@@ -60,6 +60,19 @@ class SnapshotRequest(BaseModel):
     name: str = Field(min_length=3, max_length=256)
 
 
+class SnapshotInfo(_Wire):
+    """A snapshot in the node's store (`GET /v1/snapshots`)."""
+
+    plan: str
+    """`NAME:TAG`: what `create` starts from."""
+    group: str
+    source: str
+    """The id of the environment it was taken of ("" if unknown)."""
+    created: str
+    bytes: int
+    layer: str
+
+
 class Snapshot(_Wire):
     """A published snapshot: `plan` (`NAME:TAG`) starts from it; its changes are the layer
     group `group` stacked on the parent's groups."""

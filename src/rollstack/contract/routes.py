@@ -40,6 +40,10 @@ FORK = Route("POST", f"{ENV}/fork")
 PAUSE = Route("POST", f"{ENV}/pause")
 RESUME = Route("POST", f"{ENV}/resume")
 SNAPSHOT = Route("POST", f"{ENV}/snapshot")
+SNAPSHOTS = Route("GET", "/v1/snapshots")
+"""`?source=ENV_ID` filters."""
+DELETE_SNAPSHOT = Route("DELETE", "/v1/snapshots")
+"""`?name=NAME:TAG` (a query parameter: names hold slashes)."""
 EVALUATE = Route("POST", f"{ENV}/evaluate")
 STATS = Route("GET", f"{ENV}/stats")
 PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
@@ -47,4 +51,4 @@ PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
 
 ALL: tuple[Route, ...] = (HEALTH, NODE, METRICS, CREATE, LIST, RENEW, RENEW_ONE, INFO, DESTROY, EXEC,
                           EXEC_STREAM, READ_FILE, WRITE_FILE, DIFF, EVALUATE, STATS, FORK, PAUSE,
-                          RESUME, SNAPSHOT)
+                          RESUME, SNAPSHOT, SNAPSHOTS, DELETE_SNAPSHOT)

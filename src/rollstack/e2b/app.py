@@ -3,8 +3,9 @@
 Requests go by path:
 - `/process.Process/*`, `/filesystem.Filesystem/*`: envd's Connect services (connectrpc ASGI
   apps generated into the `e2b` wheel, with our handlers);
-- `/files`, `/health`: envd's HTTP routes, and `/sandboxes...`, `/v2/sandboxes...`: the control
-  plane (both in rollstack.e2b.control's FastAPI app);
+- `/files`, `/health`: envd's HTTP routes, and `/sandboxes...`, `/v2/sandboxes...`,
+  `/snapshots`, `/templates/...` (snapshot deletes): the control plane (both in
+  rollstack.e2b.control's FastAPI app);
 - everything else: the node's own app, untouched.
 
 envd requests (all of the first two kinds) name their sandbox with `E2b-Sandbox-Id`, so one
@@ -40,7 +41,8 @@ _ENVD_HTTP = ("/files", "/health")
 
 
 def _is_control(path: str) -> bool:
-    return path in ("/sandboxes", "/v2/sandboxes") or path.startswith(("/sandboxes/", "/v2/sandboxes/"))
+    return path in ("/sandboxes", "/v2/sandboxes", "/snapshots") \
+        or path.startswith(("/sandboxes/", "/v2/sandboxes/", "/templates/"))
 
 
 class E2BApi:

@@ -6,7 +6,8 @@ Bearer` works too). envd routes (`/files`, `/health`) are gated by the dispatche
 (rollstack.e2b.app: `E2b-Sandbox-Id` + `X-Access-Token`) before they get here.
 Fork (the filesystem: docs/fork.md), pause, and resume by connect are rollstack's own.
 `get_metrics` comes from the provisioner's samples; `create_snapshot(mode="filesystem")` is the
-node's snapshot. Not supported (501): logs, network updates.
+node's snapshot, `list_snapshots`/`delete_snapshot` the node store's. Not supported (501): logs,
+network updates.
 """
 
 from __future__ import annotations
@@ -168,6 +169,28 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
         req = await _optional_body(request, SnapshotSandbox, "snapshot")
         return JSONResponse(await call(table.snapshot, sandbox_id, req.name, req.memory), status_code=201)
 
+    @app.get("/snapshots", dependencies=auth)
+    async def list_snapshots(sandbox_id: str | None = Query(None, alias="sandboxID", max_length=64),
+                             name: str | None = Query(None, max_length=256),
+                             limit: int = Query(100, ge=1, le=1000),
+                             next_token: str | None = Query(None, alias="nextToken", max_length=12)) -> JSONResponse:
+        """`Sandbox.list_snapshots`: pages of `limit`; `x-next-token` (an offset) names the next."""
+        if next_token is not None and not next_token.isdigit():
+            raise InvalidRequest("nextToken: not a token this node handed out")
+        start = int(next_token or 0)
+        snaps = await call(table.snapshots, sandbox_id, name)
+        page = snaps[start:start + limit]
+        more = start + limit < len(snaps)
+        return JSONResponse(page, headers={"x-next-token": str(start + limit)} if more else None)
+
+    @app.delete("/templates/{template_id:path}", dependencies=auth, status_code=204)
+    async def delete_snapshot(template_id: str) -> Response:
+        """`Sandbox.delete_snapshot(id)` (E2B deletes snapshots as templates); only snapshots
+        are deleted here: a template that is no snapshot is 404."""
+        if not await call(table.delete_snapshot, template_id):
+            return e2b_error(404, f"snapshot {template_id!r} was not found")
+        return Response(status_code=204)
+
     @app.post("/sandboxes/{sandbox_id}/pause", dependencies=auth, status_code=204)
     async def pause(sandbox_id: str) -> Response:
         await call(table.pause, sandbox_id)
@@ -187,7 +210,8 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
         await call(table.kill, sandbox_id)
         return Response(status_code=204)
 
-    @app.api_route("/sandboxes/{sandbox_id}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"], dependencies=auth)
+    @app.api_route("/sandboxes/{sandbox_id}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"], dependencies=auth,
+                   include_in_schema=False)
     async def unsupported(sandbox_id: str, rest: str) -> JSONResponse:
         feature = rest.split("/")[0]
         if feature not in UNSUPPORTED:  # not an E2B route at all: no such thing, not "not implemented"

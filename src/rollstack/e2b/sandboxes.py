@@ -35,6 +35,7 @@ from rollstack.errors import (
     InvalidRequest,
     OomTerminated,
     SandboxNotFound,
+    TemplateNotFound,
 )
 from rollstack.contract.service import NodeLocal
 
@@ -147,6 +148,25 @@ class SandboxTable:
         ref = base if ":" in base.rsplit("/", 1)[-1] else f"{base}:s{secrets.token_hex(6)}"
         snap = self.service.snapshot(sandbox_id, ref)
         return {"snapshotID": snap.plan, "names": [snap.plan.rsplit(":", 1)[0]]}
+
+    def snapshots(self, sandbox_id: str | None, name: str | None) -> list[dict[str, object]]:
+        """`Sandbox.list_snapshots`: the node store's snapshots (of `sandbox_id`; named `name`,
+        with or without its tag), as E2B's `{snapshotID, names}`."""
+        out = []
+        for s in self.service.snapshots(sandbox_id or None):
+            base = s.plan.rsplit(":", 1)[0]
+            if name and name not in (s.plan, base):
+                continue
+            out.append({"snapshotID": s.plan, "names": [base]})
+        return out
+
+    def delete_snapshot(self, snapshot_id: str) -> bool:
+        """`Sandbox.delete_snapshot`: False when there is no such snapshot (E2B's 404)."""
+        try:
+            self.service.delete_snapshot(snapshot_id)
+        except (TemplateNotFound, InvalidRequest):
+            return False
+        return True
 
     def pause(self, sandbox_id: str) -> None:
         """Freeze the sandbox (its running processes too) and give its quotas back."""

@@ -128,6 +128,25 @@ def freezer_file(env_id: str, parent: str = CGROUP_PARENT) -> Path | None:
     return None
 
 
+def task_states(cgroup_dir: Path, limit: int = 16) -> str:
+    """`pid comm state wchan` of the cgroup's first `limit` tasks (what a freeze waits for)."""
+    try:
+        pids = (cgroup_dir / "cgroup.threads").read_text().split() if (cgroup_dir / "cgroup.threads").exists() \
+            else (cgroup_dir / "tasks").read_text().split()
+    except OSError as exc:
+        return f"(tasks unreadable: {exc})"
+    out = []
+    for pid in pids[:limit]:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+            wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+        out.append(f"{pid} {comm} {state} {wchan}")
+    return "; ".join(out) + (f"; ... {len(pids) - limit} more" if len(pids) > limit else "")
+
+
 def set_frozen(control: Path, frozen: bool, timeout: float = FREEZE_TIMEOUT) -> None:
     """Freeze (or thaw) every process of the cgroup and wait until the kernel says it is done
     (v1 `freezer.state` reads FROZEN / THAWED; v2 `cgroup.events` says `frozen 1` / `0`)."""
@@ -143,8 +162,9 @@ def set_frozen(control: Path, frozen: bool, timeout: float = FREEZE_TIMEOUT) -> 
         if done:
             return
         if time.monotonic() > deadline:
+            tasks = task_states(control.parent)  # before the thaw: who held the freeze up
             if frozen:  # never leave it half frozen (FREEZING): thaw what was frozen so far
                 control.write_text("0" if v2 else "THAWED")
             raise RuntimeFailure(f"{control} did not become {'frozen' if frozen else 'thawed'} in {timeout:.0f} s "
-                                 "(a process stuck in the kernel, e.g. on I/O)", path=str(control))
+                                 f"(a process stuck in the kernel, e.g. on I/O): {tasks}", path=str(control))
         time.sleep(0.001)

@@ -29,6 +29,7 @@ from rollstack.contract.models import (
     CreateGroupResponse,
     ForkRequest,
     Snapshot,
+    SnapshotInfo,
     SnapshotRequest,
     CreateRequest,
     CreateResponse,
@@ -170,6 +171,17 @@ def create_app(
     async def snapshot(env_id: str, req: SnapshotRequest) -> Snapshot:
         """Publish its filesystem now as a plan any node sharing the store starts from."""
         return await call("snapshot", service.snapshot, env_id, req.name)
+
+    @route(R.SNAPSHOTS, dependencies=auth, response_model=list[SnapshotInfo])
+    async def snapshots(source: str | None = Query(None, max_length=64)) -> list[SnapshotInfo]:
+        """The snapshots in the node's store (of environment `source` only, if given)."""
+        return await call("snapshots", service.snapshots, source)
+
+    @route(R.DELETE_SNAPSHOT, dependencies=auth, status_code=204, response_class=Response)
+    async def delete_snapshot(name: str = Query(..., min_length=3, max_length=256)) -> Response:
+        """Remove snapshot `name` (NAME:TAG): its plan, then its group."""
+        await call("delete_snapshot", service.delete_snapshot, name)
+        return Response(status_code=204)
 
     @route(R.RENEW, dependencies=auth, response_model=LeaseRenewal)
     async def renew(req: RenewRequest) -> LeaseRenewal:

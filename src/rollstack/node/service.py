@@ -61,6 +61,7 @@ from rollstack.contract.models import (
     LeaseRenewal,
     Quotas,
     Snapshot,
+    SnapshotInfo,
     Stats,
     Timings,
 )
@@ -463,6 +464,24 @@ class NodeService:
         if rec.state != st.RUNNING:
             self._running(env_id)  # raises the state's error
         return Snapshot(**self._stages().snapshot(rec, name))
+
+    def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
+        """The snapshots in the node's store (of environment `source` only, if given)."""
+        from rollstack.plan.snapshots import list_snapshots
+
+        return [SnapshotInfo(**s.to_dict()) for s in list_snapshots(self._store(), source)]
+
+    def delete_snapshot(self, name: str) -> None:
+        """Remove snapshot `name` (NAME:TAG) from the store; TemplateNotFound if there is none.
+        Environments created from it keep running (their layers are in the lazy store)."""
+        from rollstack.plan.snapshots import delete_snapshot
+
+        delete_snapshot(self._store(), name)
+
+    def _store(self) -> Any:
+        store = self._stages().store
+        assert store is not None
+        return store
 
     def _teardown_failed(self, rec: EnvRecord, exc: BaseException) -> None:
         """Keep `rec` destroying and schedule the next attempt (backoff doubling from 1 s)."""

@@ -407,11 +407,11 @@ class Stages:
         from rollstack.node import record as st
         from rollstack.plan.groups import publish_group, split_name_tag
         from rollstack.plan.published import load_published, publish_plan
+        from rollstack.plan.snapshots import KIND, group_of, source_desc
         from rollstack.run.snapshot import tree_size
 
         name, tag = split_name_tag(name_tag)  # InvalidRequest for a hostile or malformed name
-        group = f"{name}-fs:{tag}"
-        split_name_tag(group)
+        group = group_of(name_tag)
         assert self.store is not None
         try:
             load_published(self.store, f"{name}:{tag}")
@@ -433,8 +433,8 @@ class Stages:
                     with env.frozen():
                         env.changes_copy(copy)
             files = int(tree_size(copy)["files"])
-            published = publish_group(self.store, group, [copy], kind="snapshot", work_dir=Path(tmp),
-                                      source_desc=f"snapshot of {rec.id}")
+            published = publish_group(self.store, group, [copy], kind=KIND, work_dir=Path(tmp),
+                                      source_desc=source_desc(rec.id))
         doc = rec.plan.model_dump(mode="json", exclude_none=True)
         doc.update(name=name, groups=[*rec.plan.groups, group])
         doc.pop("mutation", None)

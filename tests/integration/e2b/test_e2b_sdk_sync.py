@@ -296,3 +296,13 @@ def test_a_filesystem_snapshot_is_a_template(e2b_node):
         assert restored.files.read("/work/app/state.txt") == "snap"
     finally:
         restored.kill()
+    mine = Sandbox.list_snapshots(sandbox_id=box.sandbox_id)
+    assert sorted(s.snapshot_id for s in mine.next_items()) == sorted([info.snapshot_id, named.snapshot_id])
+    assert not mine.has_next
+    paged = Sandbox.list_snapshots(sandbox_id=box.sandbox_id, limit=1)
+    assert len(paged.next_items()) == 1 and paged.has_next and len(paged.next_items()) == 1
+    assert [s.snapshot_id for s in Sandbox.list_snapshots(name="snap/e2b").next_items()] == [named.snapshot_id]
+    assert Sandbox.delete_snapshot(named.snapshot_id) is True
+    assert Sandbox.delete_snapshot(named.snapshot_id) is False  # gone: E2B's 404
+    assert Sandbox.delete_snapshot(e2b_node.template) is False  # a template that is no snapshot is kept
+    assert [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=box.sandbox_id).next_items()] == [info.snapshot_id]

@@ -185,6 +185,16 @@ def test_a_snapshot_starts_on_a_fresh_node(node, corpus: str, tmp_path: Path, us
                 assert _sh(restored, "cat hello.txt") == "bug\n"  # the task's state, not applied twice
             finally:
                 restored.destroy()
+            listed = other.snapshots()  # the store's, whichever node took them
+            assert [(s.plan, s.source) for s in listed if s.plan == name] == [(name, child.id)]
+            assert [s.plan for s in other.snapshots(source=child.id)] == [name]
+            other.delete_snapshot(name)
+            assert name not in [s.plan for s in other.snapshots()]
+            for gone in (name, "no/such:snap"):
+                with pytest.raises(errors.TemplateNotFound):
+                    other.delete_snapshot(gone)
+            with pytest.raises(errors.TemplateNotFound):
+                other.create(name)
 
 
 def test_setup_runs_once_and_a_group_is_forked_from_it(node) -> None:
