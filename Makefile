@@ -4,10 +4,23 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXECD := native/build/rollstack-execd
+# Harbor needs Python >= 3.12 (the project's venv is 3.11): its provider runs in a venv of its
+# own with this package's source on its path (docs/harbor.md)
+HARBOR_VENV := .venv-harbor
+HARBOR_PY ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
+HARBOR_STAMP := $(HARBOR_VENV)/.installed
 
 .PHONY: setup demo test lint test-unit test-integration bench-quick clean
 
-setup: $(STAMP) $(EXECD)
+setup: $(STAMP) $(EXECD) $(HARBOR_STAMP)
+
+$(HARBOR_STAMP): requirements/harbor.txt
+	test -n "$(HARBOR_PY)" || { echo "setup: Harbor needs a Python 3.12 (pyenv install 3.12 or apt-get install python3.12)" >&2; exit 1; }
+	test -x $(HARBOR_VENV)/bin/python || $(HARBOR_PY) -m venv $(HARBOR_VENV)
+	$(HARBOR_VENV)/bin/pip install -q -r requirements/harbor.txt
+	$(HARBOR_VENV)/bin/python -c 'import site, sys; open(site.getsitepackages()[0] + "/rollstack-src.pth", "w").write(sys.argv[1] + "\n")' $(CURDIR)/src
+	$(HARBOR_VENV)/bin/python -c 'import harbor, rollstack.integrations.harbor'
+	touch $(HARBOR_STAMP)
 
 # the static in-sandbox exec agent / PID 1 (docs/runtime.md); Debian's gcc + libc6-dev
 $(EXECD): native/execd/execd.c native/build.sh scripts/setup-system.sh
@@ -46,4 +59,4 @@ bench-quick: setup
 	$(BIN)/rollstack bench init --quick
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(HARBOR_VENV)

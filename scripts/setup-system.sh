@@ -3,7 +3,7 @@
 set -euo pipefail
 PKGS=(fuse3 libfuse3-dev pkg-config runc docker-registry containerd skopeo umoci debootstrap
       busybox-static iproute2 zstd catatonit tini git patch ca-certificates pigz
-      gcc libc6-dev nftables runsc wrk isal)
+      gcc libc6-dev nftables runsc wrk isal buildah)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
