@@ -140,8 +140,9 @@ class NodeLocal(EnvironmentService, Protocol):
         stdin written while it runs, signals, its pid. For long-lived processes."""
         ...
 
-    def set_timeout(self, env_id: str, seconds: float) -> EnvironmentInfo:
-        """From now on the environment lives `seconds` more (the reaper ends it then)."""
+    def set_timeout(self, env_id: str, seconds: float, on_timeout: str | None = None) -> EnvironmentInfo:
+        """From now on the environment lives `seconds` more; then the reaper destroys it, or
+        pauses it when `on_timeout` is `pause`."""
         ...
 
     def with_root(self, env_id: str, fn: Callable[[Any], T]) -> T:

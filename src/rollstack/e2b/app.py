@@ -82,9 +82,17 @@ class E2BApi:
         except SandboxNotFound:
             await _plain(send, 502, f"The sandbox {sandbox_id} was not found")
             return False
-        except EnvironmentPaused as exc:  # connect resumes it
-            await _plain(send, exc.status, f"{exc.code}: {exc.message}")
-            return False
+        except EnvironmentPaused as exc:  # connect resumes it, or this request if it auto-resumes
+            box = self.table.peek(sandbox_id)
+            if box is None or not box.auto_resume:
+                await _plain(send, exc.status, f"{exc.code}: {exc.message}")
+                return False
+            try:
+                box = await anyio.to_thread.run_sync(self.table.resume, sandbox_id)
+            except Exception as resume_exc:  # noqa: BLE001 - answered with its code, never a traceback
+                status = getattr(resume_exc, "status", 500)
+                await _plain(send, status, f"{getattr(resume_exc, 'code', 'internal')}: {resume_exc}")
+                return False
         except Exception as exc:  # noqa: BLE001 - answered, never a traceback to the client
             log.exception("looking up sandbox %s failed", sandbox_id)
             await _plain(send, 500, f"internal error: {type(exc).__name__}: {exc}")

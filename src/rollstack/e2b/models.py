@@ -37,13 +37,17 @@ class _Out(BaseModel):
 UNHONOURED_CREATE = {
     "network": "a sandbox's network is its template plan's (network: none | outbound | {allow: [...]})",
     "volumeMounts": "volumes are not supported (docs/e2b.md)",
-    "autoPause": "pausing on timeout is not supported: a sandbox is destroyed at its timeout",
-    "autoResume": "resuming on traffic is not supported: connect resumes a paused sandbox",
     "mcp": "MCP gateways are not supported",
     "iam": "IAM credentials are not supported",
 }
 """E2B create fields that would change what a sandbox is: refused (422 naming the field) unless
 absent or empty/false, so a client never believes it got what it asked for."""
+
+
+class AutoResume(_In):
+    """`lifecycle={"auto_resume": True}`: envd traffic to the paused sandbox resumes it."""
+
+    enabled: bool = False
 
 
 class NewSandbox(_In):
@@ -53,6 +57,11 @@ class NewSandbox(_In):
     timeout: int = Field(DEFAULT_TIMEOUT, ge=1, le=MAX_TIMEOUT)
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
+    auto_pause: bool = Field(False, alias="autoPause")
+    """`lifecycle={"on_timeout": "pause"}`: paused, not killed, at the timeout."""
+    auto_pause_memory: bool = Field(True, alias="autoPauseMemory")
+    """Taken either way: a rollstack pause always keeps the processes (frozen in place)."""
+    auto_resume: AutoResume | None = Field(None, alias="autoResume")
 
     @model_validator(mode="before")
     @classmethod
@@ -63,6 +72,9 @@ class NewSandbox(_In):
                 value = data.get(key)
                 if value is not None and value is not False and value != [] and value != {}:
                     raise ValueError(f"{key}: {why}")
+            resume = data.get("autoResume")
+            if isinstance(resume, dict) and resume.get("enabled") and not data.get("autoPause"):
+                raise ValueError("autoResume: needs autoPause (lifecycle on_timeout 'pause')")
             for key in ("allow_internet_access", "allowInternetAccess"):  # the SDK sends the first
                 if data.get(key) is not None:
                     raise ValueError(f"{key}: a sandbox's network is its template plan's (network: none | "

@@ -55,6 +55,10 @@ class Sandbox:
     has_bash: bool | None = None
     """Whether /bin/bash exists in the sandbox (probed on first use; see envd_process)."""
     paused: bool = False
+    timeout: int = 0
+    """Seconds of life it was last given (a sandbox paused at its timeout gets them again on resume)."""
+    on_timeout: str = "destroy"
+    auto_resume: bool = False
 
     def token_ok(self, given: str | None, node_token: str | None) -> bool:
         if node_token is None:
@@ -96,13 +100,15 @@ class SandboxTable:
             known = self.peek(created.id)
             if known is not None:
                 return known
-        return self._admit(created.id, req.template_id, req.timeout, req.metadata, req.env_vars)
+        lifecycle = ("pause" if req.auto_pause else "destroy", bool(req.auto_resume and req.auto_resume.enabled))
+        return self._admit(created.id, req.template_id, req.timeout, req.metadata, req.env_vars, lifecycle)
 
     def _admit(self, env_id: str, template_id: str, timeout: int, metadata: dict[str, str],
-               env_vars: dict[str, str]) -> Sandbox:
-        """A sandbox for the environment `env_id` just made: its lifetime set, in the table."""
+               env_vars: dict[str, str], lifecycle: tuple[str, bool] = ("destroy", False)) -> Sandbox:
+        """A sandbox for the environment `env_id` just made: its lifetime (and what ends it:
+        `lifecycle` = (on_timeout, auto_resume)) set, in the table."""
         try:
-            info = self.service.set_timeout(env_id, float(timeout))
+            info = self.service.set_timeout(env_id, float(timeout), on_timeout=lifecycle[0])
         except BaseException:
             self.service.destroy(env_id)
             raise
@@ -116,6 +122,7 @@ class SandboxTable:
             cpu_count=max(1, math.ceil(float(cpu))), memory_mb=int(memory) // (1024 * 1024),
             processes=ProcessTable(self.service, env_id, env_vars),
             metadata=dict(metadata), env_vars=dict(env_vars),
+            timeout=int(timeout), on_timeout=lifecycle[0], auto_resume=lifecycle[1],
         )
         with self._lock:  # two concurrent retries of one key: the first box in wins
             return self._boxes.setdefault(box.id, box)
@@ -128,7 +135,8 @@ class SandboxTable:
         boxes = []
         try:
             for c in made:
-                boxes.append(self._admit(c.id, parent.template_id, timeout, parent.metadata, parent.env_vars))
+                boxes.append(self._admit(c.id, parent.template_id, timeout, parent.metadata, parent.env_vars,
+                                         (parent.on_timeout, parent.auto_resume)))
         except BaseException:
             for c in made:
                 self._forget(c.id)
@@ -175,9 +183,13 @@ class SandboxTable:
         box.paused = True
 
     def resume(self, sandbox_id: str) -> Sandbox:
-        """Thaw a paused sandbox (a running one is left as it is)."""
+        """Thaw a paused sandbox (a running one is left as it is). One the node paused at its
+        timeout (`lifecycle` pause) lives its last timeout again from now."""
         box = self.get(sandbox_id, paused_ok=True)
         if box.paused:
+            if box.end_at <= _now():
+                self.service.set_timeout(sandbox_id, float(box.timeout))
+                box.end_at = _now() + timedelta(seconds=box.timeout)
             self.service.resume(sandbox_id)
             box.paused = False
         return box
@@ -215,6 +227,7 @@ class SandboxTable:
             state = self.service.info(sandbox_id).state
         except (EnvironmentNotFound, EnvironmentGone, OomTerminated):
             state = "gone"
+        box.paused = state == "paused"  # also when the node paused it at its timeout
         if state == "paused":
             if paused_ok:
                 return box
@@ -225,11 +238,13 @@ class SandboxTable:
         return box
 
     def list(self, metadata: dict[str, str] | None = None) -> list[Sandbox]:
-        running = {e.id for e in self.service.list() if e.state in ("running", "paused")}
+        states = {e.id: e.state for e in self.service.list() if e.state in ("running", "paused")}
         with self._lock:
-            for gone in [i for i in self._boxes if i not in running]:
+            for gone in [i for i in self._boxes if i not in states]:
                 self._boxes.pop(gone)
             boxes = sorted(self._boxes.values(), key=lambda b: b.started_at)
+        for b in boxes:
+            b.paused = states.get(b.id) == "paused"  # also when the node paused it at its timeout
         if metadata:
             boxes = [b for b in boxes if all(b.metadata.get(k) == v for k, v in metadata.items())]
         return boxes
@@ -238,6 +253,7 @@ class SandboxTable:
         box = self.get(sandbox_id)
         self.service.set_timeout(sandbox_id, float(seconds))
         box.end_at = _now() + timedelta(seconds=seconds)
+        box.timeout = int(seconds)
         return box
 
     def kill(self, sandbox_id: str) -> None:

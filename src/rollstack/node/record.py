@@ -42,9 +42,12 @@ class EnvRecord:
     """The validated `rollstack.plan.model.Plan`."""
     timeout: float
     internal: bool = False
+    """An evaluator environment the node created for itself (not listed)."""
     paused: bool = False
     """Its processes are frozen and its quotas given back to admission (`NodeService.pause`)."""
-    """An evaluator environment the node created for itself (not listed)."""
+    on_timeout: str = "destroy"
+    """What the reaper does at the end of its lifetime: `destroy`, or `pause` (it then stays
+    paused until resumed with a new timeout, or destroyed)."""
     state: str = CREATING
     started_at: float = field(default_factory=time.time)
     started_mono: float = field(default_factory=time.monotonic)
@@ -103,6 +106,8 @@ class EnvRecord:
             doc["destroying"] = True  # a restart finishes the destroy instead of adopting
         if self.paused:
             doc["paused"] = True  # frozen in the kernel: adopted as paused
+        if self.on_timeout != "destroy":
+            doc["on_timeout"] = self.on_timeout
         return doc
 
     def event(self, kind: str, **data: Any) -> None:

@@ -96,7 +96,7 @@ class NodeService:
         self._keys = IdempotencyKeys(config.idempotency_ttl, config.idempotency_keys)
         self.started_at = time.time()
         self.counters = Counters(("created", "destroyed", "forks", "create_failures", "execs", "evaluations", "reaped",
-                                  "lease_expired", "destroy_failures", "lazy_daemon_restarts"))
+                                  "lease_expired", "timeout_paused", "destroy_failures", "lazy_daemon_restarts"))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -139,12 +139,27 @@ class NodeService:
                         started_mono=time.monotonic() - age, fork_layers=env.fork_layers)
         rec.renew(doc.get("lease"))  # a full lease from now: the client gets to renew it
         rec.paused = bool(doc.get("paused"))
+        rec.on_timeout = "pause" if doc.get("on_timeout") == "pause" else "destroy"
         rec.event("adopted")
         if doc.get("destroying"):  # its destroy had failed: finish it, never serve it again
             rec.state, rec.final, rec.teardown_failures = st.DESTROYING, st.DESTROYED, 1
         with self._lock:
             self._envs[env.id] = rec
         log.info("re-adopted environment %s (age %.0fs)", env.id, age)
+
+    def _pause_on_timeout(self, rec: EnvRecord) -> None:
+        """The reaper's end of an `on_timeout: pause` lifetime: pause it (once). A pause that
+        fails (a freeze that times out) is tried again at the next reap, never a destroy."""
+        if rec.paused:
+            return
+        log.info("environment %s reached its timeout; pausing (on_timeout: pause)", rec.id)
+        try:
+            self.pause(rec.id)
+        except RollstackError as exc:
+            log.warning("pausing %s at its timeout failed, retrying: %s", rec.id, exc)
+            return
+        rec.event("timeout_paused", timeout=rec.timeout)
+        self.counters.bump("timeout_paused")
 
     def _destroy_quietly(self, env_id: str) -> None:
         try:
@@ -703,13 +718,21 @@ class NodeService:
         self.counters.bump("execs")
         return to_wire(self._exec(rec, request, on_output, control))
 
-    def set_timeout(self, env_id: str, seconds: float) -> EnvironmentInfo:
-        """From now on the environment lives `seconds` more (the reaper ends it then)."""
+    def set_timeout(self, env_id: str, seconds: float, on_timeout: str | None = None) -> EnvironmentInfo:
+        """From now on the environment lives `seconds` more; then the reaper destroys it, or
+        pauses it if `on_timeout` is `pause` (kept until changed). A paused one takes a new
+        timeout too (its lifetime runs again once it is resumed)."""
         if not 0 < seconds < 10**9:
             raise InvalidRequest(f"timeout must be a positive number of seconds, not {seconds}")
-        rec = self._running(env_id)
+        if on_timeout not in (None, "destroy", "pause"):
+            raise InvalidRequest(f"on_timeout is destroy or pause, not {on_timeout!r}")
+        rec = self._get(env_id)
+        if rec.state != st.RUNNING:
+            self._running(env_id)  # raises the state's error
         rec.timeout = rec.age() + float(seconds)
-        rec.event("timeout_set", seconds=float(seconds))
+        if on_timeout is not None:
+            rec.on_timeout = on_timeout
+        rec.event("timeout_set", seconds=float(seconds), on_timeout=rec.on_timeout)
         if not rec.internal:
             recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
         return rec.info(self._quotas(rec))
@@ -884,7 +907,11 @@ class NodeService:
                    if r.state == st.DESTROYING and r.teardown_failures and r.teardown_retry_at <= now]
         reaped = []
         for rec in ready:
-            if rec.deadline <= now:
+            expired = rec.deadline <= now
+            if expired and rec.on_timeout == "pause":
+                self._pause_on_timeout(rec)
+                expired = False  # it stays, paused, until resumed or destroyed
+            if expired:
                 log.info("environment %s expired; destroying", rec.id)
                 rec.event("expired", timeout=rec.timeout)
             elif rec.lapsed(now):

@@ -248,6 +248,43 @@ def test_fork_pause_and_connect_resume(e2b_node):
         box.kill()
 
 
+def _state(box: Sandbox) -> str:
+    return str({s.sandbox_id: s.state for s in Sandbox.list().next_items()}.get(box.sandbox_id)).lower()
+
+
+def _until(what, deadline_s: float = 60):
+    deadline = time.monotonic() + deadline_s
+    while not what():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.2)
+
+
+def test_lifecycle_pauses_at_the_timeout_and_auto_resumes(e2b_node):
+    """`lifecycle={"on_timeout": "pause", "auto_resume": True}`: the node's reaper pauses the
+    sandbox at its timeout (processes frozen, files kept) instead of killing it; the next envd
+    call resumes it, with its timeout again. Without auto_resume only a connect resumes."""
+    auto = Sandbox.create(e2b_node.template, timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    manual = Sandbox.create(e2b_node.template, timeout=2, lifecycle={"on_timeout": "pause"})
+    try:
+        for box in (auto, manual):
+            box.files.write("/work/app/kept.txt", box.sandbox_id)
+            box.commands.run("sleep 600", background=True)  # a process the pause must keep
+        _until(lambda: _state(auto).endswith("paused") and _state(manual).endswith("paused"))
+        assert auto.commands.run("cat /work/app/kept.txt").stdout == auto.sandbox_id  # resumed by the call
+        assert _state(auto).endswith("running")
+        assert "sleep 600" in auto.commands.run("ps").stdout  # frozen in place, not restarted
+        with pytest.raises(SandboxException):
+            manual.commands.run("true")  # paused until a connect
+        again = Sandbox.connect(manual.sandbox_id)
+        assert again.files.read("/work/app/kept.txt") == manual.sandbox_id
+        _until(lambda: _state(auto).endswith("paused"))  # its 2 s again, then paused again
+    finally:
+        auto.kill()
+        manual.kill()
+    with pytest.raises(SandboxException):
+        Sandbox.create(e2b_node.template, timeout=30, lifecycle={"on_timeout": "kill", "auto_resume": True})
+
+
 def test_get_metrics_from_the_provisioners_samples(e2b_node):
     box = Sandbox.create(e2b_node.template, timeout=60)
     try:
@@ -270,7 +307,6 @@ def test_get_metrics_from_the_provisioners_samples(e2b_node):
 @pytest.mark.parametrize("options, field", [
     ({"allow_internet_access": False}, "allow_internet_access"),
     ({"network": {"allow_out": ["10.0.0.0/8"]}}, "network"),
-    ({"lifecycle": {"on_timeout": "pause"}}, "autoPause"),
 ])
 def test_create_options_rollstack_does_not_honour_are_refused_by_name(e2b_node, options, field):
     with pytest.raises(SandboxException) as info:  # a 400 naming the field
