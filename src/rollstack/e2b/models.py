@@ -35,13 +35,39 @@ class _Out(BaseModel):
 
 
 UNHONOURED_CREATE = {
-    "network": "a sandbox's network is its template plan's (network: none | outbound | {allow: [...]})",
     "volumeMounts": "volumes are not supported (docs/e2b.md)",
     "mcp": "MCP gateways are not supported",
     "iam": "IAM credentials are not supported",
 }
 """E2B create fields that would change what a sandbox is: refused (422 naming the field) unless
 absent or empty/false, so a client never believes it got what it asked for."""
+
+
+ALL_TRAFFIC = "0.0.0.0/0"
+
+
+def egress_policy(allow_internet_access: bool | None, network: dict[str, Any] | None) -> Any:
+    """E2B's egress options as a rollstack plan `network` (rollstack.plan.network), or None
+    (neither given: the template plan's). E2B: what `allowOut` names is allowed even where
+    `denyOut` denies; without `denyOut` everything is; `allow_internet_access=False` is
+    `denyOut: [0.0.0.0/0]`. Taken: `denyOut` empty or everything (anything narrower would need
+    a deny list, refused by name), `allowOut` entries as `network.allow` takes them (an
+    address, CIDR or name, optionally `:PORT`)."""
+    if allow_internet_access is None and network is None:
+        return None
+    rest = dict(network or {})
+    allow = list(rest.pop("allowOut", None) or [])
+    deny = list(rest.pop("denyOut", None) or [])
+    for key in sorted(rest):
+        if rest[key] not in (None, [], {}):
+            raise ValueError(f"network.{key}: not supported (rollstack takes allowOut, and denyOut {ALL_TRAFFIC})")
+    if allow_internet_access is False:
+        deny.append(ALL_TRAFFIC)
+    if not deny:
+        return "outbound"
+    if any(d != ALL_TRAFFIC for d in deny):
+        raise ValueError(f"network.denyOut: only {ALL_TRAFFIC} (everything but allowOut) is supported, not {deny}")
+    return {"allow": allow} if allow else "none"
 
 
 class AutoResume(_In):
@@ -62,6 +88,10 @@ class NewSandbox(_In):
     auto_pause_memory: bool = Field(True, alias="autoPauseMemory")
     """Taken either way: a rollstack pause always keeps the processes (frozen in place)."""
     auto_resume: AutoResume | None = Field(None, alias="autoResume")
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    network_policy: Any = Field(None, exclude=True)
+    """The plan `network` these egress options make (None: the template plan's): `egress_policy`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -75,11 +105,12 @@ class NewSandbox(_In):
             resume = data.get("autoResume")
             if isinstance(resume, dict) and resume.get("enabled") and not data.get("autoPause"):
                 raise ValueError("autoResume: needs autoPause (lifecycle on_timeout 'pause')")
-            for key in ("allow_internet_access", "allowInternetAccess"):  # the SDK sends the first
-                if data.get(key) is not None:
-                    raise ValueError(f"{key}: a sandbox's network is its template plan's (network: none | "
-                                     "outbound | {allow: [...]}); publish a plan with the policy")
         return data
+
+    @model_validator(mode="after")
+    def _egress(self) -> "NewSandbox":
+        self.network_policy = egress_policy(self.allow_internet_access, self.network)
+        return self
 
 
 class TimeoutRequest(_In):

@@ -23,6 +23,7 @@ import hmac
 import math
 import secrets
 import threading
+from typing import Any
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
@@ -93,10 +94,13 @@ class SandboxTable:
     def create(self, req: NewSandbox, idempotency_key: str | None = None) -> Sandbox:
         """A new environment from the published plan `req.template_id`, living `req.timeout` s.
         With `idempotency_key`, a retry returns the sandbox the key created."""
+        plan: Any = req.template_id
+        if req.network_policy is not None:  # the template plan with the create's egress policy
+            plan = {"extends": req.template_id, "network": req.network_policy}
         if idempotency_key is None:
-            created = self.service.create(req.template_id)
+            created = self.service.create(plan)
         else:
-            created = self.service.create(req.template_id, idempotency_key=f"e2b:{idempotency_key}")
+            created = self.service.create(plan, idempotency_key=f"e2b:{idempotency_key}")
             known = self.peek(created.id)
             if known is not None:
                 return known

@@ -261,6 +261,15 @@ class NodeService:
             from rollstack.plan.published import load_published
 
             return load_published(self._stages().store, plan)
+        if isinstance(plan, dict) and "extends" in plan:  # a published plan, fields replaced
+            base = plan["extends"]
+            if not isinstance(base, str):
+                raise PlanInvalid("extends: a published plan's NAME:TAG")
+            loaded = self._load(base)
+            doc = loaded.model_dump(mode="json", exclude_none=True)
+            if loaded.mutation_text is not None:
+                doc.pop("mutation", None)
+            plan = {**doc, **{k: v for k, v in plan.items() if k != "extends"}}
         if isinstance(plan, dict) and plan.get("mutation") and plan.get("mutation_text") is None:
             # A mutation file path would be read on the node's disk: refuse; clients send it inline.
             text = str(plan["mutation"])

@@ -8,7 +8,8 @@
                       "models.lan:30000"]} # a name, resolved once when the environment is created
     expose: [8080]                         # ports the client reaches through the node's API
 
-Every entry is TCP/UDP to one port. Never reachable in any mode (`DENIED_NETS`): link-local
+Every entry is TCP/UDP to one port, or an address, CIDR or name without a port: all of its ports
+(and protocols). Never reachable in any mode (`DENIED_NETS`): link-local
 (cloud metadata, 169.254.0.0/16), loopback, multicast/reserved space; the node's other
 environments and the node's own services are blocked by the node (rollstack.run.network).
 """
@@ -38,7 +39,8 @@ class AllowEntry:
     resolve) or `node` (the node itself)."""
 
     text: str
-    port: int
+    port: int | None
+    """None: every port (an entry written without one)."""
     net: ipaddress.IPv4Network | None = None
     name: str | None = None
     node: bool = False
@@ -64,10 +66,15 @@ def parse_allow(entry: Any) -> AllowEntry:
     if text.startswith("[") or text.count(":") > 1:
         raise ValueError(f"{entry!r}: IPv6 endpoints are not supported (environments are IPv4 only)")
     host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{entry!r} must be 'HOST:PORT' or 'CIDR:PORT' (the port is required)")
-    port = parse_port(port_text, f"{entry!r}: port")
+    if not sep:
+        host, port = text, None  # every port of it
+    elif not host:
+        raise ValueError(f"{entry!r} must be 'HOST:PORT', 'CIDR:PORT', or an address/CIDR/name alone")
+    else:
+        port = parse_port(port_text, f"{entry!r}: port")
     if host == NODE_HOST:
+        if port is None:
+            raise ValueError(f"{entry!r}: the node is reached on one port ('host:PORT')")
         return AllowEntry(text, port, node=True)
     if re.fullmatch(r"[0-9./]+", host):
         try:

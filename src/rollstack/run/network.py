@@ -68,7 +68,8 @@ GATEWAY_REF = "${ROLLSTACK_GATEWAY}"
 class Rule:
     """One resolved allow endpoint: a network (or the node's gateway) and a port."""
 
-    port: int
+    port: int | None
+    """None: every port and protocol of `net`."""
     net: str | None = None
     """CIDR; None means the node itself (the environment's gateway address)."""
 
@@ -133,7 +134,7 @@ def resolve_spec(mode: str, entries: Sequence[AllowEntry], expose: Sequence[int]
             eps.append(f"{GATEWAY_REF}:{e.port}")
         elif e.net is not None:
             rules.append(Rule(e.port, str(e.net)))
-            eps.append(f"{e.net.network_address if e.net.prefixlen == 32 else e.net}:{e.port}")
+            eps.append(_endpoint(str(e.net.network_address if e.net.prefixlen == 32 else e.net), e.port))
         else:
             try:
                 infos = socket.getaddrinfo(e.name, e.port, socket.AF_INET, socket.SOCK_STREAM)
@@ -147,9 +148,13 @@ def resolve_spec(mode: str, entries: Sequence[AllowEntry], expose: Sequence[int]
                 rules.append(Rule(e.port, str(net)))
                 if (a, e.name) not in hosts:
                     hosts.append((a, e.name))
-            eps.append(f"{addrs[0]}:{e.port}")
+            eps.append(_endpoint(addrs[0], e.port))
     return NetworkSpec(mode=mode, rules=tuple(rules), expose=tuple(expose), endpoints=tuple(eps),
                        hosts=tuple(hosts))
+
+
+def _endpoint(address: str, port: int | None) -> str:
+    return address if port is None else f"{address}:{port}"
 
 
 HOSTS_MARK = "# rollstack: allowed names, resolved at create (network.allow)"
@@ -173,7 +178,9 @@ def ruleset(h: NetHandle, spec: NetworkSpec, pool: str) -> str:
     t, ifn = f"{PREFIX}_{h.slot}", h.host_if
     deny = ", ".join([*(str(n) for n in DENIED_NETS), pool])
 
-    def accept(dst: str, port: int) -> str:
+    def accept(dst: str, port: int | None) -> str:
+        if port is None:
+            return f"ip daddr {dst} accept"
         return f"ip daddr {dst} meta l4proto {{ tcp, udp }} th dport {port} accept"
 
     node_rules = [accept(h.gateway, r.port) for r in spec.rules if r.net is None] \

@@ -34,7 +34,8 @@ def test_modes_and_defaults():
 @pytest.mark.parametrize("network, words", [
     ("everything", "not a network mode"),
     ({"allow": []}, "at least one endpoint"),
-    ({"allow": ["10.0.0.1"]}, "allow[0]: '10.0.0.1' must be 'HOST:PORT'"),
+    ({"allow": ["host"]}, "allow[0]: 'host': the node is reached on one port"),
+    ({"allow": [":80"]}, "must be 'HOST:PORT'"),
     ({"allow": ["host:8000", "h:70000"]}, "allow[1]: 'h:70000': port 70000 is out of range"),
     ({"allow": ["h:0"]}, "out of range"),
     ({"allow": ["h:http"]}, "is not a port number"),
@@ -68,6 +69,15 @@ def test_bad_expose(expose, words):
 
 def test_any_address_allowed_with_the_deny_list_left_to_the_node():
     assert parse_allow("0.0.0.0/0:443").net.prefixlen == 0
+
+
+def test_an_entry_without_a_port_allows_every_port():
+    one, net, name = parse_allow("10.0.0.1"), parse_allow("10.8.0.0/16"), parse_allow("models.lan")
+    assert (one.port, str(one.net)) == (None, "10.0.0.1/32")
+    assert (net.port, str(net.net)) == (None, "10.8.0.0/16")
+    assert (name.port, name.name) == (None, "models.lan")
+    with pytest.raises(ValueError, match="never reachable"):
+        parse_allow("169.254.169.254")
 
 
 @given(st.ip_addresses(v=4), st.integers(1, 65535))

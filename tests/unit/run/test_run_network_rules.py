@@ -42,6 +42,16 @@ def test_allow_rules_order_and_scope():
     assert fwd[-2:] == ['oifname "rsnh7" ct state established,related accept', 'oifname "rsnh7" drop']
 
 
+def test_an_entry_without_a_port_accepts_every_port_of_its_network():
+    spec = resolve_spec("allow", [parse_allow("10.9.0.0/16"), parse_allow("10.1.2.3:443")], [])
+    assert spec.rules == (Rule(None, "10.9.0.0/16"), Rule(443, "10.1.2.3/32"))
+    assert spec.endpoints == ("10.9.0.0/16", "10.1.2.3:443")
+    beyond = _chain(ruleset(H, spec, DEFAULT_POOL), "beyond")
+    assert beyond[1:] == ["ip daddr 10.9.0.0/16 accept",
+                          "ip daddr 10.1.2.3/32 meta l4proto { tcp, udp } th dport 443 accept", "drop"]
+    assert "169.254.0.0/16" in beyond[0]  # the deny list still comes first
+
+
 def test_outbound_accepts_past_the_deny_list_but_not_to_the_node():
     text = ruleset(H, NetworkSpec("outbound"), DEFAULT_POOL)
     assert _chain(text, "beyond")[1:] == ["accept", "drop"]
