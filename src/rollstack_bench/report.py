@@ -108,7 +108,16 @@ def machine_facts() -> dict[str, Any]:
             "os": osname, "python": platform.python_version(), "hostname": platform.node(),
             "cgroup": "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1",
             "containerd": _version(["containerd", "--version"]), "runc": _version(["runc", "--version"]),
+            "exec_agent": _exec_agent(),
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _exec_agent() -> str | None:
+    """The rollstack-execd binary environments get as PID 1, or None: catatonit, every exec a
+    `runc exec` (a figure measured so is not one of the agent's)."""
+    from rollstack.run.initbin import find_execd
+
+    return find_execd()
 
 
 def _version(cmd: list[str]) -> str:
