@@ -96,6 +96,11 @@ class Environment:
             self._leases.hold(self._service, [c.id for c in children])
         return children
 
+    def set_network(self, network: Any) -> EnvironmentInfo:
+        """Its egress policy from now on (`none`, `outbound`, `{allow: [...]}`, as in a plan); it
+        must have been created with a network (any policy other than `none`, or `expose`)."""
+        return self._service.set_network(self.id, network)
+
     def pause(self) -> EnvironmentInfo:
         """Freeze its processes and give its quotas back to the node (state `paused`); files
         stay readable and writable, execs answer `environment_paused` until `resume`."""
@@ -171,6 +176,10 @@ class AsyncEnvironment:
         if self._leases is not None:
             self._leases.hold(self._service, [c.id for c in children])
         return children
+
+    async def set_network(self, network: Any) -> EnvironmentInfo:
+        """`Environment.set_network`, awaited."""
+        return await self._service.set_network(self.id, network)
 
     async def pause(self) -> EnvironmentInfo:
         """`Environment.pause`, awaited."""

@@ -91,6 +91,9 @@ class HttpService:
     def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
         return self._do(routes.snapshots(source))
 
+    def set_network(self, env_id: str, network: Any) -> EnvironmentInfo:
+        return self._do(routes.set_network(env_id, network))
+
     def delete_snapshot(self, name: str) -> None:
         self._do(routes.delete_snapshot(name))
 
@@ -197,6 +200,9 @@ class AsyncHttpService:
     async def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
         return await self._do(routes.snapshots(source))
 
+    async def set_network(self, env_id: str, network: Any) -> EnvironmentInfo:
+        return await self._do(routes.set_network(env_id, network))
+
     async def delete_snapshot(self, name: str) -> None:
         await self._do(routes.delete_snapshot(name))
 
@@ -289,6 +295,9 @@ class ThreadedService:
 
     async def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
         return await self._run(self.service.snapshots, source)
+
+    async def set_network(self, env_id: str, network: Any) -> EnvironmentInfo:
+        return await self._run(self.service.set_network, env_id, network)
 
     async def delete_snapshot(self, name: str) -> None:
         await self._run(self.service.delete_snapshot, name)

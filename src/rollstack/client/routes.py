@@ -98,6 +98,11 @@ def snapshot(env_id: str, name: str) -> Call[m.Snapshot]:
                 {"json": {"name": name}, "timeout": request_timeout(None)})
 
 
+def set_network(env_id: str, network: Any) -> Call[m.EnvironmentInfo]:
+    return Call(R.NETWORK.method, R.NETWORK.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content),
+                {"json": {"network": network}})
+
+
 def snapshots(source: str | None = None) -> Call[list[m.SnapshotInfo]]:
     params = {"source": source} if source is not None else {}
     return Call(R.SNAPSHOTS.method, R.SNAPSHOTS.path(), lambda r: _SNAPSHOTS.validate_json(r.content), {"params": params})

@@ -41,6 +41,14 @@ class CreateRequest(BaseModel):
     Absent: no lease, the environment lives its lifetime (plan `timeout`)."""
 
 
+class NetworkRequest(BaseModel):
+    """`PUT /v1/environments/{id}/network`: its egress policy from now on, as a plan's `network`
+    (`none`, `outbound`, `{allow: [...]}`); the environment must have been created with a network."""
+
+    model_config = ConfigDict(extra="forbid")
+    network: Any
+
+
 class ForkRequest(BaseModel):
     """`POST /v1/environments/{id}/fork`: `count` new environments whose filesystem is the
     parent's at this instant (the parent runs on unchanged); processes are not carried over.

@@ -40,6 +40,7 @@ FORK = Route("POST", f"{ENV}/fork")
 PAUSE = Route("POST", f"{ENV}/pause")
 RESUME = Route("POST", f"{ENV}/resume")
 SNAPSHOT = Route("POST", f"{ENV}/snapshot")
+NETWORK = Route("PUT", f"{ENV}/network")
 SNAPSHOTS = Route("GET", "/v1/snapshots")
 """`?source=ENV_ID` filters."""
 DELETE_SNAPSHOT = Route("DELETE", "/v1/snapshots")
@@ -51,4 +52,4 @@ PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
 
 ALL: tuple[Route, ...] = (HEALTH, NODE, METRICS, CREATE, LIST, RENEW, RENEW_ONE, INFO, DESTROY, EXEC,
                           EXEC_STREAM, READ_FILE, WRITE_FILE, DIFF, EVALUATE, STATS, FORK, PAUSE,
-                          RESUME, SNAPSHOT, SNAPSHOTS, DELETE_SNAPSHOT)
+                          RESUME, SNAPSHOT, SNAPSHOTS, DELETE_SNAPSHOT, NETWORK)

@@ -6,8 +6,8 @@ Bearer` works too). envd routes (`/files`, `/health`) are gated by the dispatche
 (rollstack.e2b.app: `E2b-Sandbox-Id` + `X-Access-Token`) before they get here.
 Fork (the filesystem: docs/fork.md), pause, and resume by connect are rollstack's own.
 `get_metrics` comes from the provisioner's samples; `create_snapshot(mode="filesystem")` is the
-node's snapshot, `list_snapshots`/`delete_snapshot` the node store's. Not supported (501): logs,
-network updates.
+node's snapshot, `list_snapshots`/`delete_snapshot` the node store's, `update_network` the node's
+`set_network`. Not supported (501): logs.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from rollstack.e2b.models import (
     ConnectRequest,
     E2BError,
     ForkSandboxes,
+    NetworkUpdate,
     NewSandbox,
     SnapshotSandbox,
     TimeoutRequest,
@@ -46,7 +47,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_MAX_FILE = 1 << 30
-UNSUPPORTED = frozenset({"refreshes", "logs", "network"})
+UNSUPPORTED = frozenset({"refreshes", "logs"})
 """E2B's routes under `/sandboxes/{id}/` that rollstack does not implement (501); any other is 404."""
 
 
@@ -189,6 +190,14 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
         are deleted here: a template that is no snapshot is 404."""
         if not await call(table.delete_snapshot, template_id):
             return e2b_error(404, f"snapshot {template_id!r} was not found")
+        return Response(status_code=204)
+
+    @app.put("/sandboxes/{sandbox_id}/network", dependencies=auth, status_code=204)
+    async def update_network(sandbox_id: str, request: Request) -> Response:
+        """`Sandbox.update_network`: the whole egress configuration replaced (E2B's semantics: a
+        field left out is back at its default), on a sandbox created with a network."""
+        body = await _optional_body(request, NetworkUpdate, "network")
+        await call(table.update_network, sandbox_id, body.policy())
         return Response(status_code=204)
 
     @app.post("/sandboxes/{sandbox_id}/pause", dependencies=auth, status_code=204)

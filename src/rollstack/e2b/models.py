@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollstack.errors import InvalidRequest
+
 ENVD_VERSION = "0.5.7"
 """The envd version we answer as: stdin control (0.3.0), default user (0.4.0), CloseStdin
 (0.5.2), octet-stream uploads (0.5.7); not file metadata (0.6.2) nor watch entries (0.6.3)."""
@@ -68,6 +70,26 @@ def egress_policy(allow_internet_access: bool | None, network: dict[str, Any] | 
     if any(d != ALL_TRAFFIC for d in deny):
         raise ValueError(f"network.denyOut: only {ALL_TRAFFIC} (everything but allowOut) is supported, not {deny}")
     return {"allow": allow} if allow else "none"
+
+
+class NetworkUpdate(_In):
+    """`PUT /sandboxes/{id}/network` (`update_network`): the egress configuration, replaced whole."""
+
+    allow_internet_access: bool | None = None
+    allow_out: list[str] | None = Field(None, alias="allowOut")
+    deny_out: list[str] | None = Field(None, alias="denyOut")
+    dns_servers: list[str] | None = Field(None, alias="dnsServers")
+    egress_proxy: dict[str, Any] | None = Field(None, alias="egressProxy")
+    rules: dict[str, Any] | None = None
+
+    def policy(self) -> Any:
+        """The plan `network` it makes (nothing given: everything allowed, E2B's default)."""
+        try:
+            return egress_policy(self.allow_internet_access, {
+                "allowOut": self.allow_out, "denyOut": self.deny_out, "dnsServers": self.dns_servers,
+                "egressProxy": self.egress_proxy, "rules": self.rules}) or "outbound"
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
 
 
 class AutoResume(_In):

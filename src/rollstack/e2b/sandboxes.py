@@ -180,6 +180,11 @@ class SandboxTable:
             return False
         return True
 
+    def update_network(self, sandbox_id: str, network: Any) -> None:
+        """The sandbox's egress policy from now on (`network` as a plan takes it)."""
+        self.get(sandbox_id, paused_ok=True)
+        self.service.set_network(sandbox_id, network)
+
     def pause(self, sandbox_id: str) -> None:
         """Freeze the sandbox (its running processes too) and give its quotas back."""
         box = self.get(sandbox_id)

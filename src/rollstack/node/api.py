@@ -28,6 +28,7 @@ from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unau
 from rollstack.contract.models import (
     CreateGroupResponse,
     ForkRequest,
+    NetworkRequest,
     Snapshot,
     SnapshotInfo,
     SnapshotRequest,
@@ -171,6 +172,11 @@ def create_app(
     async def snapshot(env_id: str, req: SnapshotRequest) -> Snapshot:
         """Publish its filesystem now as a plan any node sharing the store starts from."""
         return await call("snapshot", service.snapshot, env_id, req.name)
+
+    @route(R.NETWORK, dependencies=auth, response_model=EnvironmentInfo)
+    async def set_network(env_id: str, req: NetworkRequest) -> EnvironmentInfo:
+        """Replace its egress policy now (its network namespace's nftables table, atomically)."""
+        return await call("set_network", service.set_network, env_id, req.network)
 
     @route(R.SNAPSHOTS, dependencies=auth, response_model=list[SnapshotInfo])
     async def snapshots(source: str | None = Query(None, max_length=64)) -> list[SnapshotInfo]:

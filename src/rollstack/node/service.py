@@ -489,6 +489,22 @@ class NodeService:
             self._running(env_id)  # raises the state's error
         return Snapshot(**self._stages().snapshot(rec, name))
 
+    def set_network(self, env_id: str, network: Any) -> EnvironmentInfo:
+        """Replace the environment's egress policy now: `network` as a plan takes it (names
+        resolved now). Its plan says so from then on (forks, snapshots, a restarted agent's
+        record); the `ROLLSTACK_ENDPOINT_i` variables of its create stay as they were."""
+        rec = self._get(env_id)
+        if rec.internal:
+            raise InvalidRequest(f"environment {env_id} is an evaluator: its network is the node's")
+        stages = self._stages()
+        with rec.lock:
+            if rec.state != st.RUNNING:
+                self._running(env_id)  # raises the state's error
+            rec.plan = stages.set_network(rec, network)
+            rec.event("network_set", network=rec.plan.model_dump(mode="json")["network"])
+            recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
+        return rec.info(self._quotas(rec))
+
     def snapshots(self, source: str | None = None) -> list[SnapshotInfo]:
         """The snapshots in the node's store (of environment `source` only, if given)."""
         from rollstack.plan.snapshots import list_snapshots

@@ -444,6 +444,20 @@ class Stages:
         return {"plan": f"{name}:{tag}", "group": group, "layer": layer["digest"], "bytes": int(layer["size"]),
                 "files": files, "seconds": round(time.perf_counter() - t0, 6)}
 
+    def set_network(self, rec: EnvRecord, network: Any) -> Plan:
+        """`rec`'s plan with `network` (validated: PlanInvalid naming it), applied to its
+        network namespace now."""
+        from rollstack.node.netplan import network_spec
+        from rollstack.plan.model import load_plan
+
+        doc = rec.plan.model_dump(mode="json", exclude_none=True)
+        if rec.plan.mutation_text is not None:
+            doc.pop("mutation", None)
+        plan = load_plan({**doc, "network": network})
+        assert rec.runtime is not None
+        rec.runtime.set_network(network_spec(plan, reserved_node_ports=(self.config.host_port()[1],)))
+        return plan
+
     def _take_warm(self, rec: EnvRecord, plan: Plan, net: Any, refs: list[Any],
                    lowers: list[Path]) -> Environment | None:
         """A warm sandbox for this plan (the record takes its id), or None: create cold."""

@@ -21,7 +21,7 @@ from rollstack.run import userns as uns
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.execpump import ExecControl, check_request
 from rollstack.run.files import SafeRoot
-from rollstack.run.network import NetHandle
+from rollstack.run.network import NetHandle, NetworkSpec
 from rollstack.run.ocispec import ENV_ID_RE
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 from rollstack.run.snapshot import merge_uppers, unshift_tree
@@ -132,6 +132,20 @@ class Environment:
         except EnvironmentGone:
             return None
         return NetHandle.from_dict(doc) if doc else None
+
+    def set_network(self, spec: NetworkSpec) -> None:
+        """Replace the egress policy of its network namespace now (names resolved in `spec`
+        are added to /etc/hosts). InvalidRequest when it has none (created with `network:
+        none` and no `expose`: only loopback, nothing to re-policy)."""
+        h = self.net
+        if h is None:
+            raise InvalidRequest(f"environment {self.id} was created without a network (network: none, no "
+                                 "expose): its policy cannot change; create it with one (even `{allow: [...]}`)")
+        self.runtime.network.apply(h, spec)
+        if spec.hosts:
+            from rollstack.run.network import add_hosts
+
+            add_hosts(self.files, spec)
 
     @property
     def lowers(self) -> list[Path]:

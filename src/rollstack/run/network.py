@@ -400,18 +400,21 @@ class NetworkManager:
         if not prepared:
             self._prepare(h, attach_pid)
         try:
-            if spec.mode != "none":
-                for uplink in self.uplinks(spec):
-                    _sysctl(f"net/ipv4/conf/{uplink}/forwarding", "1")
-            table = f"{PREFIX}_{h.slot}"
-            # one transaction: the drop-everything table is replaced by the policy atomically
-            _nft(f"delete table inet {table}\n" + ruleset(h, spec, self.pool))
+            self.apply(h, spec)
         except BaseException:
             try:
                 self.teardown(h)
             except Exception:  # noqa: BLE001
                 pass
             raise
+
+    def apply(self, h: NetHandle, spec: NetworkSpec) -> None:
+        """Load `spec` as slot `h`'s policy: its uplinks' forwarding on, then one nftables
+        transaction replacing the table (no packet ever sees half of either policy)."""
+        if spec.mode != "none":
+            for uplink in self.uplinks(spec):
+                _sysctl(f"net/ipv4/conf/{uplink}/forwarding", "1")
+        _nft(f"delete table inet {PREFIX}_{h.slot}\n" + ruleset(h, spec, self.pool))
 
     def teardown(self, h: NetHandle) -> None:
         """Remove the table, veth, netns and claim of `h`; anything already gone is fine."""

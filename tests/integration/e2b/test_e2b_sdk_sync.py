@@ -347,6 +347,24 @@ def test_egress_options_at_create(e2b_node, internet):
         assert {name: reached(name) for name in boxes} == {"open": True, "allowed": True, "other": False,
                                                             "offline": False}
         assert "eth0" not in boxes["offline"].commands.run("cat /proc/net/dev").stdout  # no interface at all
+
+        # update_network replaces the whole policy of a running sandbox, at once
+        boxes["allowed"].update_network({"deny_out": [ALL_TRAFFIC]})
+        boxes["other"].update_network({"allow_out": [internet.addr], "deny_out": [ALL_TRAFFIC]})
+        assert (reached("allowed"), reached("other")) == (False, True)
+        boxes["allowed"].update_network({})  # nothing given: E2B's default, everything allowed
+        assert reached("allowed")
+        with pytest.raises(SandboxException, match="created without a network"):
+            boxes["offline"].update_network({"allow_out": [internet.addr]})  # no namespace to re-policy
+        with pytest.raises(SandboxException, match="denyOut"):
+            boxes["other"].update_network({"deny_out": ["10.0.0.0/8"]})
+        assert reached("other")  # a refused update changes nothing
+        # the same through the native API and SDK (`PUT /v1/environments/{id}/network`)
+        from rollstack import Client
+
+        with Client(e2b_node.url, token=e2b_node.token) as client:
+            info = client.get(boxes["other"].sandbox_id).set_network("none")
+            assert info.state == "running" and not reached("other")
     finally:
         for box in boxes.values():
             box.kill()
