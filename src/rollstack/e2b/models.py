@@ -58,6 +58,7 @@ def egress_policy(allow_internet_access: bool | None, network: dict[str, Any] | 
     if allow_internet_access is None and network is None:
         return None
     rest = dict(network or {})
+    rest.pop("allowPublicTraffic", None)  # about public URLs' auth: a node serves none, either way holds
     allow = list(rest.pop("allowOut", None) or [])
     deny = list(rest.pop("denyOut", None) or [])
     for key in sorted(rest):

@@ -196,7 +196,7 @@ class SandboxTable:
         timeout (`lifecycle` pause) lives its last timeout again from now."""
         box = self.get(sandbox_id, paused_ok=True)
         if box.paused:
-            if box.end_at <= _now():
+            if box.end_at <= _now() + timedelta(seconds=1):  # its lifetime ran out (or is about to)
                 self.service.set_timeout(sandbox_id, float(box.timeout))
                 box.end_at = _now() + timedelta(seconds=box.timeout)
             self.service.resume(sandbox_id)

@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without harbor
     raise ImportError("rollstack.integrations.harbor needs harbor (Python >= 3.12): see docs/harbor.md") from exc
 from pydantic import Field
 
-from rollstack.errors import RollstackError, TemplateNotFound
+from rollstack.errors import GroupNotFound, RollstackError, TemplateNotFound
 from rollstack.integrations.connect import async_client
 from rollstack.integrations.taskimage import ImageBuilder, TaskImage
 from rollstack.integrations.transfer import pack_dir, unpack_into, write_bytes
@@ -73,6 +73,8 @@ class RollstackEnvironment(BaseEnvironment):
         self._owned = False
         self._env: Any = None
         self._shell = "bash"
+        self._image_user = ""
+        """The image's USER: commands run as it when Harbor names no user (as Docker's do)."""
 
     @staticmethod
     def type() -> str:
@@ -85,6 +87,8 @@ class RollstackEnvironment(BaseEnvironment):
     def _validate_definition(self) -> None:
         if getattr(self, "_opts", None) is not None and self._opts.plan:
             return
+        if (Path(self.environment_dir) / "docker-compose.yaml").is_file():
+            raise ValueError("rollstack runs one container per environment: docker-compose tasks are not supported")
         if not self.task_env_config.docker_image and not (Path(self.environment_dir) / "Dockerfile").is_file():
             raise FileNotFoundError(f"{self.environment_dir}/Dockerfile not found and the task names no docker_image")
 
@@ -114,9 +118,10 @@ class RollstackEnvironment(BaseEnvironment):
             builder = self._builder()
             args = (Path(self.environment_dir), self.environment_name, self.task_env_config.docker_image)
             image = await asyncio.to_thread(builder.ensure, *args, force_build=force_build)
+            self._image_user = image.user
             try:
                 self._env = await self._client.create(self._plan(image))
-            except TemplateNotFound:  # the store lost the group since it was cached: import again
+            except (GroupNotFound, TemplateNotFound):  # the store lost the group since it was cached
                 builder.forget(Path(self.environment_dir), self.task_env_config.docker_image)
                 image = await asyncio.to_thread(builder.ensure, *args, force_build=True)
                 self._env = await self._client.create(self._plan(image))
@@ -139,7 +144,8 @@ class RollstackEnvironment(BaseEnvironment):
 
     async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
-        argv = self._argv(command, self._resolve_user(user))
+        resolved = self._resolve_user(user)
+        argv = self._argv(command, self._image_user or None if resolved is None else resolved)
         merged = self._merge_env(env)
         r = await self._live().exec(argv, cwd=cwd or self.task_env_config.workdir or None,
                                     env=merged or None, timeout=timeout_sec)
@@ -148,9 +154,19 @@ class RollstackEnvironment(BaseEnvironment):
         return ExecResult(stdout=r.stdout, stderr=r.stderr, return_code=r.exit_code)
 
     def _argv(self, command: str, user: str | int | None) -> list[str]:
+        """`SHELL -c command`, through `su` for a user other than root (a uid, or `user:group`
+        as Docker's USER allows, becomes its name from /etc/passwd)."""
         if user in _ROOT_USERS:
             return [self._shell, "-c", command]
-        return ["su", "-s", f"/bin/{self._shell}", str(user), "-c", command]
+        name = str(user).split(":", 1)[0]
+        if name in _ROOT_USERS:
+            return [self._shell, "-c", command]
+        shell = f"/bin/{self._shell}"
+        if name.isdigit():  # su takes names: look the uid up inside the environment
+            lookup = f"u=$(awk -F: '$3=={name} {{print $1; exit}}' /etc/passwd) && [ -n \"$u\" ] || " \
+                     f"{{ echo 'no user with uid {name} in /etc/passwd' >&2; exit 126; }}; "
+            return ["sh", "-c", lookup + f'exec su -s {shell} "$u" -c "$0"', command]
+        return ["su", "-s", shell, name, "-c", command]
 
     def _live(self) -> Any:
         if self._env is None:

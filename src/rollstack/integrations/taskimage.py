@@ -132,7 +132,7 @@ class ImageBuilder:
                force_build: bool = False) -> TaskImage:
         """The task's image imported as a group (built first if it is a Dockerfile)."""
         key, source = image_key(environment_dir, docker_image)
-        meta = self.cache_dir / "images" / f"{key}.json"
+        meta = self._meta(key)
         meta.parent.mkdir(parents=True, exist_ok=True)
         with (self.cache_dir / "images" / f"{key}.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key; the others wait and reuse it
@@ -156,7 +156,12 @@ class ImageBuilder:
     def forget(self, environment_dir: Path, docker_image: str | None = None) -> None:
         """Drop the cache record of this task's image (the store lost its group): rebuilt next time."""
         key, _ = image_key(environment_dir, docker_image)
-        (self.cache_dir / "images" / f"{key}.json").unlink(missing_ok=True)
+        self._meta(key).unlink(missing_ok=True)
+
+    def _meta(self, key: str) -> Path:
+        """The cache record of image `key` in this store (another store has its own)."""
+        store = hashlib.sha256(self.store.encode()).hexdigest()[:12]
+        return self.cache_dir / "images" / f"{key}.{store}.json"
 
     def _build(self, context: Path, key: str, out: Path) -> str:
         """buildah bud of `context` into an OCI layout under `out`; its reference."""

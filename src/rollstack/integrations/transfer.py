@@ -24,12 +24,18 @@ def pack_dir(source: Path) -> bytes:
 
 
 def unpack_into(blob: bytes, target: Path) -> None:
-    """Extract a tar from an environment into `target`. Absolute names, `..`, links leading out
-    of `target` and device files are refused (`tarfile.OutsideDestinationError`, ...,
-    all `tarfile.FilterError`); nothing is written outside `target`."""
+    """Extract a tar from an environment into `target`. Device files and FIFOs are skipped (a
+    pipe left in a log directory must not cost the rest of it); absolute names, `..` and links
+    leading out of `target` are refused (`tarfile.FilterError`): nothing is written outside."""
     target.mkdir(parents=True, exist_ok=True)
+
+    def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        if member.isdev():  # character, block devices and FIFOs
+            return None
+        return tarfile.data_filter(member, dest)
+
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
-        tar.extractall(target, filter="data")
+        tar.extractall(target, filter=keep)
 
 
 def write_bytes(target: Path, data: bytes) -> None:

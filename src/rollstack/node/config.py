@@ -43,6 +43,9 @@ class NodeConfig(BaseModel):
     reap_interval: float = Field(default=5.0, gt=0)
     """Seconds between sweeps for expired environments (past their lifetime, or whose lease
     lapsed) and for retries of failed teardowns."""
+    paused_ttl: float = Field(default=86400.0, gt=0)
+    """Seconds an environment the reaper paused at its timeout (`on_timeout: pause`, E2B's
+    autoPause) stays paused before it is destroyed (frozen processes keep their memory)."""
     idempotency_ttl: float = Field(default=600.0, gt=0)
     """Seconds a create's `Idempotency-Key` keeps answering with the same environment(s)."""
     idempotency_keys: int = Field(default=65536, ge=1)

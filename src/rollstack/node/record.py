@@ -47,7 +47,10 @@ class EnvRecord:
     """Its processes are frozen and its quotas given back to admission (`NodeService.pause`)."""
     on_timeout: str = "destroy"
     """What the reaper does at the end of its lifetime: `destroy`, or `pause` (it then stays
-    paused until resumed with a new timeout, or destroyed)."""
+    paused `NodeConfig.paused_ttl` more, until resumed with a new timeout, or destroyed)."""
+    timeout_paused: bool = False
+    """The reaper paused it at its timeout: the next end of its lifetime destroys it."""
+    pause_failures: int = 0
     state: str = CREATING
     started_at: float = field(default_factory=time.time)
     started_mono: float = field(default_factory=time.monotonic)
@@ -56,6 +59,9 @@ class EnvRecord:
     runtime: Environment | None = None
     """The running environment (rollstack.run side)."""
     refs: list[LayerRef] = field(default_factory=list)
+    net_spec: Any = None
+    """The resolved network policy in force (`rollstack.run.network.NetworkSpec`; None after an
+    agent restart until `set_network` sets one)."""
     fork_layers: list[Path] = field(default_factory=list)
     """The frozen uppers this environment stacks if it was forked (rollstack.node.forks)."""
     created: CreateResponse | None = None
@@ -108,6 +114,8 @@ class EnvRecord:
             doc["paused"] = True  # frozen in the kernel: adopted as paused
         if self.on_timeout != "destroy":
             doc["on_timeout"] = self.on_timeout
+        if self.timeout_paused:
+            doc["timeout_paused"] = True
         return doc
 
     def event(self, kind: str, **data: Any) -> None:

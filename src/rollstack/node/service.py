@@ -140,6 +140,7 @@ class NodeService:
         rec.renew(doc.get("lease"))  # a full lease from now: the client gets to renew it
         rec.paused = bool(doc.get("paused"))
         rec.on_timeout = "pause" if doc.get("on_timeout") == "pause" else "destroy"
+        rec.timeout_paused = bool(doc.get("timeout_paused"))
         rec.event("adopted")
         if doc.get("destroying"):  # its destroy had failed: finish it, never serve it again
             rec.state, rec.final, rec.teardown_failures = st.DESTROYING, st.DESTROYED, 1
@@ -147,19 +148,26 @@ class NodeService:
             self._envs[env.id] = rec
         log.info("re-adopted environment %s (age %.0fs)", env.id, age)
 
-    def _pause_on_timeout(self, rec: EnvRecord) -> None:
-        """The reaper's end of an `on_timeout: pause` lifetime: pause it (once). A pause that
-        fails (a freeze that times out) is tried again at the next reap, never a destroy."""
-        if rec.paused:
-            return
+    def _pause_on_timeout(self, rec: EnvRecord) -> bool:
+        """The reaper's end of an `on_timeout: pause` lifetime: pause it; it then lives
+        `paused_ttl` more, paused (a resume with a new timeout gives it its lifetime back). A
+        pause that fails is tried at the next reaps; after `_PAUSE_TRIES` failures (or when it
+        is paused already) it is False: the caller destroys it like any expired environment."""
         log.info("environment %s reached its timeout; pausing (on_timeout: pause)", rec.id)
         try:
             self.pause(rec.id)
-        except RollstackError as exc:
-            log.warning("pausing %s at its timeout failed, retrying: %s", rec.id, exc)
-            return
-        rec.event("timeout_paused", timeout=rec.timeout)
+        except Exception as exc:  # noqa: BLE001 - counted; the reaper goes on
+            rec.pause_failures += 1
+            log.warning("pausing %s at its timeout failed (%d of %d): %s", rec.id, rec.pause_failures,
+                        _PAUSE_TRIES, exc)
+            return rec.pause_failures < _PAUSE_TRIES
+        rec.timeout_paused = True
+        rec.timeout = rec.age() + self.config.paused_ttl
+        rec.event("timeout_paused", paused_ttl=self.config.paused_ttl)
         self.counters.bump("timeout_paused")
+        if not rec.internal:
+            recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
+        return True
 
     def _destroy_quietly(self, env_id: str) -> None:
         try:
@@ -497,10 +505,12 @@ class NodeService:
         if rec.internal:
             raise InvalidRequest(f"environment {env_id} is an evaluator: its network is the node's")
         stages = self._stages()
+        plan, spec = stages.network_plan(rec, network)  # validated and resolved before the lock
         with rec.lock:
             if rec.state != st.RUNNING:
                 self._running(env_id)  # raises the state's error
-            rec.plan = stages.set_network(rec, network)
+            stages.set_network(rec, spec)
+            rec.plan = plan
             rec.event("network_set", network=rec.plan.model_dump(mode="json")["network"])
             recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
         return rec.info(self._quotas(rec))
@@ -757,6 +767,7 @@ class NodeService:
         rec.timeout = rec.age() + float(seconds)
         if on_timeout is not None:
             rec.on_timeout = on_timeout
+        rec.timeout_paused = False  # a new lifetime: its end pauses it again
         rec.event("timeout_set", seconds=float(seconds), on_timeout=rec.on_timeout)
         if not rec.internal:
             recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
@@ -902,7 +913,10 @@ class NodeService:
         """Every `reap_interval`: reap (teardowns may take a while: the lazy store has its own
         watcher, `_watch_loop`, so a dead daemon is replaced within a second regardless)."""
         while not self._stopping.wait(self.config.reap_interval):
-            self.reap_expired()
+            try:
+                self.reap_expired()
+            except Exception:  # noqa: BLE001 - the reaper must outlive any one bad record
+                log.exception("reaping failed; trying again in %.1f s", self.config.reap_interval)
 
     def _watch_loop(self) -> None:
         """Every second: restart a dead lazy store daemon (creates that met it wait for this)."""
@@ -933,9 +947,8 @@ class NodeService:
         reaped = []
         for rec in ready:
             expired = rec.deadline <= now
-            if expired and rec.on_timeout == "pause":
-                self._pause_on_timeout(rec)
-                expired = False  # it stays, paused, until resumed or destroyed
+            if expired and rec.on_timeout == "pause" and rec.state == st.RUNNING and not rec.timeout_paused:
+                expired = not self._pause_on_timeout(rec)  # paused: it stays (`paused_ttl` more)
             if expired:
                 log.info("environment %s expired; destroying", rec.id)
                 rec.event("expired", timeout=rec.timeout)
@@ -954,6 +967,10 @@ class NodeService:
             log.info("retrying the destroy of %s (attempt %d)", rec.id, rec.teardown_failures + 1)
             self._teardown(rec, rec.final or st.DESTROYED)
         return reaped
+
+
+_PAUSE_TRIES = 5
+"""Failed pauses at the end of an `on_timeout: pause` lifetime before it is destroyed instead."""
 
 
 def _check_lease(lease: float | None) -> float | None:

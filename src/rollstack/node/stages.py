@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from rollstack.provision.controller import Provisioner
     from rollstack.run.execpump import ExecControl, ExecResult, OnOutput
     from rollstack.run.environment import Environment, EnvironmentRuntime, Leftovers
+    from rollstack.run.network import NetworkSpec
     from rollstack.store.base import ArtifactStore
     from rollstack.node.warm import WarmPool
 
@@ -324,7 +325,7 @@ class Stages:
         from rollstack.node.netplan import harness_env, network_spec, new_token
 
         plan = rec.plan
-        net = network_spec(plan, reserved_node_ports=(self.config.host_port()[1],))  # names resolve now
+        net = network_spec(plan, reserved_node_ports=self._reserved_ports())  # names resolve now
         token = new_token() if net.needs_netns else ""
         shared = prepared or self.prepare(plan, timings)
         stack, refs, lowers, group = shared.stack, shared.refs, shared.lowers, shared.group
@@ -362,6 +363,7 @@ class Stages:
         timings.mutation = round(env.timings.get("mutation", 0.0), 6)
         timings.start = round(env.timings.get("start", 0.0), 6)
         rec.runtime = env
+        rec.net_spec = net
         rec.fork_layers = list(shared.fork_layers)
         if self.provisioner is not None:
             r = plan.resources
@@ -444,9 +446,9 @@ class Stages:
         return {"plan": f"{name}:{tag}", "group": group, "layer": layer["digest"], "bytes": int(layer["size"]),
                 "files": files, "seconds": round(time.perf_counter() - t0, 6)}
 
-    def set_network(self, rec: EnvRecord, network: Any) -> Plan:
-        """`rec`'s plan with `network` (validated: PlanInvalid naming it), applied to its
-        network namespace now."""
+    def network_plan(self, rec: EnvRecord, network: Any) -> tuple[Plan, NetworkSpec]:
+        """`rec`'s plan with `network` (validated: PlanInvalid naming it) and its resolved spec
+        (names looked up now: call it without holding the record's lock)."""
         from rollstack.node.netplan import network_spec
         from rollstack.plan.model import load_plan
 
@@ -454,9 +456,19 @@ class Stages:
         if rec.plan.mutation_text is not None:
             doc.pop("mutation", None)
         plan = load_plan({**doc, "network": network})
+        return plan, network_spec(plan, reserved_node_ports=self._reserved_ports())
+
+    def set_network(self, rec: EnvRecord, spec: NetworkSpec) -> None:
+        """Apply `spec` (from `network_plan`) to `rec`'s network namespace, all or nothing (the
+        policy it had is put back if the rest fails)."""
+        from rollstack.run.network import NetworkSpec as Spec
+
         assert rec.runtime is not None
-        rec.runtime.set_network(network_spec(plan, reserved_node_ports=(self.config.host_port()[1],)))
-        return plan
+        rec.runtime.set_network(spec, rec.net_spec or Spec("none", expose=spec.expose))
+        rec.net_spec = spec
+
+    def _reserved_ports(self) -> tuple[int, ...]:
+        return (self.config.host_port()[1],)
 
     def _take_warm(self, rec: EnvRecord, plan: Plan, net: Any, refs: list[Any],
                    lowers: list[Path]) -> Environment | None:

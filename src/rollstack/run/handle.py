@@ -133,19 +133,23 @@ class Environment:
             return None
         return NetHandle.from_dict(doc) if doc else None
 
-    def set_network(self, spec: NetworkSpec) -> None:
-        """Replace the egress policy of its network namespace now (names resolved in `spec`
-        are added to /etc/hosts). InvalidRequest when it has none (created with `network:
-        none` and no `expose`: only loopback, nothing to re-policy)."""
+    def set_network(self, spec: NetworkSpec, before: NetworkSpec) -> None:
+        """Replace the egress policy of its network namespace now, `before` being the current
+        one; the names resolved in `spec` replace the old ones in /etc/hosts. All or nothing:
+        a hosts file that cannot be written puts `before` back. InvalidRequest when it has no
+        namespace (created with `network: none` and no `expose`: only loopback)."""
+        from rollstack.run.network import add_hosts
+
         h = self.net
         if h is None:
             raise InvalidRequest(f"environment {self.id} was created without a network (network: none, no "
                                  "expose): its policy cannot change; create it with one (even `{allow: [...]}`)")
         self.runtime.network.apply(h, spec)
-        if spec.hosts:
-            from rollstack.run.network import add_hosts
-
-            add_hosts(self.files, spec)
+        try:
+            add_hosts(self.files, spec, replace=True)
+        except BaseException:
+            self.runtime.network.apply(h, before)
+            raise
 
     @property
     def lowers(self) -> list[Path]:

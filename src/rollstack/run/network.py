@@ -160,17 +160,25 @@ def _endpoint(address: str, port: int | None) -> str:
 HOSTS_MARK = "# rollstack: allowed names, resolved at create (network.allow)"
 
 
-def add_hosts(files: Any, spec: NetworkSpec) -> None:
-    """Append the allowed names to /etc/hosts through `files` (a SafeRoot on the rootfs)."""
-    if not spec.hosts:
+def add_hosts(files: Any, spec: NetworkSpec, replace: bool = False) -> None:
+    """Write the allowed names to /etc/hosts through `files` (a SafeRoot on the rootfs): appended
+    as a marked block, or with `replace`, in place of the block an earlier policy wrote (a name
+    re-resolved must not keep its old address ahead of the new one)."""
+    if not spec.hosts and not replace:
         return
     try:
         old = files.read_file("/etc/hosts").decode()
     except NotFound:
         old = "127.0.0.1\tlocalhost\n"
-    lines = [HOSTS_MARK, *(f"{a}\t{n}" for a, n in spec.hosts)]
-    files.write_file("/etc/hosts", (old if old.endswith("\n") or not old else old + "\n").encode()
-                     + ("\n".join(lines) + "\n").encode())
+    if replace and HOSTS_MARK in old:
+        head, _, block = old.partition(HOSTS_MARK)
+        rest = block.split("\n")[1:]  # the block: the marker's line and the name lines after it
+        while rest and "\t" in rest[0] and not rest[0].startswith("#"):
+            rest.pop(0)
+        old = head + "\n".join(rest)
+    lines = [HOSTS_MARK, *(f"{a}\t{n}" for a, n in spec.hosts)] if spec.hosts else []
+    body = old if old.endswith("\n") or not old else old + "\n"
+    files.write_file("/etc/hosts", (body + ("\n".join(lines) + "\n" if lines else "")).encode())
 
 
 def ruleset(h: NetHandle, spec: NetworkSpec, pool: str) -> str:
@@ -187,6 +195,10 @@ def ruleset(h: NetHandle, spec: NetworkSpec, pool: str) -> str:
         if spec.mode == "allow" else []
     net_rules = [accept(r.net, r.port) for r in spec.rules if r.net is not None] \
         if spec.mode == "allow" else []
+    # To the node's own addresses only what names a port: a network allowed whole (no port)
+    # must not open every service of a node whose address it contains
+    node_net_rules = [accept(r.net, r.port) for r in spec.rules if r.net is not None and r.port is not None] \
+        if spec.mode == "allow" else []
     lines = [
         f"table inet {t} {{",
         "  chain from_env {",
@@ -197,7 +209,7 @@ def ruleset(h: NetHandle, spec: NetworkSpec, pool: str) -> str:
         "  chain to_node {",  # packets for an address of the node itself
         *(f"    {r}" for r in node_rules),
         f"    ip daddr {{ {deny} }} drop",
-        *(f"    {r}" for r in net_rules),
+        *(f"    {r}" for r in node_net_rules),
         "    drop",
         "  }",
         "  chain beyond {",  # packets the node would forward

@@ -18,6 +18,7 @@ from rollstack.e2b.models import ALL_TRAFFIC, NewSandbox, egress_policy
      {"allow": ["1.1.1.1", "10.0.0.0/8:443"]}),
     (False, {"allowOut": ["api.example.com"]}, {"allow": ["api.example.com"]}),
     (True, {"allowOut": [], "denyOut": [], "rules": {}}, "outbound"),  # empty fields are no request
+    (None, {"allowPublicTraffic": True}, "outbound"),  # no public URLs on a node: holds either way
 ])
 def test_egress_options_map_to_a_policy(internet, network, policy):
     assert egress_policy(internet, network) == policy
@@ -28,7 +29,7 @@ def test_egress_options_map_to_a_policy(internet, network, policy):
     ({"denyOut": [ALL_TRAFFIC, "10.0.0.0/8"]}, "network.denyOut"),
     ({"egressProxy": {"address": "p:1"}}, "network.egressProxy"),
     ({"maskRequestHost": "x"}, "network.maskRequestHost"),
-    ({"allowPublicTraffic": False}, "network.allowPublicTraffic"),
+    ({"httpsPorts": [443]}, "network.httpsPorts"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(network, field):
     with pytest.raises(ValueError, match=f"^{field}:"):

@@ -81,7 +81,7 @@ def test_a_directory_round_trips_and_hostile_tars_write_nothing_outside(tmp_path
     out = tmp_path / "out"
     unpack_into(pack_dir(src), out)
     assert (out / "a.txt").read_text() == "a" and (out / "sub" / "run.sh").stat().st_mode & 0o777 == 0o755
-    for name, kind in (("../escape", tarfile.REGTYPE), ("link", tarfile.SYMTYPE), ("dev", tarfile.CHRTYPE)):
+    for name, kind in (("../escape", tarfile.REGTYPE), ("link", tarfile.SYMTYPE)):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo(name)
@@ -93,6 +93,14 @@ def test_a_directory_round_trips_and_hostile_tars_write_nothing_outside(tmp_path
         with pytest.raises(tarfile.FilterError):
             unpack_into(buf.getvalue(), target)
     assert not (tmp_path / "escape").exists()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:  # a device and a pipe left in a log dir
+        for name, kind in (("dev", tarfile.CHRTYPE), ("pipe", tarfile.FIFOTYPE), ("log.txt", tarfile.REGTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            tar.addfile(info, io.BytesIO(b""))
+    unpack_into(buf.getvalue(), tmp_path / "logs")
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["log.txt"]  # the rest is kept
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.addfile(tarfile.TarInfo("/abs-from-env"), io.BytesIO(b""))

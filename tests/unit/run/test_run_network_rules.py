@@ -50,6 +50,10 @@ def test_an_entry_without_a_port_accepts_every_port_of_its_network():
     assert beyond[1:] == ["ip daddr 10.9.0.0/16 accept",
                           "ip daddr 10.1.2.3/32 meta l4proto { tcp, udp } th dport 443 accept", "drop"]
     assert "169.254.0.0/16" in beyond[0]  # the deny list still comes first
+    # to the node's own addresses, only what names a port (a whole network must not open the
+    # node's services when the node's address is in it)
+    assert _chain(ruleset(H, spec, DEFAULT_POOL), "to_node")[1:] == [
+        "ip daddr 10.1.2.3/32 meta l4proto { tcp, udp } th dport 443 accept", "drop"]
 
 
 def test_outbound_accepts_past_the_deny_list_but_not_to_the_node():
@@ -98,6 +102,14 @@ def test_allowed_names_become_hosts_entries(monkeypatch, tmp_path):
     assert (root / "etc/hosts").read_text() == (
         f"127.0.0.1 localhost\n{HOSTS_MARK}\n10.9.0.7\tmodel.internal\n10.9.0.8\tmodel.internal\n"
         "10.9.1.1\tpypi.internal\n")
+    (root / "etc/hosts").write_text((root / "etc/hosts").read_text() + "# the user's own line\n10.0.0.1\tmine\n")
+    answers["model.internal"] = ["10.9.0.9"]  # re-resolved by a policy update: replaces, not appends
+    again = resolve_spec("allow", [parse_allow("model.internal:30000")], [])
+    add_hosts(SafeRoot(root), again, replace=True)
+    assert (root / "etc/hosts").read_text() == (
+        f"127.0.0.1 localhost\n# the user's own line\n10.0.0.1\tmine\n{HOSTS_MARK}\n10.9.0.9\tmodel.internal\n")
+    add_hosts(SafeRoot(root), resolve_spec("outbound", [], []), replace=True)  # no names: the block goes
+    assert HOSTS_MARK not in (root / "etc/hosts").read_text()
     empty = tmp_path / "empty"
     empty.mkdir()
     add_hosts(SafeRoot(empty), spec)  # no /etc/hosts in the image: one is made
