@@ -1,7 +1,7 @@
 """`rollstack bench fork`: branching a running environment, measured on a real node.
 
 An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busybox corpus
-(`bench env`'s). A parent environment writes a diff (`--files` files of `--file-kib` KiB each:
+(`bench env`'s), or over an image (`--image`, imported first; commands run in /root). A parent environment writes a diff (`--files` files of `--file-kib` KiB each:
 10 MB in 1,000 files by default, then one `--big-mib` MiB file), and is forked:
 - `fork(1)` and `fork(8)` latency as the caller sees it (p50 over `--reps`), with the node's own
   split: the parent's pause (the cut) and the copy of its upper;
@@ -43,7 +43,7 @@ def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
         pause.append(float(group.get("fork_pause_s", 0.0)))
         copy.append(float(group.get("fork_copy_s", 0.0)))
         for k in kids:
-            assert k.exec(["cat", "/work/app/marker"]).stdout == "cut\n", "a child lost the parent's state"
+            assert k.exec(["cat", "marker"]).stdout == "cut\n", "a child lost the parent's state"
             k.destroy()
     return {"count": count, "reps": reps, "p50_s": _p50(wall), "max_s": round(max(wall), 4),
             "pause_p50_s": _p50(pause), "copy_p50_s": _p50(copy)}
@@ -93,15 +93,38 @@ def _setup_iteration(node: Any, plan: dict[str, Any], seconds: int, group: int) 
             "setup_in_every_rollout_s": round(every, 2), "speedup": round(every / once, 2) if once else 0.0}
 
 
+IMAGE_GROUP = "bench/fork-image:1"
+
+
+def _image_store(image: str, work: Path, log: Any) -> tuple[str, dict[str, Any]]:
+    """`image` imported into a fresh OCI layout store; a plan over it (its commands in /root)."""
+    from rollstack.plan.imports import import_image
+    from rollstack.store import open_store
+
+    spec = f"oci:{work / 'store'}"
+    store = open_store(spec)
+    try:
+        log(f"[bench fork] importing {image}")
+        import_image(image, IMAGE_GROUP, store, cache_dir=work / "import-cache", work_dir=work)
+    finally:
+        store.close()
+    return spec, {"name": "fork-image", "groups": [IMAGE_GROUP], "workdir": "/root", "timeout": 3600,
+                  "env": {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}
+
+
 def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: Path, command: str,
-        log: Any = print, setup_seconds: int = 0, group: int = 4) -> dict[str, Any]:
+        log: Any = print, setup_seconds: int = 0, group: int = 4, image: str | None = None) -> dict[str, Any]:
     from rollstack import Node
     from rollstack_bench.env import busybox_plan, publish_busybox_corpus
+    from rollstack_bench.report import machine_facts
 
-    store = publish_busybox_corpus(work / "store", work / "build")
+    if image:
+        store, plan = _image_store(image, work, log)
+    else:
+        store, plan = publish_busybox_corpus(work / "store", work / "build"), busybox_plan()
     root = work / "node"
-    plan = busybox_plan()
-    doc: dict[str, Any] = {"command": command, "diff": {"files": files, "file_kib": file_kib, "big_mib": big_mib}}
+    doc: dict[str, Any] = {"command": command, "image": image or "busybox corpus", "machine": machine_facts(),
+                           "diff": {"files": files, "file_kib": file_kib, "big_mib": big_mib}}
     with Node(store=store, root=root, max_environments=24) as node:
         parent = node.create(plan)
         try:
@@ -189,13 +212,15 @@ def register(app: typer.Typer) -> None:
         cycles: int = typer.Option(100, "--cycles", min=0, help="fork/destroy cycles at the end"),
         setup_seconds: int = typer.Option(20, "--setup-seconds", min=0, help="CPU seconds of the setup step (0: skip that part)"),
         group: int = typer.Option(4, "--group", min=2, max=16, help="group size for the setup comparison"),
+        image: str = typer.Option("", "--image", help="run on this image (oci:DIR[:TAG], docker://...) instead of the busybox corpus"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
         """Fork latency (1 and 8 children) on a 10 MB / 1,000-file and a 100 MB diff; cycles leave nothing."""
         command = " ".join(["rollstack", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "rollstack bench fork"
         with tempfile.TemporaryDirectory(prefix="rollstack-bench-fork-", dir="/var/tmp") as tmp:
             doc = run(files, file_kib, big_mib, reps, cycles, Path(tmp), command,
-                      log=lambda m: print(m, file=sys.stderr), setup_seconds=setup_seconds, group=group)
+                      log=lambda m: print(m, file=sys.stderr), setup_seconds=setup_seconds, group=group,
+                      image=image or None)
         if as_json:
             print(json.dumps(doc, indent=2))
         else:
