@@ -84,8 +84,10 @@ def attribute(rollouts: list[Rollout], faults: list[Fault], grace: float = GRACE
     }
 
 
-def flatness(samples: list[tuple[float, int, int]]) -> dict[str, Any]:
-    """fd count and RSS of the agent: first and last quarter medians (flat = not growing)."""
+def flatness(samples: list[tuple[float, ...]]) -> dict[str, Any]:
+    """fd count and RSS of the agent: first and last quarter medians (flat = not growing), and
+    per minute the medians of fds, RSS and of the environment directories on the node (so fd
+    growth can be told from more environments alive)."""
     from statistics import median
 
     fds = [s[1] for s in samples if s[1] > 0]
@@ -94,10 +96,18 @@ def flatness(samples: list[tuple[float, int, int]]) -> dict[str, Any]:
         return {"samples": len(samples)}
     q = len(fds) // 4
     rq = max(1, len(rss) // 4)
+    t0 = samples[0][0]
+    minutes: dict[int, list[tuple[float, ...]]] = {}
+    for s in samples:
+        if s[1] > 0:
+            minutes.setdefault(int((s[0] - t0) // 60), []).append(s)
+    series = [{"minute": m, "fds": median(x[1] for x in xs), "rss_mb": round(median(x[2] for x in xs) / 2**20, 1),
+               "envs": median(x[3] for x in xs) if len(xs[0]) > 3 else None} for m, xs in sorted(minutes.items())]
     return {"samples": len(samples),
             "fds_first_quarter": median(fds[:q]), "fds_last_quarter": median(fds[-q:]),
             "rss_mb_first_quarter": round(median(rss[:rq]) / 2**20, 1),
-            "rss_mb_last_quarter": round(median(rss[-rq:]) / 2**20, 1)}
+            "rss_mb_last_quarter": round(median(rss[-rq:]) / 2**20, 1),
+            "per_minute": series}
 
 
 class Traffic:
@@ -239,7 +249,7 @@ def _open_stream(config: Any, token: str) -> Any:
     return open_stream
 
 
-def _sample(pid_fn: Any, samples: list[tuple[float, int, int]], stop: threading.Event) -> None:
+def _sample(pid_fn: Any, samples: list[tuple[float, ...]], stop: threading.Event, envs_dir: Path) -> None:
     from rollstack_bench.env import _rss
 
     while not stop.wait(1.0):
@@ -248,7 +258,11 @@ def _sample(pid_fn: Any, samples: list[tuple[float, int, int]], stop: threading.
             fds = len(os.listdir(f"/proc/{pid}/fd")) if pid else 0
         except OSError:
             fds = 0
-        samples.append((time.monotonic(), fds, _rss(pid)))
+        try:
+            envs = len(os.listdir(envs_dir))
+        except OSError:
+            envs = 0
+        samples.append((time.monotonic(), fds, _rss(pid), envs))
 
 
 def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str], fanout: int,
@@ -277,7 +291,7 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
     rng = random.Random(seed)
     traffic = Traffic(seed)
     fault_log: list[Fault] = []
-    samples: list[tuple[float, int, int]] = []
+    samples: list[tuple[float, ...]] = []
     stop = threading.Event()
     t0 = time.monotonic()
     doc: dict[str, Any] = {}
@@ -303,7 +317,7 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
         rig = Rig(config=config, registry=registry, client=client, ballast=root / "chaos-ballast", rng=rng,
                   agent_pid=lambda: agent.read_pid(config), restart_agent=lambda: agent.start(config),
                   open_stream=_open_stream(config, token))
-        threading.Thread(target=_sample, args=(rig.agent_pid, samples, stop), daemon=True).start()
+        threading.Thread(target=_sample, args=(rig.agent_pid, samples, stop, root / "envs"), daemon=True).start()
         end = t0 + seconds
         threads = [threading.Thread(target=_worker, args=(traffic, config, token, plans, i, end, fanout),
                                     name=f"chaos-{i}") for i in range(workers)]

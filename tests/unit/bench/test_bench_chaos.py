@@ -36,3 +36,5 @@ def test_flatness_compares_the_first_and_last_quarters() -> None:
     assert out["fds_first_quarter"] == 100 and out["fds_last_quarter"] == 103
     assert out["rss_mb_first_quarter"] == out["rss_mb_last_quarter"] == 50.0
     assert flatness(samples[:3]) == {"samples": 3}
+    minutes = flatness([(float(t), 100 + t // 60, 50 << 20, 3 + t // 60) for t in range(150)])["per_minute"]
+    assert minutes == [{"minute": m, "fds": 100 + m, "rss_mb": 50.0, "envs": 3 + m} for m in range(3)]
