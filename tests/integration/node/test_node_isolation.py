@@ -174,7 +174,7 @@ def test_environment_cannot_reach_the_node_api(client, node):
 @pytest.mark.parametrize("network, field, words", [
     ({"allow": ["no-such-host.invalid:443"]}, "network.allow[0]", "cannot resolve"),
     ({"allow": ["10.0.0.1:0"]}, "network", "out of range"),
-    ({"allow": ["10.0.0.1"]}, "network", "port is required"),
+    ({"allow": ["host"]}, "network", "the node is reached on one port"),
     ({"allow": ["169.254.169.254:80"]}, "network", "never reachable"),
     ({"allow": ["host:7878"]}, "network.allow[0]", "node agent"),
     ("everything", "network", "not a network mode"),

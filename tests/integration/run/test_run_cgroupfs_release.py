@@ -91,7 +91,9 @@ def test_destroy_releases_an_environments_small_charge(make_env, busybox_lower: 
 
     def spy(cg: Path, below: int = cgroupfs.RELEASE_BELOW) -> bool:
         charged = _charged(cg) if (cg / "memory.stat").exists() else -1
-        released.append((cg, charged, real(cg, below)))
+        # the threshold is tested above; here, that destroy empties the cgroup it charged, however
+        # much else it read (a machine dropping its caches makes it re-read busybox: over 1 MiB)
+        released.append((cg, charged, real(cg, max(below, 64 << 20))))
         return released[-1][2]
 
     monkeypatch.setattr(cgroupfs, "release_page_cache", spy)

@@ -39,7 +39,9 @@ def test_network_is_loopback_only_and_up(make_env):
     # condition (the listener in /proc/net/tcp{,6}, a delivered line) with a generous deadline: on
     # a loaded machine a bounded count of retries ran out before the listener was scheduled.
     r = env.exec("end=$(($(date +%s) + 150)); "
-                 "nc -l -p 8080 > /tmp/got & "
+                 # the listener's stdin never ends: a listener that met EOF on it could go before
+                 # it read the line (seen under load)
+                 "(sleep 200 2>/dev/null | nc -l -p 8080 > /tmp/got 2>/dev/null) 2>/dev/null & "
                  "until cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | grep -qE ':1F90 0+:0000 0A'; do "
                  "[ $(date +%s) -lt $end ] || { echo no-listener; exit 3; }; sleep 0.1; done; "
                  "until echo ping | nc -w 10 127.0.0.1 8080; do "
