@@ -61,7 +61,7 @@ class EnvRecord:
     refs: list[LayerRef] = field(default_factory=list)
     net_spec: Any = None
     """The resolved network policy in force (`rollstack.run.network.NetworkSpec`; None after an
-    agent restart until `set_network` sets one)."""
+    agent restart until `set_network` resolves it again)."""
     fork_layers: list[Path] = field(default_factory=list)
     """The frozen uppers this environment stacks if it was forked (rollstack.node.forks)."""
     created: CreateResponse | None = None

@@ -506,6 +506,8 @@ class NodeService:
             raise InvalidRequest(f"environment {env_id} is an evaluator: its network is the node's")
         stages = self._stages()
         plan, spec = stages.network_plan(rec, network)  # validated and resolved before the lock
+        if rec.net_spec is None:  # re-adopted after a restart: what to put back if this fails
+            rec.net_spec = stages.network_plan(rec, rec.plan.model_dump(mode="json")["network"])[1]
         with rec.lock:
             if rec.state != st.RUNNING:
                 self._running(env_id)  # raises the state's error

@@ -460,11 +460,9 @@ class Stages:
 
     def set_network(self, rec: EnvRecord, spec: NetworkSpec) -> None:
         """Apply `spec` (from `network_plan`) to `rec`'s network namespace, all or nothing (the
-        policy it had is put back if the rest fails)."""
-        from rollstack.run.network import NetworkSpec as Spec
-
-        assert rec.runtime is not None
-        rec.runtime.set_network(spec, rec.net_spec or Spec("none", expose=spec.expose))
+        policy it had, `rec.net_spec`, is put back if the rest fails)."""
+        assert rec.runtime is not None and rec.net_spec is not None
+        rec.runtime.set_network(spec, rec.net_spec)
         rec.net_spec = spec
 
     def _reserved_ports(self) -> tuple[int, ...]:
