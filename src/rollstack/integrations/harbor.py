@@ -42,7 +42,7 @@ from rollstack.integrations.connect import async_client
 from rollstack.integrations.taskimage import ImageBuilder, TaskImage
 from rollstack.integrations.transfer import pack_dir, unpack_into, write_bytes
 
-_ROOT_USERS = (None, "", "root", 0, "0")
+_ROOT_NAMES = ("", "root", "0")
 _TMP = "/tmp"
 
 
@@ -156,10 +156,8 @@ class RollstackEnvironment(BaseEnvironment):
     def _argv(self, command: str, user: str | int | None) -> list[str]:
         """`SHELL -c command`, through `su` for a user other than root (a uid, or `user:group`
         as Docker's USER allows, becomes its name from /etc/passwd)."""
-        if user in _ROOT_USERS:
-            return [self._shell, "-c", command]
-        name = str(user).split(":", 1)[0]
-        if name in _ROOT_USERS:
+        name = "" if user is None else str(user).split(":", 1)[0]
+        if name in _ROOT_NAMES:
             return [self._shell, "-c", command]
         shell = f"/bin/{self._shell}"
         if name.isdigit():  # su takes names: look the uid up inside the environment

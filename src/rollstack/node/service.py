@@ -151,8 +151,8 @@ class NodeService:
     def _pause_on_timeout(self, rec: EnvRecord) -> bool:
         """The reaper's end of an `on_timeout: pause` lifetime: pause it; it then lives
         `paused_ttl` more, paused (a resume with a new timeout gives it its lifetime back). A
-        pause that fails is tried at the next reaps; after `_PAUSE_TRIES` failures (or when it
-        is paused already) it is False: the caller destroys it like any expired environment."""
+        pause that fails is tried at the next reaps; after `_PAUSE_TRIES` failures it is False:
+        the caller destroys it like any expired environment."""
         log.info("environment %s reached its timeout; pausing (on_timeout: pause)", rec.id)
         try:
             self.pause(rec.id)
@@ -273,11 +273,9 @@ class NodeService:
             base = plan["extends"]
             if not isinstance(base, str):
                 raise PlanInvalid("extends: a published plan's NAME:TAG")
-            loaded = self._load(base)
-            doc = loaded.model_dump(mode="json", exclude_none=True)
-            if loaded.mutation_text is not None:
-                doc.pop("mutation", None)
-            plan = {**doc, **{k: v for k, v in plan.items() if k != "extends"}}
+            from rollstack.plan.published import plan_document
+
+            plan = {**plan_document(self._load(base)), **{k: v for k, v in plan.items() if k != "extends"}}
         if isinstance(plan, dict) and plan.get("mutation") and plan.get("mutation_text") is None:
             # A mutation file path would be read on the node's disk: refuse; clients send it inline.
             text = str(plan["mutation"])

@@ -451,11 +451,9 @@ class Stages:
         (names looked up now: call it without holding the record's lock)."""
         from rollstack.node.netplan import network_spec
         from rollstack.plan.model import load_plan
+        from rollstack.plan.published import plan_document
 
-        doc = rec.plan.model_dump(mode="json", exclude_none=True)
-        if rec.plan.mutation_text is not None:
-            doc.pop("mutation", None)
-        plan = load_plan({**doc, "network": network})
+        plan = load_plan({**plan_document(rec.plan), "network": network})
         return plan, network_spec(plan, reserved_node_ports=self._reserved_ports())
 
     def set_network(self, rec: EnvRecord, spec: NetworkSpec) -> None:
