@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -102,7 +103,8 @@ def flatness(samples: list[tuple[float, ...]]) -> dict[str, Any]:
         if s[1] > 0:
             minutes.setdefault(int((s[0] - t0) // 60), []).append(s)
     series = [{"minute": m, "fds": median(x[1] for x in xs), "rss_mb": round(median(x[2] for x in xs) / 2**20, 1),
-               "envs": median(x[3] for x in xs) if len(xs[0]) > 3 else None} for m, xs in sorted(minutes.items())]
+               "envs": median(x[3] for x in xs) if len(xs[0]) > 3 else None,
+               "fd_kinds": xs[-1][4] if len(xs[-1]) > 4 else None} for m, xs in sorted(minutes.items())]
     return {"samples": len(samples),
             "fds_first_quarter": median(fds[:q]), "fds_last_quarter": median(fds[-q:]),
             "rss_mb_first_quarter": round(median(rss[:rq]) / 2**20, 1),
@@ -249,20 +251,42 @@ def _open_stream(config: Any, token: str) -> Any:
     return open_stream
 
 
-def _sample(pid_fn: Any, samples: list[tuple[float, ...]], stop: threading.Event, envs_dir: Path) -> None:
+def fd_kind(target: str) -> str:
+    """What an fd points at, without the parts that differ per object: `socket`, `pipe`,
+    `anon_inode:[eventpoll]`, or a path's first seven components with ids and temp names starred."""
+    if ":" in target and not target.startswith("/"):
+        return target.split(":[", 1)[0] if not target.startswith("anon_inode") else target
+    parts = [p for p in target.split("/") if p][:7]
+    return "/" + "/".join("*" if re.fullmatch(r"[0-9a-f-]{8,}|env-[\w-]+|\d+|rollstack-bench-chaos-\w+|tmp\w{8}", p)
+                          else p for p in parts)
+
+
+def _fd_kinds(pid: int) -> dict[str, int]:
+    kinds: Counter[str] = Counter()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return {}
+    for name in names:
+        try:
+            kinds[fd_kind(os.readlink(f"/proc/{pid}/fd/{name}"))] += 1
+        except OSError:
+            continue
+    return dict(kinds.most_common())
+
+
+def _sample(pid_fn: Any, samples: list[tuple[Any, ...]], stop: threading.Event, envs_dir: Path) -> None:
     from rollstack_bench.env import _rss
 
     while not stop.wait(1.0):
         pid = pid_fn()
-        try:
-            fds = len(os.listdir(f"/proc/{pid}/fd")) if pid else 0
-        except OSError:
-            fds = 0
+        kinds = _fd_kinds(pid) if pid else {}
+        fds = sum(kinds.values())
         try:
             envs = len(os.listdir(envs_dir))
         except OSError:
             envs = 0
-        samples.append((time.monotonic(), fds, _rss(pid), envs))
+        samples.append((time.monotonic(), fds, _rss(pid), envs, kinds))
 
 
 def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str], fanout: int,

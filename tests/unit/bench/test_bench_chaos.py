@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollstack_bench.chaos import Rollout, attribute, flatness
+from rollstack_bench.chaos import Rollout, attribute, fd_kind, flatness
 from rollstack_bench.chaos_faults import Fault
 
 
@@ -37,4 +37,15 @@ def test_flatness_compares_the_first_and_last_quarters() -> None:
     assert out["rss_mb_first_quarter"] == out["rss_mb_last_quarter"] == 50.0
     assert flatness(samples[:3]) == {"samples": 3}
     minutes = flatness([(float(t), 100 + t // 60, 50 << 20, 3 + t // 60) for t in range(150)])["per_minute"]
-    assert minutes == [{"minute": m, "fds": 100 + m, "rss_mb": 50.0, "envs": 3 + m} for m in range(3)]
+    assert minutes == [{"minute": m, "fds": 100 + m, "rss_mb": 50.0, "envs": 3 + m, "fd_kinds": None} for m in range(3)]
+    kinds = flatness([(float(t), 100, 50 << 20, 3, {"socket": t}) for t in range(90)])["per_minute"]
+    assert [m["fd_kinds"] for m in kinds] == [{"socket": 59}, {"socket": 89}]
+
+
+def test_fd_kind_groups_descriptors_by_what_they_point_at() -> None:
+    assert fd_kind("socket:[4242]") == "socket"
+    assert fd_kind("pipe:[17]") == "pipe"
+    assert fd_kind("anon_inode:[eventpoll]") == "anon_inode:[eventpoll]"
+    assert fd_kind("/var/tmp/rollstack-bench-chaos-a1_b2/node/envs/env-0f3c9a1b/upper/x/y") == \
+        "/var/tmp/*/node/envs/*/upper"
+    assert fd_kind("/dev/fuse") == "/dev/fuse"
