@@ -46,8 +46,8 @@ test: setup
 # ruff over everything; mypy strict where it is cheap (the contract), default over plan and lowers
 lint: setup
 	$(BIN)/ruff check src tests
-	$(BIN)/mypy --strict src/rollstack/contract
-	$(BIN)/mypy src/rollstack/plan src/rollstack/lowers
+	$(BIN)/mypy --strict src/rollstack/contract src/rollstack/format src/rollstack/plan
+	$(BIN)/mypy src/rollstack/lowers
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit

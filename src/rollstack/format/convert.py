@@ -18,11 +18,12 @@ import tarfile
 import tempfile
 import urllib.parse
 import zlib
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from lzma import LZMAError
 from pathlib import Path
 from dataclasses import replace
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypedDict
 
 import zstandard
 
@@ -31,7 +32,7 @@ from rollstack.format import paths as layer_paths
 from rollstack.format.toc import EntryType, TocEntry
 from rollstack.format.tarheader import FastTarInfo
 from rollstack.format.tarstream import Forward, decompressing, drain
-from rollstack.format.writer import DEFAULT_CHUNK_SIZE, DEFAULT_LEVEL, LayerInfo, LayerWriter
+from rollstack.format.writer import DEFAULT_CHUNK_SIZE, DEFAULT_LEVEL, LayerInfo, LayerWriter, Readable
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -39,6 +40,15 @@ OVERLAY_OPAQUE_XATTR = "trusted.overlay.opaque"
 _MAX_U32 = (1 << 32) - 1
 _I64 = (-(1 << 63), (1 << 63) - 1)
 _READ_BUF = 1 << 20
+
+
+class _Meta(TypedDict):
+    """The metadata every entry carries, from a tar header or a stat."""
+
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
@@ -102,7 +112,7 @@ class Lower(Protocol):
         """The entry at `path` in the merged lower layers (a hardlink as its target), or None."""
         ...
 
-    def payload(self, entry: TocEntry) -> BinaryIO:
+    def payload(self, entry: TocEntry) -> Readable:
         """A regular file's bytes (an entry `__call__` returned)."""
         ...
 
@@ -125,13 +135,13 @@ def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAUL
     try:
         with decompressing(tar_stream) as stream:
             reader = Forward(stream)
-            tf = tarfile.open(fileobj=reader, mode="r:", tarinfo=FastTarInfo)  # type: ignore[arg-type]  (forward seeks only)
+            tf = tarfile.open(fileobj=reader, mode="r:", tarinfo=FastTarInfo)  # type: ignore[call-overload]  # forward seeks only
             while True:
                 ti = tf.next()
                 if ti is None:
                     break
                 member = ti.name
-                _add_tar_member(writer, tf, ti, lower)
+                _add_tar_member(writer, tf, reader, ti, lower)
                 tf.members.clear()  # O(1) memory per member: we never look members up again
             member = "<archive end>"
             drain(reader)
@@ -145,13 +155,14 @@ def convert_tar(tar_stream: BinaryIO, out: BinaryIO, *, chunk_size: int = DEFAUL
         writer.close()
 
 
-def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInfo, lower: Lower | None = None) -> None:
+def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, reader: Forward, ti: tarfile.TarInfo,
+                    lower: Lower | None = None) -> None:
     path = layer_paths.normalize(ti.name)
     name = path.rsplit("/", 1)[-1]
     if name == OPAQUE_MARKER:
         writer.mark_opaque(layer_paths.parent(path))
         return
-    common = dict(mode=ti.mode & 0o7777, uid=_u32(ti.uid, "uid", path), gid=_u32(ti.gid, "gid", path),
+    common = _Meta(mode=ti.mode & 0o7777, uid=_u32(ti.uid, "uid", path), gid=_u32(ti.gid, "gid", path),
                   mtime_ns=_tar_mtime_ns(ti, path))
     if name.startswith(WHITEOUT_PREFIX):
         target = name[len(WHITEOUT_PREFIX):]
@@ -176,7 +187,7 @@ def _add_tar_member(writer: LayerWriter, tf: tarfile.TarFile, ti: tarfile.TarInf
     elif ti.isfifo():
         writer.add(TocEntry(path, EntryType.FIFO, xattrs=xattrs, **common))
     else:  # regular (and, as POSIX says, any unknown type)
-        f = _Payload(tf.fileobj, ti.offset_data, ti.size) if ti.sparse is None else tf.extractfile(ti)
+        f = _Payload(reader, ti.offset_data, ti.size) if ti.sparse is None else tf.extractfile(ti)
         entry = writer.add(TocEntry(path, EntryType.REG, xattrs=xattrs, **common), f or io.BytesIO())
         if entry.size != ti.size:
             raise SourceInvalid(f"entry {path!r}: archive is truncated ({entry.size} of {ti.size} bytes)")
@@ -187,7 +198,7 @@ class _Payload:
     stacks a BufferedReader and a Python `readinto` on every read of every member, which is
     most of the cost of a small file. Sparse members still go through tarfile."""
 
-    def __init__(self, stream: BinaryIO, start: int, size: int) -> None:
+    def __init__(self, stream: Forward, start: int, size: int) -> None:
         stream.seek(start)  # forward only, and a no-op: the header was just read
         self._stream, self._left = stream, size
 
@@ -227,7 +238,7 @@ def _u32(v: int, what: str, path: str) -> int:
     return v
 
 
-def _pax_xattrs(pax: dict[str, str], path: str) -> dict[str, bytes]:
+def _pax_xattrs(pax: Mapping[str, str], path: str) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for key, value in pax.items():
         if key.startswith("SCHILY.xattr."):
@@ -285,8 +296,8 @@ def _fs_xattrs(full: str) -> dict[str, bytes]:
         return {}
 
 
-def _common(st: os.stat_result) -> dict[str, int]:
-    return dict(mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns)
+def _common(st: os.stat_result) -> _Meta:
+    return _Meta(mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns)
 
 
 def _add_dir_entry(writer: LayerWriter, full: str, rel: str, st: os.stat_result) -> None:

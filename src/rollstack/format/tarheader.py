@@ -15,21 +15,26 @@ from __future__ import annotations
 
 import struct
 import tarfile
-from typing import Any
+from typing import Any, Callable
 
 _FIELDS = struct.Struct("100s8s8s8s12s12s8sc100s8x32s32s8s8s155s12x")  # ustar, magic/version skipped
 _EMPTY = bytes(tarfile.BLOCKSIZE)
+# tarfile's own helpers, private but unchanged since Python 3.0 (typeshed leaves them out); we
+# raise what tarfile raises, so its callers see one error type either way
+_nti: Callable[[bytes], int] = tarfile.nti  # type: ignore[attr-defined]
+_calc_chksums: Callable[[bytes | bytearray], tuple[int, int]] = tarfile.calc_chksums  # type: ignore[attr-defined]
+_InvalidHeader: type[tarfile.HeaderError] = tarfile.InvalidHeaderError  # type: ignore[attr-defined]
 
 
 def _number(field: bytes) -> int:
     """`tarfile.nti`: an octal field up to its first NUL (base-256 fields go to tarfile)."""
     if field[0] in (0o200, 0o377):
-        return tarfile.nti(field)
+        return _nti(field)
     end = field.find(b"\0")
     try:
         return int((field[:end] if end != -1 else field).decode("ascii").strip() or "0", 8)
     except ValueError:  # UnicodeDecodeError included, as tarfile's strict ascii decode
-        raise tarfile.InvalidHeaderError("invalid header") from None
+        raise _InvalidHeader("invalid header") from None
 
 
 def _string(field: bytes, encoding: str, errors: str) -> str:
@@ -43,14 +48,14 @@ class FastTarInfo(tarfile.TarInfo):
     __slots__ = ()
 
     @classmethod
-    def frombuf(cls, buf: bytes, encoding: str, errors: str) -> Any:
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Any:
         if len(buf) != tarfile.BLOCKSIZE or buf == _EMPTY or buf[156:157] == tarfile.GNUTYPE_SPARSE:
             return super().frombuf(buf, encoding, errors)
         (name, mode, uid, gid, size, mtime, chk, type_, link, uname, gname,
          major, minor, prefix) = _FIELDS.unpack(buf)
         chksum = _number(chk)
-        if chksum != 256 + sum(buf) - sum(chk) and chksum not in tarfile.calc_chksums(buf):
-            raise tarfile.InvalidHeaderError("bad checksum")
+        if chksum != 256 + sum(buf) - sum(chk) and chksum not in _calc_chksums(buf):
+            raise _InvalidHeader("bad checksum")
         obj = cls()
         obj.name = _string(name, encoding, errors)
         obj.mode = _number(mode)

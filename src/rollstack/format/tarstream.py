@@ -24,12 +24,12 @@ import subprocess
 import tempfile
 import threading
 import zlib
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import zstandard
 
 from rollstack.core.blocks import BlockPipe
-from rollstack.format.writer import _read_full
+from rollstack.format.writer import Readable, _read_full
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 READ_BUF = 1 << 20
@@ -46,7 +46,7 @@ class Decoded:
         self._feeder = feeder
         self._errors = errors
         self.feed_error: BaseException | None = None
-        self.on_exit: Any = None
+        self.on_exit: Callable[[], None] | None = None
 
     def read(self, n: int = -1) -> bytes:
         return self._stream.read(n)
@@ -63,7 +63,7 @@ class Decoded:
             assert self._errors is not None
             self._errors.seek(0)
             msg = self._errors.read().decode(errors="replace").strip().splitlines()
-            raise OSError(f"gzip: {msg[-1] if msg else f'{self._proc.args[0]} exit {rc}'}")
+            raise OSError(f"gzip: {msg[-1] if msg else f'{self._proc.args!r} exit {rc}'}")
 
     def __enter__(self) -> "Decoded":
         return self
@@ -90,7 +90,7 @@ def decompressing(stream: BinaryIO) -> Decoded:
     head = _read_exact(stream, 6)
     rest: BinaryIO = _Prefixed(head, stream)  # type: ignore[assignment]
     if head.startswith(ZSTD_MAGIC):
-        return Decoded(zstandard.ZstdDecompressor().stream_reader(rest, read_size=READ_BUF, read_across_frames=True))  # type: ignore[arg-type]
+        return Decoded(zstandard.ZstdDecompressor().stream_reader(rest, read_size=READ_BUF, read_across_frames=True))
     if head.startswith(b"\x1f\x8b"):
         child = gzip_child()
         if child is not None:
@@ -219,11 +219,15 @@ def _gunzip_thread(src: BinaryIO) -> Decoded:
     thread = threading.Thread(target=run, name="rollstack-gunzip", daemon=True)
     thread.start()
     decoded = Decoded(out)  # type: ignore[arg-type]
-    decoded.on_exit = lambda: (out.stop(), thread.join())
+
+    def stop() -> None:
+        out.stop()
+        thread.join()
+    decoded.on_exit = stop
     return decoded
 
 
-def drain(stream: BinaryIO) -> None:
+def drain(stream: Readable) -> None:
     """Read past the tar end marker to EOF, so decompressors verify their trailers/checksums."""
     while stream.read(READ_BUF):
         pass

@@ -181,7 +181,7 @@ def decode_raw(raw: bytes) -> Toc:
         try:
             chunks = [Chunk(o, sz, bo, bs, "sha256:" + d.hex(), CODE_COMPRESSIONS[c])
                       for o, sz, bo, bs, c, d in CHUNK.iter_unpack(view[chk_off:x_off])]
-            out = []
+            out: list[TocEntry] = []
             append = out.append
             for i, (tcode, flags, mode, uid, gid, mtime, size, rmaj, rmin, first, count, xoff) in enumerate(
                     RECORD.iter_unpack(view[rec_off:chk_off])):

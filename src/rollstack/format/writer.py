@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, replace
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Protocol
 
 import zstandard
 
@@ -29,6 +29,12 @@ MAX_CHUNK_SIZE = 64 << 20
 DEFAULT_LEVEL = 3
 IMPLICIT_DIR_MODE = 0o755
 from rollstack.format import LAYER_MEDIA_TYPE  # noqa: E402  (one definition)
+
+
+class Readable(Protocol):
+    """What a payload needs to be: bytes read front to back (a file, a tar member, a pipe)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +99,7 @@ class LayerWriter:
             self._pipe.close()
 
     # -- adding entries -----------------------------------------------------------------
-    def add(self, entry: TocEntry, payload: BinaryIO | None = None) -> TocEntry:
+    def add(self, entry: TocEntry, payload: Readable | None = None) -> TocEntry:
         """Add one entry. Regular files need `payload` (read to EOF; `entry.size` is set from
         what was read). Returns the entry as recorded."""
         if entry.path != layer_paths.normalize(entry.path):
@@ -156,7 +162,7 @@ class LayerWriter:
         return replace(entry, link=target_path, size=target.size, chunks=[])
 
     # -- payload ------------------------------------------------------------------------
-    def _write_payload(self, entry: TocEntry, payload: BinaryIO) -> None:
+    def _write_payload(self, entry: TocEntry, payload: Readable) -> None:
         size = 0
         while True:
             data = _read_full(payload, self.chunk_size)
@@ -276,12 +282,13 @@ _U32 = (1 << 32) - 1
 
 def _same(a: TocEntry, b: TocEntry) -> bool:
     """Duplicates are tolerated only when they describe exactly the same entry."""
-    key = lambda e: (e.type, e.mode, e.uid, e.gid, e.mtime_ns, e.size, e.link, e.rdev_major,  # noqa: E731
-                     e.rdev_minor, e.xattrs, [c.digest for c in e.chunks])
+    def key(e: TocEntry) -> tuple[object, ...]:
+        return (e.type, e.mode, e.uid, e.gid, e.mtime_ns, e.size, e.link, e.rdev_major, e.rdev_minor, e.xattrs,
+                [c.digest for c in e.chunks])
     return key(a) == key(b)
 
 
-def _read_full(stream: BinaryIO, n: int) -> bytes:
+def _read_full(stream: Readable, n: int) -> bytes:
     """Read exactly n bytes unless EOF comes first (streams may return short reads)."""
     data = stream.read(n)
     if not data or len(data) == n:

@@ -105,7 +105,7 @@ class _EntryStream:
         n = left if n < 0 else min(n, left)
         if n <= 0:
             return b""
-        data = self._reader.read(self._entry, self._pos, n)
+        data: bytes = self._reader.read(self._entry, self._pos, n)
         self._pos += len(data)
         return data
 

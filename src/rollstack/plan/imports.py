@@ -74,7 +74,8 @@ class ConversionCache:
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:
-            return json.loads(self.map_path.read_text())
+            mapping: dict[str, dict[str, Any]] = json.loads(self.map_path.read_text())
+            return mapping
         except (OSError, ValueError):
             return {}
 
@@ -112,13 +113,16 @@ def _chain_key(source_digest: str, below: list[str]) -> str:
 # -- reading images --------------------------------------------------------------------------------
 def _pick_platform(index: dict[str, Any], what: str) -> str:
     manifests = index.get("manifests") or []
+    if not isinstance(manifests, list) or not all(isinstance(m, dict) for m in manifests):
+        raise SourceInvalid(f"{what}: malformed image index (manifests is not a list of objects)")
     if not manifests:
         raise SourceInvalid(f"{what}: empty image index")
-    for m in manifests:
-        plat = m.get("platform") or {}
-        if plat.get("os") == "linux" and plat.get("architecture") == "amd64":
-            return m["digest"]
-    return manifests[0]["digest"]
+    chosen = next((m for m in manifests if (m.get("platform") or {}).get("os") == "linux"
+                   and (m.get("platform") or {}).get("architecture") == "amd64"), manifests[0])
+    digest = chosen.get("digest")
+    if not isinstance(digest, str):
+        raise SourceInvalid(f"{what}: image index entry without a digest")
+    return digest
 
 
 def _layers_of(manifest: dict[str, Any], what: str) -> list[_SourceLayer]:
@@ -163,7 +167,8 @@ class _OciLayout:
 
     def _json(self, digest: str) -> dict[str, Any]:
         try:
-            return json.loads(self.blob(digest).read_bytes())
+            doc: dict[str, Any] = json.loads(self.blob(digest).read_bytes())
+            return doc
         except FileNotFoundError:
             raise SourceInvalid(f"{self.path}: blob {digest} missing") from None
 

@@ -69,7 +69,7 @@ def is_plan_ref(text: Any) -> bool:
 
 def plan_document(plan: Any) -> dict[str, Any]:
     """The self-contained JSON form of a loaded plan: mutation inline, no file path."""
-    doc = plan.model_dump(mode="json", exclude_none=True)
+    doc: dict[str, Any] = plan.model_dump(mode="json", exclude_none=True)
     if plan.mutation_text is not None:
         doc.pop("mutation", None)
     return doc
