@@ -488,11 +488,9 @@ class NodeService:
     def snapshot(self, env_id: str, name: str) -> Snapshot:
         """Publish the environment's filesystem now as plan `name` (`NAME:TAG`) in the node's
         store; `create(name)` starts from it on any node sharing the store (docs/fork.md)."""
-        rec = self._get(env_id)
+        rec = self._live(self._get(env_id))
         if rec.internal:
             raise InvalidRequest(f"environment {env_id} is an evaluator: it cannot be snapshotted")
-        if rec.state != st.RUNNING:
-            self._running(env_id)  # raises the state's error
         return Snapshot(**self._stages().snapshot(rec, name))
 
     def set_network(self, env_id: str, network: Any) -> EnvironmentInfo:
@@ -507,8 +505,7 @@ class NodeService:
         if rec.net_spec is None:  # re-adopted after a restart: what to put back if this fails
             rec.net_spec = stages.network_plan(rec, rec.plan.model_dump(mode="json")["network"])[1]
         with rec.lock:
-            if rec.state != st.RUNNING:
-                self._running(env_id)  # raises the state's error
+            self._live(rec)
             stages.set_network(rec, spec)
             rec.plan = plan
             rec.event("network_set", network=rec.plan.model_dump(mode="json")["network"])
@@ -567,12 +564,18 @@ class NodeService:
             raise EnvironmentNotFound(f"no environment {env_id!r}")
         return rec
 
-    def _running(self, env_id: str) -> EnvRecord:
-        rec = self._get(env_id)
+    @staticmethod
+    def _live(rec: EnvRecord) -> EnvRecord:
+        """`rec` if it is running or paused, else its state's typed error."""
         if rec.state == st.OOM_TERMINATED:
-            raise OomTerminated(f"environment {env_id} was terminated for lack of memory")
+            raise OomTerminated(f"environment {rec.id} was terminated for lack of memory")
         if rec.state != st.RUNNING:
-            raise EnvironmentGone(f"environment {env_id} is {rec.state}")
+            raise EnvironmentGone(f"environment {rec.id} is {rec.state}")
+        return rec
+
+    def _running(self, env_id: str) -> EnvRecord:
+        """The record of a running environment that is not paused, else the typed error."""
+        rec = self._live(self._get(env_id))
         if rec.paused:
             raise EnvironmentPaused(f"environment {env_id} is paused: resume it first")
         return rec
@@ -583,8 +586,7 @@ class NodeService:
         rec = self._get(env_id)
         stages = self._stages()
         with rec.lock:
-            if rec.state != st.RUNNING:
-                return self._running(env_id).info()  # raises the state's error
+            self._live(rec)
             if not rec.paused:
                 stages.pause(rec)
                 rec.paused = True
@@ -599,8 +601,7 @@ class NodeService:
         rec = self._get(env_id)
         stages = self._stages()
         with rec.lock:
-            if rec.state != st.RUNNING:
-                raise EnvironmentGone(f"environment {env_id} is {rec.state}")
+            self._live(rec)
             if rec.paused:
                 stages.resume(rec)
                 rec.paused = False
@@ -761,9 +762,7 @@ class NodeService:
             raise InvalidRequest(f"timeout must be a positive number of seconds, not {seconds}")
         if on_timeout not in (None, "destroy", "pause"):
             raise InvalidRequest(f"on_timeout is destroy or pause, not {on_timeout!r}")
-        rec = self._get(env_id)
-        if rec.state != st.RUNNING:
-            self._running(env_id)  # raises the state's error
+        rec = self._live(self._get(env_id))
         rec.timeout = rec.age() + float(seconds)
         if on_timeout is not None:
             rec.on_timeout = on_timeout
