@@ -21,7 +21,8 @@ may succeed later or elsewhere; the ones marked (R) below are, every other code 
     │   ├── ManifestNotFound      manifest_not_found    404
     │   ├── EnvironmentNotFound   environment_not_found 404
     │   ├── TemplateNotFound      template_not_found    404   (an E2B templateID / published plan)
-    │   └── SandboxNotFound       sandbox_not_found     404   (an E2B sandbox id)
+    │   ├── SandboxNotFound       sandbox_not_found     404   (an E2B sandbox id)
+    │   └── VolumeNotFound        volume_not_found      404   (a volume name or id)
     ├── FormatError               format_error          422   (a blob that is not a valid layer)
     │   └── IntegrityError        integrity_error       502   (bytes do not match their digest)
     ├── RegistryError             registry_error        502
@@ -35,6 +36,7 @@ may succeed later or elsewhere; the ones marked (R) below are, every other code 
     ├── OomTerminated             oom_terminated        409
     ├── EnvironmentGone           environment_gone      409
     ├── EnvironmentPaused         environment_paused    409   (resume it first)
+    ├── VolumeBusy                volume_busy           409   (mounted read-write elsewhere / still mounted)
     ├── RuntimeFailure            runtime_error         500
     ├── PortUnavailable           port_unavailable      502   (an exposed port nobody listens on)
     ├── NodeUnavailable           node_unavailable      503   (R: the node is restarting)
@@ -127,6 +129,10 @@ class SandboxNotFound(NotFound):
     code = "sandbox_not_found"
 
 
+class VolumeNotFound(NotFound):
+    code = "volume_not_found"
+
+
 class AlreadyExists(InvalidRequest):
     """Creating what is there already (a directory in an environment)."""
 
@@ -187,6 +193,13 @@ class EnvironmentGone(RollstackError):
 
 class EnvironmentPaused(RollstackError):
     code, status = "environment_paused", 409
+
+
+class VolumeBusy(RollstackError):
+    """A volume another environment mounts read-write (one writer at a time), or one still
+    mounted when it is deleted. Not retryable as is: destroy those environments first."""
+
+    code, status = "volume_busy", 409
 
 
 class RuntimeFailure(RollstackError, OSError):

@@ -24,7 +24,7 @@ from rollstack.client._base import Settings, plan_to_wire
 from rollstack.client._handles import AsyncEnvironment, Environment, create_options
 from rollstack.client._transports import AsyncHttpService, HttpService
 from rollstack.client.leases import DEFAULT_LEASE, AsyncLeaseKeeper, LeaseKeeper
-from rollstack.contract.models import EnvironmentInfo, Health, SnapshotInfo
+from rollstack.contract.models import EnvironmentInfo, Health, SnapshotInfo, VolumeInfo
 from rollstack.contract.service import AsyncEnvironmentService, EnvironmentService
 
 
@@ -72,6 +72,26 @@ class EnvironmentFacade:
     def delete_snapshot(self, name: str) -> None:
         """Remove snapshot `name` (NAME:TAG); `TemplateNotFound` if there is none."""
         self._service.delete_snapshot(name)
+
+    def create_volume(self, name: str) -> VolumeInfo:
+        """A new, empty volume plans mount by name (docs/node.md#volumes)."""
+        return self._service.create_volume(name)
+
+    def volumes(self) -> list[VolumeInfo]:
+        """The node's volumes and which environments mount each."""
+        return self._service.volumes()
+
+    def delete_volume(self, name: str) -> None:
+        """Remove a volume and its files; `VolumeBusy` while an environment mounts it."""
+        self._service.delete_volume(name)
+
+    def read_volume_file(self, name: str, path: str) -> bytes:
+        """A file of volume `name` (`/` is the volume's top)."""
+        return self._service.read_volume_file(name, path)
+
+    def write_volume_file(self, name: str, path: str, data: bytes) -> None:
+        """Write a file into volume `name` (parents made)."""
+        self._service.write_volume_file(name, path, data)
 
     def destroy(self, env_id: str) -> None:
         """Destroy an environment by id (idempotent for ids this node destroyed)."""
@@ -139,6 +159,26 @@ class AsyncEnvironmentFacade:
     async def delete_snapshot(self, name: str) -> None:
         """Remove snapshot `name` (NAME:TAG); `TemplateNotFound` if there is none."""
         await self._service.delete_snapshot(name)
+
+    async def create_volume(self, name: str) -> VolumeInfo:
+        """A new, empty volume plans mount by name (docs/node.md#volumes)."""
+        return await self._service.create_volume(name)
+
+    async def volumes(self) -> list[VolumeInfo]:
+        """The node's volumes and which environments mount each."""
+        return await self._service.volumes()
+
+    async def delete_volume(self, name: str) -> None:
+        """Remove a volume and its files; `VolumeBusy` while an environment mounts it."""
+        await self._service.delete_volume(name)
+
+    async def read_volume_file(self, name: str, path: str) -> bytes:
+        """A file of volume `name` (`/` is the volume's top)."""
+        return await self._service.read_volume_file(name, path)
+
+    async def write_volume_file(self, name: str, path: str, data: bytes) -> None:
+        """Write a file into volume `name` (parents made)."""
+        await self._service.write_volume_file(name, path, data)
 
     async def destroy(self, env_id: str) -> None:
         """Destroy an environment by id (idempotent for ids this node destroyed)."""

@@ -31,6 +31,7 @@ from rollstack.contract.models import (
     Snapshot,
     SnapshotInfo,
     Stats,
+    VolumeInfo,
 )
 
 T = TypeVar("T")
@@ -96,6 +97,21 @@ class HttpService:
 
     def delete_snapshot(self, name: str) -> None:
         self._do(routes.delete_snapshot(name))
+
+    def create_volume(self, name: str) -> VolumeInfo:
+        return self._do(routes.create_volume(name))
+
+    def volumes(self) -> list[VolumeInfo]:
+        return self._do(routes.volumes())
+
+    def delete_volume(self, name: str) -> None:
+        self._do(routes.delete_volume(name))
+
+    def read_volume_file(self, name: str, path: str) -> bytes:
+        return self._do(routes.read_volume_file(name, path))
+
+    def write_volume_file(self, name: str, path: str, data: bytes) -> None:
+        self._do(routes.write_volume_file(name, path, data))
 
     def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return self._do(routes.renew(env_ids, lease))
@@ -206,6 +222,21 @@ class AsyncHttpService:
     async def delete_snapshot(self, name: str) -> None:
         await self._do(routes.delete_snapshot(name))
 
+    async def create_volume(self, name: str) -> VolumeInfo:
+        return await self._do(routes.create_volume(name))
+
+    async def volumes(self) -> list[VolumeInfo]:
+        return await self._do(routes.volumes())
+
+    async def delete_volume(self, name: str) -> None:
+        await self._do(routes.delete_volume(name))
+
+    async def read_volume_file(self, name: str, path: str) -> bytes:
+        return await self._do(routes.read_volume_file(name, path))
+
+    async def write_volume_file(self, name: str, path: str, data: bytes) -> None:
+        await self._do(routes.write_volume_file(name, path, data))
+
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._do(routes.renew(env_ids, lease))
 
@@ -301,6 +332,21 @@ class ThreadedService:
 
     async def delete_snapshot(self, name: str) -> None:
         await self._run(self.service.delete_snapshot, name)
+
+    async def create_volume(self, name: str) -> VolumeInfo:
+        return await self._run(self.service.create_volume, name)
+
+    async def volumes(self) -> list[VolumeInfo]:
+        return await self._run(self.service.volumes)
+
+    async def delete_volume(self, name: str) -> None:
+        await self._run(self.service.delete_volume, name)
+
+    async def read_volume_file(self, name: str, path: str) -> bytes:
+        return await self._run(self.service.read_volume_file, name, path)
+
+    async def write_volume_file(self, name: str, path: str, data: bytes) -> None:
+        await self._run(self.service.write_volume_file, name, path, data)
 
     async def renew(self, env_ids: list[str], lease: float | None = None) -> LeaseRenewal:
         return await self._run(self.service.renew, env_ids, lease)

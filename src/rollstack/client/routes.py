@@ -25,6 +25,7 @@ T = TypeVar("T")
 _JSON = {"content-type": "application/json"}
 
 _SNAPSHOTS = TypeAdapter(list[m.SnapshotInfo])
+_VOLUMES = TypeAdapter(list[m.VolumeInfo])
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,28 @@ def snapshots(source: str | None = None) -> Call[list[m.SnapshotInfo]]:
 
 def delete_snapshot(name: str) -> Call[None]:
     return Call(R.DELETE_SNAPSHOT.method, R.DELETE_SNAPSHOT.path(), _none, {"params": {"name": name}})
+
+
+def create_volume(name: str) -> Call[m.VolumeInfo]:
+    return Call(R.CREATE_VOLUME.method, R.CREATE_VOLUME.path(), lambda r: m.VolumeInfo.model_validate_json(r.content), {"json": {"name": name}})
+
+
+def volumes() -> Call[list[m.VolumeInfo]]:
+    return Call(R.VOLUMES.method, R.VOLUMES.path(), lambda r: _VOLUMES.validate_json(r.content))
+
+
+def delete_volume(name: str) -> Call[None]:
+    return Call(R.DELETE_VOLUME.method, R.DELETE_VOLUME.path(name=name), _none)
+
+
+def read_volume_file(name: str, path: str) -> Call[bytes]:
+    return Call(R.READ_VOLUME_FILE.method, R.READ_VOLUME_FILE.path(name=name), lambda r: r.content,
+                {"params": {"path": path}})
+
+
+def write_volume_file(name: str, path: str, data: bytes) -> Call[None]:
+    return Call(R.WRITE_VOLUME_FILE.method, R.WRITE_VOLUME_FILE.path(name=name), _none,
+                {"params": {"path": path}, "content": data})
 
 
 def renew(env_ids: list[str], lease: float | None = None) -> Call[m.LeaseRenewal]:

@@ -68,6 +68,23 @@ class SnapshotRequest(BaseModel):
     name: str = Field(min_length=3, max_length=256)
 
 
+class VolumeRequest(BaseModel):
+    """`POST /v1/volumes`: a new, empty volume (docs/node.md#volumes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=63)
+
+
+class VolumeInfo(_Wire):
+    """A node volume (`GET /v1/volumes`)."""
+
+    name: str
+    created: float
+    """Unix time of its create."""
+    mounted_by: list[str] = Field(default_factory=list)
+    """The environments mounting it now."""
+
+
 class SnapshotInfo(_Wire):
     """A snapshot in the node's store (`GET /v1/snapshots`)."""
 

@@ -45,6 +45,11 @@ SNAPSHOTS = Route("GET", "/v1/snapshots")
 """`?source=ENV_ID` filters."""
 DELETE_SNAPSHOT = Route("DELETE", "/v1/snapshots")
 """`?name=NAME:TAG` (a query parameter: names hold slashes)."""
+VOLUMES = Route("GET", "/v1/volumes")
+CREATE_VOLUME = Route("POST", "/v1/volumes")
+DELETE_VOLUME = Route("DELETE", "/v1/volumes/{name}")
+READ_VOLUME_FILE = Route("GET", "/v1/volumes/{name}/files")
+WRITE_VOLUME_FILE = Route("PUT", "/v1/volumes/{name}/files")
 EVALUATE = Route("POST", f"{ENV}/evaluate")
 STATS = Route("GET", f"{ENV}/stats")
 PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
@@ -52,4 +57,5 @@ PORT = f"{ENV}/ports/{{port}}/{{path:path}}"
 
 ALL: tuple[Route, ...] = (HEALTH, NODE, METRICS, CREATE, LIST, RENEW, RENEW_ONE, INFO, DESTROY, EXEC,
                           EXEC_STREAM, READ_FILE, WRITE_FILE, DIFF, EVALUATE, STATS, FORK, PAUSE,
-                          RESUME, SNAPSHOT, SNAPSHOTS, DELETE_SNAPSHOT, NETWORK)
+                          RESUME, SNAPSHOT, SNAPSHOTS, DELETE_SNAPSHOT, NETWORK, VOLUMES, CREATE_VOLUME,
+                          DELETE_VOLUME, READ_VOLUME_FILE, WRITE_VOLUME_FILE)

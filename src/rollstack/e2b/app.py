@@ -4,7 +4,8 @@ Requests go by path:
 - `/process.Process/*`, `/filesystem.Filesystem/*`: envd's Connect services (connectrpc ASGI
   apps generated into the `e2b` wheel, with our handlers);
 - `/files`, `/health`: envd's HTTP routes, and `/sandboxes...`, `/v2/sandboxes...`,
-  `/snapshots`, `/templates/...` (snapshot deletes): the control plane (both in
+  `/snapshots`, `/templates/...` (snapshot deletes), `/volumes...` and `/volumecontent/...`
+  (rollstack.e2b.volumes): the control plane (all in
   rollstack.e2b.control's FastAPI app);
 - everything else: the node's own app, untouched.
 
@@ -41,8 +42,8 @@ _ENVD_HTTP = ("/files", "/health")
 
 
 def _is_control(path: str) -> bool:
-    return path in ("/sandboxes", "/v2/sandboxes", "/snapshots") \
-        or path.startswith(("/sandboxes/", "/v2/sandboxes/", "/templates/"))
+    return path in ("/sandboxes", "/v2/sandboxes", "/snapshots", "/volumes") \
+        or path.startswith(("/sandboxes/", "/v2/sandboxes/", "/templates/", "/volumes/", "/volumecontent/"))
 
 
 class E2BApi:

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rollstack.core.bodies import read_capped
 from rollstack.e2b.models import (
     ConnectRequest,
     E2BError,
@@ -38,6 +39,7 @@ from rollstack.e2b.models import (
     WrittenFile,
 )
 from rollstack.e2b.sandboxes import SandboxTable
+from rollstack.e2b.volumes import add_volume_routes
 from rollstack.errors import InvalidRequest, NotFound, RollstackError, Unauthorized
 from rollstack.contract.files import split_request
 from rollstack.contract.service import NodeLocal
@@ -227,6 +229,8 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
             raise StarletteHTTPException(404, f"no route /sandboxes/{{sandbox_id}}/{feature}")
         return e2b_error(501, f"{feature!r} is not supported by rollstack (see docs/e2b.md)")
 
+    add_volume_routes(app, service, token, auth, call, max_file)
+
     # -- envd HTTP: /health, /files ---------------------------------------------------------
 
     @app.get("/health", status_code=204)
@@ -256,7 +260,7 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
         if any(k.lower().startswith("x-metadata-") for k in request.headers):
             raise InvalidRequest("file metadata is not supported")
         ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        body = await _read_capped(request, max_file + (1 << 20))
+        body = await read_capped(request, max_file + (1 << 20))
         if request.headers.get("content-encoding", "").lower() == "gzip":
             body = _gunzip(body, max_file)
         files: list[tuple[str, bytes]] = []
@@ -279,19 +283,6 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
 
 def _abs(path: str) -> str:
     return "/" + "/".join(split_request(path))
-
-
-async def _read_capped(request: Request, cap: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > cap:
-        raise InvalidRequest(f"{declared} bytes exceed the files API limit")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise InvalidRequest("the upload exceeds the files API limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

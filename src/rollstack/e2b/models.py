@@ -37,7 +37,6 @@ class _Out(BaseModel):
 
 
 UNHONOURED_CREATE = {
-    "volumeMounts": "volumes are not supported (docs/e2b.md)",
     "mcp": "MCP gateways are not supported",
     "iam": "IAM credentials are not supported",
 }
@@ -99,6 +98,20 @@ class AutoResume(_In):
     enabled: bool = False
 
 
+class VolumeMountIn(_In):
+    """One of `volumeMounts`: the node volume `name` (rollstack.node.volumes) at `path`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=63)
+    path: str = Field(min_length=2, max_length=4096)
+
+
+class NewVolume(_In):
+    """`POST /volumes` (`Volume.create`)."""
+
+    name: str = Field(min_length=1, max_length=63)
+
+
 class NewSandbox(_In):
     """`POST /v2/sandboxes` and `POST /sandboxes`."""
 
@@ -113,6 +126,8 @@ class NewSandbox(_In):
     auto_resume: AutoResume | None = Field(None, alias="autoResume")
     allow_internet_access: bool | None = None
     network: dict[str, Any] | None = None
+    volume_mounts: list[VolumeMountIn] = Field(default_factory=list, alias="volumeMounts", max_length=16)
+    """Shared read-write mounts of node volumes (E2B has no read-only flag)."""
     network_policy: Any = Field(None, exclude=True)
     """The plan `network` these egress options make (None: the template plan's): `egress_policy`."""
 
@@ -185,6 +200,7 @@ class ListedSandbox(_Out):
     state: str = "running"
     envd_version: str = Field(ENVD_VERSION, alias="envdVersion")
     metadata: dict[str, str] = Field(default_factory=dict)
+    volume_mounts: list[dict[str, str]] = Field(default_factory=list, alias="volumeMounts")
 
 
 class SandboxDetail(ListedSandbox):

@@ -60,6 +60,7 @@ class Sandbox:
     """Seconds of life it was last given (a sandbox paused at its timeout gets them again on resume)."""
     on_timeout: str = "destroy"
     auto_resume: bool = False
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
 
     def token_ok(self, given: str | None, node_token: str | None) -> bool:
         if node_token is None:
@@ -75,7 +76,8 @@ class Sandbox:
     def listed(self) -> ListedSandbox:
         return ListedSandbox(template_id=self.template_id, sandbox_id=self.id, started_at=self.started_at,
                              end_at=self.end_at, cpu_count=self.cpu_count, memory_mb=self.memory_mb,
-                             metadata=self.metadata, state="paused" if self.paused else "running")
+                             metadata=self.metadata, state="paused" if self.paused else "running",
+                             volume_mounts=self.volume_mounts)
 
     def detail(self) -> SandboxDetail:
         return SandboxDetail(**self.listed().model_dump(), envd_access_token=self.access_token)
@@ -95,8 +97,13 @@ class SandboxTable:
         """A new environment from the published plan `req.template_id`, living `req.timeout` s.
         With `idempotency_key`, a retry returns the sandbox the key created."""
         plan: Any = req.template_id
+        changes: dict[str, Any] = {}
         if req.network_policy is not None:  # the template plan with the create's egress policy
-            plan = {"extends": req.template_id, "network": req.network_policy}
+            changes["network"] = req.network_policy
+        if req.volume_mounts:  # ... and its volumes (E2B's mounts are shared, read-write)
+            changes["volumes"] = [{"name": v.name, "path": v.path} for v in req.volume_mounts]
+        if changes:
+            plan = {"extends": req.template_id, **changes}
         if idempotency_key is None:
             created = self.service.create(plan)
         else:
@@ -105,7 +112,9 @@ class SandboxTable:
             if known is not None:
                 return known
         lifecycle = ("pause" if req.auto_pause else "destroy", bool(req.auto_resume and req.auto_resume.enabled))
-        return self._admit(created.id, req.template_id, req.timeout, req.metadata, req.env_vars, lifecycle)
+        box = self._admit(created.id, req.template_id, req.timeout, req.metadata, req.env_vars, lifecycle)
+        box.volume_mounts = [{"name": v.name, "path": v.path} for v in req.volume_mounts]
+        return box
 
     def _admit(self, env_id: str, template_id: str, timeout: int, metadata: dict[str, str],
                env_vars: dict[str, str], lifecycle: tuple[str, bool] = ("destroy", False)) -> Sandbox:
@@ -141,6 +150,7 @@ class SandboxTable:
             for c in made:
                 boxes.append(self._admit(c.id, parent.template_id, timeout, parent.metadata, parent.env_vars,
                                          (parent.on_timeout, parent.auto_resume)))
+                boxes[-1].volume_mounts = list(parent.volume_mounts)
         except BaseException:
             for c in made:
                 self._forget(c.id)

@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rollstack.core.bodies import read_capped
 from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unauthorized
 from rollstack.contract.models import (
     CreateGroupResponse,
@@ -32,6 +33,8 @@ from rollstack.contract.models import (
     Snapshot,
     SnapshotInfo,
     SnapshotRequest,
+    VolumeInfo,
+    VolumeRequest,
     CreateRequest,
     CreateResponse,
     EnvironmentInfo,
@@ -189,6 +192,34 @@ def create_app(
         await call("delete_snapshot", service.delete_snapshot, name)
         return Response(status_code=204)
 
+    @route(R.CREATE_VOLUME, dependencies=auth, response_model=VolumeInfo, status_code=201)
+    async def create_volume(req: VolumeRequest) -> VolumeInfo:
+        """A new, empty volume that plans mount by name (`volumes: [{name, path}]`)."""
+        return await call("create_volume", service.create_volume, req.name)
+
+    @route(R.VOLUMES, dependencies=auth, response_model=list[VolumeInfo])
+    async def volumes() -> list[VolumeInfo]:
+        """The node's volumes and the environments mounting each."""
+        return await call("volumes", service.volumes)
+
+    @route(R.DELETE_VOLUME, dependencies=auth, status_code=204, response_class=Response)
+    async def delete_volume(name: str) -> Response:
+        """Remove a volume and its files (`volume_busy` while an environment mounts it)."""
+        await call("delete_volume", service.delete_volume, name)
+        return Response(status_code=204)
+
+    @route(R.READ_VOLUME_FILE, dependencies=auth, response_class=Response,
+           responses=_raw(200, "application/octet-stream"))
+    async def read_volume_file(name: str, path: str = Query(..., min_length=1)) -> Response:
+        data = await call("read_volume_file", service.read_volume_file, name, path)
+        return Response(data, media_type="application/octet-stream")
+
+    @route(R.WRITE_VOLUME_FILE, dependencies=auth, status_code=204, openapi_extra=_RAW_BODY)
+    async def write_volume_file(name: str, request: Request, path: str = Query(..., min_length=1)) -> Response:
+        data = await read_capped(request, max_body)
+        await call("write_volume_file", service.write_volume_file, name, path, data)
+        return Response(status_code=204)
+
     @route(R.RENEW, dependencies=auth, response_model=LeaseRenewal)
     async def renew(req: RenewRequest) -> LeaseRenewal:
         """Renew many environments' leases in one request; unknown or ended ids are `missing`."""
@@ -243,10 +274,7 @@ def create_app(
 
     @route(R.WRITE_FILE, dependencies=auth, status_code=204, openapi_extra=_RAW_BODY)
     async def write_file(env_id: str, request: Request, path: str = Query(..., min_length=1)) -> Response:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body:
-            raise InvalidRequest(f"{declared} bytes exceed the files API limit of {max_body}")
-        data = await request.body()
+        data = await read_capped(request, max_body)
         await call("write_file", service.write_file, env_id, path, data)
         return Response(status_code=204)
 

@@ -40,7 +40,7 @@ from rollstack.errors import (
     PlanInvalid,
     RollstackError,
     RuntimeFailure,
-    UnsafePath,
+    VolumeBusy,
 )
 from rollstack.node import record as st
 from rollstack.node import recovery
@@ -64,14 +64,17 @@ from rollstack.contract.models import (
     SnapshotInfo,
     Stats,
     Timings,
+    VolumeInfo,
 )
 from rollstack.node.record import EnvRecord
 from rollstack.node.stages import Stages
 
 log = logging.getLogger(__name__)
 
-TREE_OPS = frozenset({"entry", "walk", "make_dir", "move", "remove"})
+TREE_OPS = frozenset({"entry", "walk", "make_dir", "move", "remove", "set_attrs"})
 """The directory operations `tree` runs (rollstack.run.fsops.TreeRoot)."""
+VOLUME_DELETE_WAIT = 60.0
+"""Seconds a volume delete waits for the teardowns of environments being destroyed that mount it."""
 BUILD_WAIT = 600.0
 """Seconds a destroy waits for the create still building its environment."""
 _TOMBSTONES = 4096
@@ -340,6 +343,7 @@ class NodeService:
                 raise InsufficientCapacity(
                     f"node is full: {live} of {self.config.max_environments} environments"
                 )
+            self._check_volumes(plan)  # raises VolumeNotFound, VolumeBusy
             self._stages().admit(env_id, plan)  # raises InsufficientCapacity
             self._envs[env_id] = rec
         return rec
@@ -823,24 +827,82 @@ class NodeService:
             return self._stages().diff(rec, binary)
 
     def tree(self, env_id: str, op: str, *args: Any) -> Any:
-        """A directory operation (rollstack.run.fsops.TreeRoot) confined to the environment's root."""
-        from rollstack.run.fsops import TreeRoot
-        from rollstack.run.userns import id_base_of
-
-        if op not in TREE_OPS:
+        """A directory operation (rollstack.run.fsops.TreeRoot) confined to the environment's
+        root, or to a volume it mounts where the path is in one."""
+        if op not in TREE_OPS - {"set_attrs"}:
             raise InvalidRequest(f"not a directory operation: {op!r}")
-        return self.with_root(env_id, lambda root: getattr(TreeRoot(root, id_base_of(root)), op)(*args))
+        rec = self._get(env_id)
+        with rec.lock:
+            self._check_files(rec)
+            return self._stages().tree(rec, op, *args)
 
     def has_path(self, env_id: str, path: str) -> bool:
-        from rollstack.run.files import SafeRoot
+        rec = self._get(env_id)
+        with rec.lock:
+            self._check_files(rec)
+            return self._stages().has_path(rec, path)
 
-        def probe(root: Any) -> bool:
-            try:
-                return SafeRoot(root).exists(path)
-            except UnsafePath:  # an absolute symlink: it is there, we just do not follow it
-                return True
+    # -- volumes ------------------------------------------------------------------------------
 
-        return bool(self.with_root(env_id, probe))
+    def _mounting(self, name: str, destroying: bool = True) -> list[EnvRecord]:
+        """The records whose environments mount volume `name` (the caller holds `_lock`): every
+        record until its teardown ends (its mounts last until then), or without `destroying`
+        only those whose processes were not killed yet."""
+        return [r for r in self._envs.values() if any(m.name == name for m in r.plan.volumes)
+                and (destroying or r.state != st.DESTROYING)]
+
+    def _check_volumes(self, plan: Any) -> None:
+        """Under `_lock`, at admission: each volume exists, and no exclusive mount collides."""
+        volumes = self._stages().volumes
+        for m in plan.volumes:
+            volumes.get(m.name)  # VolumeNotFound
+            holders = self._mounting(m.name, destroying=False)  # a destroyed one's processes are dead
+            if holders and (m.exclusive or any(v.exclusive for r in holders for v in r.plan.volumes
+                                               if v.name == m.name)):
+                raise VolumeBusy(f"volume {m.name!r} is mounted by {', '.join(sorted(r.id for r in holders))}"
+                                 f"{'' if m.exclusive else ' exclusively'}: an exclusive mount is its only one")
+
+    def create_volume(self, name: str) -> VolumeInfo:
+        v = self._stages().volumes.create(name)
+        return VolumeInfo(name=v.name, created=v.created)
+
+    def volumes(self) -> list[VolumeInfo]:
+        listed = self._stages().volumes.list()
+        with self._lock:
+            return [VolumeInfo(name=v.name, created=v.created, mounted_by=sorted(r.id for r in self._mounting(v.name)))
+                    for v in listed]
+
+    def delete_volume(self, name: str) -> None:
+        """Environments being destroyed still hold their mounts: their teardowns are waited for
+        (VOLUME_DELETE_WAIT at most); a running one makes it `volume_busy` at once."""
+        volumes = self._stages().volumes
+        deadline = time.monotonic() + VOLUME_DELETE_WAIT
+        while True:
+            with self._lock:  # no create can admit a mount of it between the check and the rename
+                holders = self._mounting(name)
+                if not holders:
+                    grave = volumes.detach(name)
+                    break
+                running = [r.id for r in holders if r.state != st.DESTROYING]
+            if running or time.monotonic() > deadline:
+                ids = ", ".join(sorted(running or [r.id for r in holders]))
+                raise VolumeBusy(f"volume {name!r} is mounted by {ids}: destroy those environments first"
+                                 if running else f"volume {name!r} is still mounted by {ids}, being destroyed")
+            self.wait_destroyed(timeout=max(0.0, deadline - time.monotonic()))
+            time.sleep(0.05)  # a failed teardown is retried by the reaper, not by a future
+        volumes.remove(grave)
+
+    def read_volume_file(self, name: str, path: str) -> bytes:
+        return self._stages().read_volume_file(name, path)
+
+    def write_volume_file(self, name: str, path: str, data: bytes) -> None:
+        self._stages().write_volume_file(name, path, data)
+
+    def volume_tree(self, name: str, op: str, *args: Any) -> Any:
+        """A directory operation (rollstack.run.fsops.TreeRoot, and `set_attrs`) in volume `name`."""
+        if op not in TREE_OPS:
+            raise InvalidRequest(f"not a directory operation: {op!r}")
+        return getattr(self._stages().volume_root(name), op)(*args)
 
     @staticmethod
     def exec_control(open_stdin: bool = False) -> Any:

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from rollstack.errors import EnvironmentGone, EnvironmentNotFound, InsufficientCapacity, InvalidRequest, NodeUnavailable
+from rollstack.errors import (EnvironmentGone, EnvironmentNotFound, InsufficientCapacity, InvalidRequest, NodeUnavailable,
+                              UnsafePath)
 from rollstack.node.config import NodeConfig
 from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
 from rollstack.contract.models import ExecRequest, Quotas, Sample, Timings
@@ -33,6 +34,7 @@ from rollstack.lazystore.protocol import LazyStore
 from rollstack.lowers.stack import Lowers, flatten
 from rollstack.node import recovery
 from rollstack.node.forks import ForkLayers
+from rollstack.node.volumes import Volumes
 from rollstack.node.recovery import end_orphan_daemon
 from rollstack.fetch.traces import trace_keys
 
@@ -86,6 +88,17 @@ class Built:
     network: dict[str, Any] | None = None
 
 
+def _under(out: Any, mount: str) -> Any:
+    """Entries of a volume (paths from its top) as the environment sees them, under `mount`."""
+    from dataclasses import replace
+
+    if isinstance(out, list):
+        return [_under(e, mount) for e in out]
+    if out is None:
+        return None
+    return replace(out, path=mount if out.path == "/" else mount + out.path)
+
+
 class Stages:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
@@ -96,6 +109,7 @@ class Stages:
         self.provisioner: Provisioner | None = None
         self.lowers: Lowers | None = None
         self.forks = ForkLayers(config.root / "forks")
+        self.volumes = Volumes(config.root)
         self.recovered: Leftovers | None = None
         self.adopted: list[tuple[Environment, dict[str, Any]]] = []
         self.warm: WarmPool | None = None
@@ -121,6 +135,7 @@ class Stages:
 
         cfg = self.config
         cfg.root.mkdir(parents=True, exist_ok=True)
+        self.volumes.start()
         self.runtime = EnvironmentRuntime(RuntimeConfig(root=cfg.root, exec_agent=cfg.exec_agent,
                                                         network_warm=cfg.network_warm,
                                                         network_uplinks=tuple(cfg.network_uplinks)))
@@ -346,6 +361,7 @@ class Stages:
             env=harness_env(plan, net, token, internal=rec.internal),
             cpu=plan.resources.cpu,
             memory=plan.resources.memory,
+            volumes=tuple((str(self.volumes.data(m.name)), m.path, m.read_only) for m in plan.volumes),
         )
         if warm is not None:
             from rollstack.node.warm import handout
@@ -579,16 +595,71 @@ class Stages:
             return 0
 
     def read_file(self, rec: EnvRecord, path: str) -> bytes:
+        files, inner, _ = self._files_of(rec, path)
+        return self._read(files, inner)
+
+    def write_file(self, rec: EnvRecord, path: str, data: bytes) -> None:
+        files, inner, _ = self._files_of(rec, path, write=True)
+        self._write(files, inner, data)
+
+    def read_volume_file(self, name: str, path: str) -> bytes:
+        return self._read(self.volume_root(name), path)
+
+    def write_volume_file(self, name: str, path: str, data: bytes) -> None:
+        self._write(self.volume_root(name), path, data)
+
+    def _read(self, files: Any, path: str) -> bytes:
         limit = self.config.max_file_bytes
-        data = rec.runtime.files.read_file(path, limit=limit + 1)
+        data = files.read_file(path, limit=limit + 1)
         if len(data) > limit:
             raise InvalidRequest(f"{path} is larger than the files API limit of {limit} bytes")
         return data
 
-    def write_file(self, rec: EnvRecord, path: str, data: bytes) -> None:
+    def _write(self, files: Any, path: str, data: bytes) -> None:
         if len(data) > self.config.max_file_bytes:
             raise InvalidRequest(f"{len(data)} bytes exceed the files API limit of {self.config.max_file_bytes}")
-        rec.runtime.files.write_file(path, data)
+        files.write_file(path, data)
+
+    def volume_root(self, name: str) -> Any:
+        """Volume `name`'s files, confined to it (rollstack.run.fsops.TreeRoot; ids as stored)."""
+        from rollstack.run.fsops import TreeRoot
+
+        return TreeRoot(self.volumes.data(name))
+
+    def _files_of(self, rec: EnvRecord, path: str, write: bool = False, tree: bool = False) -> tuple[Any, str, str]:
+        """Where an environment path is: (files, path in them, mount point) of a mounted volume,
+        or of the environment's own root (mount point ""; a TreeRoot of it for `tree`). Writes
+        into a read-only mount are refused."""
+        from rollstack.node.volumes import route_path
+        from rollstack.run.fsops import TreeRoot
+        from rollstack.run.userns import id_base_of
+
+        mount, inner = route_path(rec.plan.volumes, path)
+        if mount is None:
+            root = rec.runtime.files.root
+            return (TreeRoot(root, id_base_of(root)) if tree else rec.runtime.files), path, ""
+        if write and mount.read_only:
+            raise InvalidRequest(f"{mount.path} is volume {mount.name!r} mounted read-only")
+        return self.volume_root(mount.name), inner, mount.path
+
+    def tree(self, rec: EnvRecord, op: str, *args: Any) -> Any:
+        """A directory operation (rollstack.run.fsops.TreeRoot) on an environment's paths,
+        inside a mounted volume where a path is in one (entries' paths as the environment sees
+        them); a move between a volume and the rest of the tree is refused."""
+        n = 2 if op == "move" else 1
+        routed = [self._files_of(rec, p, write=op not in ("entry", "walk"), tree=True) for p in args[:n]]
+        if len({mount for _, _, mount in routed}) > 1:
+            raise InvalidRequest(f"cannot move {args[0]} to {args[1]}: across a volume mount")
+        files, _, mount = routed[0]
+        out = getattr(files, op)(*[inner for _, inner, _ in routed], *args[n:])
+        return _under(out, mount) if mount else out
+
+    def has_path(self, rec: EnvRecord, path: str) -> bool:
+        files, inner, _ = self._files_of(rec, path)
+        try:
+            return bool(files.exists(inner))
+        except UnsafePath:  # an absolute symlink: it is there, we just do not follow it
+            return True
 
     def diff(self, rec: EnvRecord, binary: str = "name") -> str:
         return rec.runtime.diff(base=DIFF_BASE, binary=binary)

@@ -403,8 +403,9 @@ def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
 
 def eligible(plan: Any, net: Any) -> bool:
     """Plans a warm sandbox can serve: runc, the node's default user-namespace choice (the
-    sandboxes are started with it; an explicit `security.userns` goes cold), no network."""
-    return plan.runtime == "runc" and plan.security.userns is None and not net.needs_netns
+    sandboxes are started with it; an explicit `security.userns` goes cold), no network, no
+    volumes (mounts are made at start)."""
+    return plan.runtime == "runc" and plan.security.userns is None and not net.needs_netns and not plan.volumes
 
 
 def attach(service: Any) -> None:

@@ -21,6 +21,7 @@ from rollstack.core.units import GiB, parse_size
 from rollstack.errors import InvalidRequest, PlanInvalid
 from rollstack.plan.network import NetworkField, check_expose, check_network
 from rollstack.plan.refs import GroupRef
+from rollstack.plan.volumes import VolumeMount, check_mounts
 
 
 def _check_groups(refs: list[str]) -> list[str]:
@@ -158,6 +159,8 @@ class Plan(_Model):
     """none | outbound | {allow: [HOST:PORT, CIDR:PORT, ...]} (see rollstack.plan.network)"""
     expose: list[int] = Field(default_factory=list)
     """ports inside the environment the client reaches through the node's API"""
+    volumes: list[VolumeMount] = Field(default_factory=list)
+    """named node volumes mounted into the environment (rollstack.plan.volumes, docs/node.md#volumes)"""
     security: Security = Field(default_factory=Security)
     runtime: Literal["runc", "runsc"] = "runc"
     """runc (namespaces + cgroups + seccomp) or runsc (gVisor: a user-space kernel per environment)"""
@@ -178,6 +181,7 @@ class Plan(_Model):
 
     _network = field_validator("network", mode="before")(classmethod(lambda cls, v: check_network(v)))
     _expose = field_validator("expose", mode="before")(classmethod(lambda cls, v: check_expose(v)))
+    _volumes = field_validator("volumes")(classmethod(lambda cls, v: check_mounts(v)))
 
     @property
     def evaluator_workdir(self) -> str:

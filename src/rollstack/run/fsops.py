@@ -165,6 +165,41 @@ class TreeRoot(SafeRoot):
         finally:
             self._close(s_stack)
 
+    def set_attrs(self, path: str, uid: int | None = None, gid: int | None = None,
+                  mode: int | None = None) -> Entry:
+        """chown/chmod `path` itself (ids as seen inside; permission bits only). A symlink is
+        refused: it is acted on through an O_PATH descriptor of the entry, never followed."""
+        parts = split_request(path)
+        if mode is not None and not 0 <= mode <= 0o7777:
+            raise InvalidRequest(f"mode must be permission bits (0..0o7777), not {mode!r}")
+        for what, v in (("uid", uid), ("gid", gid)):
+            if v is not None and not 0 <= v < 65536:
+                raise InvalidRequest(f"{what} must be 0..65535, not {v!r}")
+        if not parts:
+            raise InvalidRequest("the root directory's attributes are not changed")
+        stack = self._parent(parts)
+        try:
+            dir_fd, name = stack[-1], parts[-1]
+            try:
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            except FileNotFoundError:
+                raise NotFound(f"no such file or directory: {path}") from None
+            try:
+                st = os.fstat(fd)
+                if statmod.S_ISLNK(st.st_mode):
+                    raise InvalidRequest(f"{_norm(parts)} is a symlink: its attributes are not changed")
+                proc = f"/proc/self/fd/{fd}"
+                if uid is not None or gid is not None:
+                    os.chown(proc, -1 if uid is None else uid + self.id_base, -1 if gid is None else gid + self.id_base)
+                if mode is not None:
+                    os.chmod(proc, mode)
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            return self._entry(dir_fd, name, _norm(parts), st)
+        finally:
+            self._close(stack)
+
     def remove(self, path: str) -> None:
         """Remove `path` itself: a file or symlink is unlinked, a directory removed with all it
         holds (without following any symlink inside)."""

@@ -115,6 +115,8 @@ class SpecParams:
     """Join this network namespace (made by rollstack.run.network) instead of a fresh one."""
     userns_map: tuple[int, int] | None = None
     """(host id, count): run in a new user namespace mapping 0.. to these host uids/gids."""
+    volumes: tuple[tuple[str, str, bool], ...] = ()
+    """(host dir, mount point, read-only): bind mounts of node volumes (rollstack.node.volumes)."""
 
 
 # Denied with EPERM: kernel surfaces an agent's workload never needs (keys, bpf, perf, module and
@@ -202,6 +204,9 @@ def _validate(rootfs: str, p: SpecParams) -> None:
         raise InvalidRequest(f"netns path must be absolute: {p.netns_path!r}")
     if p.userns_map is not None and not (p.userns_map[0] > 0 and 0 < p.userns_map[1] <= 1 << 24):
         raise InvalidRequest(f"invalid user namespace mapping {p.userns_map!r}")
+    for source, target, _ro in p.volumes:
+        if not source.startswith("/") or not target.startswith("/") or "\x00" in source + target:
+            raise InvalidRequest(f"volume mount {source!r} -> {target!r}: both paths must be absolute")
 
 
 def _env_list(extra: Mapping[str, str]) -> list[str]:
@@ -230,6 +235,8 @@ def _mounts(p: SpecParams) -> list[dict[str, Any]]:
         {"destination": EXEC_WRAPPER_PATH, "type": "bind", "source": p.init.exec_wrapper,
          "options": ro_bind},
         {"destination": SHELL_PATH, "type": "bind", "source": p.init.shell, "options": ro_bind},
+        *({"destination": target, "type": "bind", "source": source,
+           "options": ["rbind", "nosuid", "nodev", "ro" if ro else "rw"]} for source, target, ro in p.volumes),
     ]
 
 

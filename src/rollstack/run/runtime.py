@@ -195,6 +195,9 @@ class EnvironmentRuntime:
                              "userns": userns})
             for d in (env.upper, env.work, env.rootfs, env.bundle):
                 d.mkdir()
+            if userns and params.volumes:  # root inside owns what host root owns in a volume
+                params = replace(params, volumes=self._idmapped_volumes(env, params.volumes))
+                spec = build_spec(str(env.rootfs), params)
             if network is not None and network.needs_netns:
                 # userns: the netns must belong to the environment's user namespace (runc exec
                 # joins the userns first, then could not enter a netns owned by ours), so runc
@@ -256,6 +259,18 @@ class EnvironmentRuntime:
                 logging.getLogger(__name__).exception("cleaning up the failed create of %s failed", env_id)
             raise
         return env
+
+    def _idmapped_volumes(self, env: Environment, volumes: Sequence[tuple[str, str, bool]]
+                          ) -> tuple[tuple[str, str, bool], ...]:
+        """Idmapped clones of volume dirs under <env>/idmap/v<i> (teardown unmounts everything
+        there before it removes the environment's directory, and never removes through a mount)."""
+        out = []
+        for i, (source, target, ro) in enumerate(volumes):
+            d = env.dir / "idmap" / f"v{i}"
+            d.mkdir(parents=True)
+            self._idmap.mount(Path(source), d)
+            out.append((str(d), target, ro))
+        return tuple(out)
 
     def _idmapped(self, env: Environment, lowers: list[Path], skip: int = 0) -> list[Path]:
         """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root.

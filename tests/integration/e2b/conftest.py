@@ -1,5 +1,5 @@
 """A real node agent on 127.0.0.1 serving the E2B-compatible API, and the unmodified `e2b` SDK
-pointed at it (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`).
+pointed at it (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_VOLUME_API_URL`, `E2B_API_KEY`).
 
 `e2b_node` (session): the busybox corpus published to an OCI layout store, a plan over it
 published as template `tasks/app:1` (with its mutation diff and evaluator), a `NodeService`,
@@ -64,10 +64,12 @@ def e2b_node(tmp_path_factory: pytest.TempPathFactory):
     root = work / "node"
     service = NodeService(NodeConfig(root=root, store=spec, max_environments=12, reap_interval=0.5))
     service.start()
-    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DEBUG", "E2B_DOMAIN")}
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY",
+                                            "E2B_DEBUG", "E2B_DOMAIN")}
     try:
         with BackgroundServer(create_app(service, TOKEN)) as server:
-            os.environ.update(E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url, E2B_API_KEY=TOKEN)
+            os.environ.update(E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url, E2B_VOLUME_API_URL=server.url,
+                              E2B_API_KEY=TOKEN)
             os.environ.pop("E2B_DEBUG", None)
             yield E2BNode(server.url, TOKEN, service, root, spec)
     finally:

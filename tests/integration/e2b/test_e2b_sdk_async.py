@@ -109,3 +109,25 @@ def test_async_fork_pause_connect(e2b_node):
             await box.kill()
 
     asyncio.run(scenario())
+
+
+def test_async_volumes_shared_by_sandboxes(e2b_node):
+    from e2b import AsyncVolume
+
+    async def scenario() -> None:
+        vol = await AsyncVolume.create("async-vol")
+        try:
+            await vol.write_file("/in.txt", "shared\n")
+            boxes = await asyncio.gather(*(AsyncSandbox.create(e2b_node.template, timeout=60,
+                                                                volume_mounts={"/v": vol}) for _ in range(2)))
+            try:
+                await boxes[0].commands.run("echo from-0 > /v/zero.txt")
+                assert (await boxes[1].commands.run("cat /v/in.txt /v/zero.txt")).stdout == "shared\nfrom-0\n"
+            finally:
+                await asyncio.gather(*(b.kill() for b in boxes))
+            assert await vol.read_file("/zero.txt") == "from-0\n"
+            assert {e.name for e in await vol.list("/")} == {"in.txt", "zero.txt"}
+        finally:
+            assert await AsyncVolume.destroy(vol.volume_id) is True
+
+    asyncio.run(scenario())

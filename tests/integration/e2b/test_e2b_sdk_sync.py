@@ -409,3 +409,48 @@ def test_a_filesystem_snapshot_is_a_template(e2b_node):
     assert Sandbox.delete_snapshot(named.snapshot_id) is False  # gone: E2B's 404
     assert Sandbox.delete_snapshot(e2b_node.template) is False  # a template that is no snapshot is kept
     assert [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=box.sandbox_id).next_items()] == [info.snapshot_id]
+
+
+def test_volumes_outlive_sandboxes_and_their_content_api_stays_inside(e2b_node):
+    from e2b import Volume, VolumeException, VolumeNotFoundException, VolumePathNotFoundException
+
+    vol = Volume.create("sdk-vol")
+    try:
+        assert Volume.connect(vol.volume_id).name == "sdk-vol"
+        assert "sdk-vol" in [v.name for v in Volume.list()]
+        written = vol.write_file("/seed/in.txt", "seeded\n", mode=0o640)
+        assert (written.path, written.size, written.mode) == ("/seed/in.txt", 7, 0o640)
+        vol.make_dir("/empty", force=True)
+        assert {e.name for e in vol.list("/")} == {"seed", "empty"}
+        box = Sandbox.create(e2b_node.template, timeout=120, volume_mounts={"/mnt/vol": vol})
+        try:
+            assert box.commands.run("cat /mnt/vol/seed/in.txt").stdout == "seeded\n"
+            box.commands.run("echo from-the-sandbox > /mnt/vol/out.txt")
+            box.files.write("/mnt/vol/via-files.txt", "envd")  # the files API follows the mount
+            assert Sandbox.get_info(box.sandbox_id).volume_mounts == [{"name": "sdk-vol", "path": "/mnt/vol"}]
+        finally:
+            box.kill()
+        assert vol.read_file("/out.txt") == "from-the-sandbox\n"  # outlived the sandbox
+        assert vol.read_file("/via-files.txt", format="bytes") == b"envd"
+        again = Sandbox.create(e2b_node.template, timeout=60, volume_mounts={"/data": "sdk-vol"})
+        try:
+            assert again.commands.run("cat /data/out.txt").stdout == "from-the-sandbox\n"
+        finally:
+            again.kill()
+        info = vol.update_metadata("/out.txt", uid=1000, gid=1000, mode=0o600)
+        assert (info.uid, info.gid, info.mode) == (1000, 1000, 0o600)
+        vol.remove("/seed")
+        assert not vol.exists("/seed/in.txt")
+        with pytest.raises(VolumePathNotFoundException):
+            vol.read_file("/missing.txt")
+        with pytest.raises(VolumeException):  # never outside the volume
+            vol.read_file("/../../etc/hostname")
+        with pytest.raises(SandboxException):  # a volume that is not there: refused at create
+            Sandbox.create(e2b_node.template, timeout=30, volume_mounts={"/data": "no-such-volume"})
+        with pytest.raises(VolumeException):
+            Volume.create("../escape")
+    finally:
+        assert Volume.destroy(vol.volume_id) is True
+    assert Volume.destroy(vol.volume_id) is False
+    with pytest.raises(VolumeNotFoundException):
+        Volume.connect("sdk-vol")

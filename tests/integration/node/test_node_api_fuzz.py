@@ -25,9 +25,10 @@ from node_helpers import plan, remember, serve_node
 
 pytestmark = pytest.mark.integration
 TOKEN = "fuzz-node-token"
-NODE_OWN = ("envs", "lazy", "runc", "runc-exec", "node-envs", "erofs", "layers", "resolve-cache", "forks")
-"""Top-level entries of the node root that hold per-environment state or caches (layers are
-materialized in the background while the fuzzer runs)."""
+NODE_OWN = ("envs", "lazy", "runc", "runc-exec", "node-envs", "erofs", "layers", "resolve-cache", "forks", "volumes")
+"""Top-level entries of the node root that hold per-environment state, caches (layers are
+materialized in the background while the fuzzer runs) and volumes (the fuzzer makes and writes
+them: inside a volume is inside)."""
 EXEC_TIMEOUT = 5.0
 """Longest exec the fuzzer may ask for (random commands must not hold the run)."""
 
@@ -81,12 +82,21 @@ def test_fuzzing_the_node_api_finds_no_server_error_and_writes_nothing_outside_e
         escapes = canary.paths() + ["/work/app/out-abs/written", "/work/app/out-rel/written",
                                     f"/work/app/out-root{canary.root}/written", "out-abs/written",
                                     "/work/app/out-abs", "/work/app/hello.txt", "hello.txt", "/etc/passwd"]
+        assert http.post("/v1/volumes", json={"name": "fuzzed"}).status_code == 201
+        (root / "volumes" / "fuzzed" / "data" / "out-abs").symlink_to(canary.root)
+        (root / "volumes" / "fuzzed" / "data" / "out-rel").symlink_to(f"../../../../../../../../..{canary.root}")
         before_root = tree_snapshot(root, skip=NODE_OWN)
         before_canary = canary.state()
 
         schema = schemathesis.openapi.from_dict(http.get("/openapi.json").json())
 
         def variants(op, mode) -> list[dict]:
+            if "{name}" in op.path:  # a volume's: the stable one, and ways out of it
+                out = [op.as_strategy(generation_mode=mode, path_parameters={"name": "fuzzed"})]
+                if op.path.endswith("/files") and mode.value == "positive":
+                    out += [op.as_strategy(generation_mode=mode, path_parameters={"name": "fuzzed"}, query={"path": p})
+                            for p in escapes + ["/out-abs/written", "/out-rel/written", "out-abs"]]
+                return out if op.method.upper() != "DELETE" else []
             if "{env_id}" not in op.path:
                 return []
             destructive = op.method.upper() == "DELETE" or op.path.endswith(("/lease", "/pause", "/resume"))
@@ -122,7 +132,8 @@ def test_fuzzing_the_node_api_finds_no_server_error_and_writes_nothing_outside_e
         assert canary.state() == before_canary, "the API wrote outside the environment (canary dir)"
         after_root = tree_snapshot(root, skip=NODE_OWN)
         assert after_root == before_root, sorted(set(after_root) ^ set(before_root))
-        strays = [str(p) for p in root.rglob("written") if not p.is_relative_to(root / "envs")]
+        strays = [str(p) for p in root.rglob("written")
+                  if not p.is_relative_to(root / "envs") and not p.is_relative_to(root / "volumes")]
         assert not strays, f"a fuzzed path was written outside the environments: {strays}"
 
         for env in http.get("/v1/environments").json()["environments"]:

@@ -104,3 +104,25 @@ def test_no_path_escapes(tmp_path_factory, parts):
             pass
     assert os.listdir(base / "outside") == []
     assert sorted(os.listdir(base)) == ["outside", "root"]
+
+
+def test_set_attrs_changes_the_entry_itself_never_a_symlinks_target(root, tmp_path):
+    outside = tmp_path / "outside" / "target"
+    outside.write_text("x")
+    outside.chmod(0o644)
+    os.symlink(str(outside), root.root / "abs-link")
+    (root.root / "f").write_text("data")
+    e = root.set_attrs("/f", uid=1000, gid=1001, mode=0o600)
+    assert (e.uid, e.gid, e.mode & 0o7777) == (1000, 1001, 0o600)
+    st = os.stat(root.root / "f")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1000, 1001, 0o600)
+    with pytest.raises(InvalidRequest, match="symlink"):
+        root.set_attrs("/abs-link", mode=0o777)
+    assert outside.stat().st_mode & 0o7777 == 0o644
+    with pytest.raises(NotFound):
+        root.set_attrs("/missing", mode=0o600)
+    for bad in ({"mode": 0o17777}, {"uid": -1}, {"gid": 1 << 20}):
+        with pytest.raises(InvalidRequest):
+            root.set_attrs("/f", **bad)
+    with pytest.raises(UnsafePath):
+        root.set_attrs("/../f", mode=0o600)

@@ -78,6 +78,7 @@ def test_resources_and_overrides():
     {"cpu": 0}, {"cpu": -1}, {"cpu": float("nan")}, {"memory": 1024}, {"pids_limit": 0},
     {"hostname": "bad host"}, {"hostname": "-x"}, {"hostname": "host\n"}, {"cwd": "relative"}, {"env": {"A=B": "x"}},
     {"env": {"": "x"}}, {"env": {"A": "x\x00y"}}, {"cgroup_parent": "../escape"},
+    {"volumes": (("rel", "/data", False),)}, {"volumes": (("/v", "data", True),)},
     {"capabilities": ("sys_admin",)}, {"nofile": 1}, {"cpu_period_us": 10},
 ])
 def test_bad_params_rejected(kw):
@@ -124,6 +125,14 @@ def test_any_valid_params_build_a_consistent_spec(env_id, env, memory, pids):
     assert res.get("memory", {}).get("limit") == memory
     assert res.get("pids", {}).get("limit") == pids
     assert json.loads(json.dumps(s)) == s
+
+
+def test_volumes_are_bind_mounts_read_only_when_asked():
+    s = spec(volumes=(("/srv/v/a/data", "/data", True), ("/srv/v/b/data", "/work/out", False)))
+    binds = {m["destination"]: m for m in s["mounts"] if m["type"] == "bind"}
+    assert binds["/data"]["source"] == "/srv/v/a/data" and "ro" in binds["/data"]["options"]
+    assert binds["/work/out"]["source"] == "/srv/v/b/data" and "rw" in binds["/work/out"]["options"]
+    assert all({"nosuid", "nodev"} <= set(binds[d]["options"]) for d in ("/data", "/work/out"))
 
 
 def test_network_namespace_joined_by_path():
