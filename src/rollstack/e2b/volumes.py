@@ -9,6 +9,7 @@ Files are read and written whole, up to the node's file limit; parent directorie
 
 from __future__ import annotations
 
+import json
 import stat as statmod
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable
@@ -95,7 +96,11 @@ def add_volume_routes(app: FastAPI, service: NodeLocal, token: str | None, auth:
 
     @app.patch("/volumecontent/{volume_id}/path", dependencies=auth)
     async def update_path(volume_id: str, request: Request, path: str = Query(..., min_length=1)) -> JSONResponse:
-        body = await request.json() if (await request.body()).strip() else {}
+        raw = await read_capped(request, 1 << 16)
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            raise InvalidRequest("the body is not JSON") from None
         if not isinstance(body, dict) or set(body) - {"uid", "gid", "mode"}:
             raise InvalidRequest("the body takes uid, gid and mode only")
         for k, v in body.items():

@@ -76,6 +76,11 @@ def test_fuzzing_the_e2b_rest_api_finds_no_server_error(e2b_node, boxes, tmp_pat
     canary = Canary.make(tmp_path_factory.mktemp("e2b-canary"))
     escapes = _plant_escapes(keep, canary)
     before = canary.state()
+    e2b_node.service.create_volume("fuzz-vol")  # a stable volume, with ways out of it planted
+    vol_data = e2b_node.root / "volumes" / "fuzz-vol" / "data"
+    (vol_data / "out-abs").symlink_to(canary.root)
+    (vol_data / "out-rel").symlink_to(f"../../../../../../../../..{canary.root}")
+    vol_escapes = escapes + ["/out-abs/written", "/out-rel/written", "out-abs", "/out-abs"]
     doc = create_control_app(SandboxTable(e2b_node.service), e2b_node.service, e2b_node.token).openapi()
     schema = schemathesis.openapi.from_dict(doc)
 
@@ -95,6 +100,11 @@ def test_fuzzing_the_e2b_rest_api_finds_no_server_error(e2b_node, boxes, tmp_pat
         if "{rest}" in op.path:
             out += [op.as_strategy(generation_mode=mode, path_parameters={"sandbox_id": keep.sandbox_id, "rest": r})
                     for r in sorted(UNSUPPORTED)]
+        if "{volume_id}" in op.path and not (op.path == "/volumes/{volume_id}" and op.method.upper() == "DELETE"):
+            out.append(op.as_strategy(generation_mode=mode, path_parameters={"volume_id": "fuzz-vol"}))
+            if "/volumecontent/" in op.path and mode.value == "positive":
+                out += [op.as_strategy(generation_mode=mode, path_parameters={"volume_id": "fuzz-vol"},
+                                       query={"path": p}) for p in vol_escapes]
         if op.path == "/files" and mode.value == "positive":
             out += [op.as_strategy(generation_mode=mode, query={"path": p}) for p in escapes]
         if op.path in ("/sandboxes", "/v2/sandboxes") and op.method.upper() == "POST" and mode.value == "positive":
