@@ -16,7 +16,8 @@ import hmac
 import logging
 import zlib
 from functools import partial
-from typing import Any, Callable, TypeVar
+from datetime import datetime, timezone
+from typing import Any, Callable, Literal, TypeVar
 from urllib.parse import parse_qsl
 
 import anyio
@@ -128,10 +129,23 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
     app.post("/v2/sandboxes", dependencies=auth, status_code=201)(create)
     app.post("/sandboxes", dependencies=auth, status_code=201)(create)
 
-    async def list_sandboxes(metadata: str | None = Query(None)) -> JSONResponse:
+    async def list_sandboxes(metadata: str | None = Query(None, max_length=8192),
+                             state: str | None = Query(None, max_length=64),
+                             started_after: datetime | None = Query(None, alias="startedAfter"),
+                             template: str | None = Query(None, max_length=512),
+                             order: Literal["asc", "desc"] = Query("asc"),
+                             limit: int | None = Query(None, ge=1, le=10_000),
+                             next_token: str | None = Query(None, alias="nextToken", max_length=12)) -> JSONResponse:
+        """`Sandbox.list(query=SandboxQuery(metadata, state, started_after, template), limit=)`:
+        pages of `limit` (all at once without), `x-next-token` (an offset) naming the next."""
         wanted = dict(parse_qsl(metadata, keep_blank_values=True)) if metadata else None
-        boxes = await call(table.list, wanted)
-        return JSONResponse([b.listed().dump() for b in boxes])
+        states = {s.strip() for s in state.split(",") if s.strip()} if state else None
+        if states is not None and not states <= {"running", "paused"}:
+            raise InvalidRequest(f"state: running or paused, not {sorted(states - {'running', 'paused'})}")
+        if started_after is not None and started_after.tzinfo is None:
+            started_after = started_after.replace(tzinfo=timezone.utc)
+        boxes = await call(table.list, wanted, states, started_after, template, order == "desc")
+        return _page([b.listed().dump() for b in boxes], limit, next_token)
 
     app.get("/v2/sandboxes", dependencies=auth)(list_sandboxes)
     app.get("/sandboxes", dependencies=auth)(list_sandboxes)
@@ -178,13 +192,7 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
                              limit: int = Query(100, ge=1, le=1000),
                              next_token: str | None = Query(None, alias="nextToken", max_length=12)) -> JSONResponse:
         """`Sandbox.list_snapshots`: pages of `limit`; `x-next-token` (an offset) names the next."""
-        if next_token is not None and not next_token.isdigit():
-            raise InvalidRequest("nextToken: not a token this node handed out")
-        start = int(next_token or 0)
-        snaps = await call(table.snapshots, sandbox_id, name)
-        page = snaps[start:start + limit]
-        more = start + limit < len(snaps)
-        return JSONResponse(page, headers={"x-next-token": str(start + limit)} if more else None)
+        return _page(await call(table.snapshots, sandbox_id, name), limit, next_token)
 
     @app.delete("/templates/{template_id:path}", dependencies=auth, status_code=204)
     async def delete_snapshot(template_id: str) -> Response:
@@ -279,6 +287,16 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
         return JSONResponse(out)
 
     return app
+
+
+def _page(items: list[Any], limit: int | None, next_token: str | None) -> JSONResponse:
+    """One page of `items` from offset `next_token`; `x-next-token` names the next if any."""
+    if next_token is not None and not next_token.isdigit():
+        raise InvalidRequest("nextToken: not a token this node handed out")
+    start = int(next_token or 0)
+    end = len(items) if limit is None else start + limit
+    more = end < len(items)
+    return JSONResponse(items[start:end], headers={"x-next-token": str(end)} if more else None)
 
 
 def _abs(path: str) -> str:

@@ -256,7 +256,12 @@ class SandboxTable:
             raise SandboxNotFound(f"sandbox {sandbox_id!r} was not found on this node (it is {state})")
         return box
 
-    def list(self, metadata: dict[str, str] | None = None) -> list[Sandbox]:
+    def list(self, metadata: dict[str, str] | None = None, state_in: set[str] | None = None,
+             started_after: datetime | None = None, template: str | None = None,
+             newest_first: bool = False) -> list[Sandbox]:
+        """The node's live sandboxes, oldest first (or newest), filtered as E2B's list filters:
+        every `metadata` pair, a state in `state_in` (running, paused), started at or after
+        `started_after`, from `template`."""
         states = {e.id: e.state for e in self.service.list() if e.state in ("running", "paused")}
         with self._lock:
             for gone in [i for i in self._boxes if i not in states]:
@@ -266,7 +271,13 @@ class SandboxTable:
             b.paused = states.get(b.id) == "paused"  # also when the node paused it at its timeout
         if metadata:
             boxes = [b for b in boxes if all(b.metadata.get(k) == v for k, v in metadata.items())]
-        return boxes
+        if state_in is not None:
+            boxes = [b for b in boxes if ("paused" if b.paused else "running") in state_in]
+        if started_after is not None:
+            boxes = [b for b in boxes if b.started_at >= started_after]
+        if template:
+            boxes = [b for b in boxes if template in (b.template_id, b.template_id.rsplit(":", 1)[0])]
+        return boxes[::-1] if newest_first else boxes
 
     def set_timeout(self, sandbox_id: str, seconds: int) -> Sandbox:
         box = self.get(sandbox_id)

@@ -185,6 +185,40 @@ def test_timeout_list_and_connect(e2b_node):
         Sandbox.kill(box.sandbox_id)
 
 
+def test_list_filters_and_pages(e2b_node):
+    from datetime import datetime, timedelta, timezone
+
+    from e2b import SandboxState
+
+    before = datetime.now(timezone.utc) - timedelta(seconds=1)
+    boxes = [Sandbox.create(e2b_node.template, timeout=120, metadata={"suite": "pages", "i": str(i)})
+             for i in range(3)]
+    try:
+        boxes[1].pause()
+        q = SandboxQuery(metadata={"suite": "pages"})
+        pager = Sandbox.list(query=q, limit=2)
+        first = pager.next_items()
+        assert pager.has_next and len(first) == 2
+        rest = pager.next_items()
+        assert not pager.has_next
+        assert [s.sandbox_id for s in first + rest] == [b.sandbox_id for b in boxes]  # oldest first
+        paused = Sandbox.list(query=SandboxQuery(metadata={"suite": "pages"}, state=[SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in paused] == [boxes[1].sandbox_id]
+        running = Sandbox.list(query=SandboxQuery(metadata={"suite": "pages"}, state=[SandboxState.RUNNING])).next_items()
+        assert {s.sandbox_id for s in running} == {boxes[0].sandbox_id, boxes[2].sandbox_id}
+        later = Sandbox.list(query=SandboxQuery(metadata={"suite": "pages"},
+                                                started_after=datetime.now(timezone.utc) + timedelta(hours=1)))
+        assert later.next_items() == []
+        since = Sandbox.list(query=SandboxQuery(metadata={"suite": "pages"}, started_after=before,
+                                                template=e2b_node.template.split(":")[0])).next_items()
+        assert len(since) == 3
+        other = Sandbox.list(query=SandboxQuery(metadata={"suite": "pages"}, template="tasks/other")).next_items()
+        assert other == []
+    finally:
+        for b in boxes:
+            b.kill()
+
+
 def test_bad_input_gets_the_sdk_exceptions(e2b_node, sbx):
     with pytest.raises(SandboxException) as info:
         Sandbox.create("tasks/no-such-template:1", timeout=30)
