@@ -123,7 +123,8 @@ class ImageBuilder:
     store: str
     """The node's store: `oci:PATH`, a path, or the registry's http(s) URL."""
     cache_dir: Path
-    """Keys already imported (`images/KEY.json`), locks, and buildah's storage."""
+    """Keys already imported (`images/KEY.json`), locks, the import cache and each build's
+    temporary directory (buildah's storage lives and dies with it)."""
     cli: str = "rollstack"
     """The rollstack CLI (of the Python rollstack runs in)."""
     timeout: float = 3600.0
@@ -168,16 +169,15 @@ class ImageBuilder:
         if shutil.which("buildah") is None:
             raise RuntimeFailure("building a task's Dockerfile needs buildah (Debian package buildah)")
         # vfs: no mount outlives a build, even a failed or killed one (overlay storage keeps its
-        # home and failed builds' containers mounted); costs a copy of the tree per layer, once
-        storage = ["--root", str(self.cache_dir / "buildah"), "--runroot", str(out / "run"), "--storage-driver", "vfs"]
+        # home and failed builds' containers mounted); costs a copy of the tree per layer, once.
+        # The storage is the build's own, under `out` (removed with it): nothing accumulates
+        # across builds, and concurrent builds of other keys share nothing.
+        storage = ["--root", str(out / "storage"), "--runroot", str(out / "run"), "--storage-driver", "vfs"]
         tag = f"localhost/rs-harbor-{key[:20]}:latest"
-        self._run(["buildah", *storage, "bud", "--isolation", "chroot", "--layers", "--force-rm", "-q",
+        self._run(["buildah", *storage, "bud", "--isolation", "chroot", "-q",
                    "-f", str(context / "Dockerfile"), "-t", tag, str(context)])
-        try:
-            ref = f"oci:{out / 'image'}:latest"
-            self._run(["buildah", *storage, "push", tag, ref])
-        finally:
-            subprocess.run(["buildah", *storage, "rmi", "-f", tag], capture_output=True, timeout=300)
+        ref = f"oci:{out / 'image'}:latest"
+        self._run(["buildah", *storage, "push", tag, ref])
         return ref
 
     def _run(self, argv: list[str]) -> str:

@@ -122,3 +122,4 @@ def test_a_harbor_job_runs_on_rollstack(harbor_node, tmp_path: Path) -> None:
     assert len(list((tmp_path / "cache" / "images").glob("*.json"))) == 2
     assert not service.list()
     assert str(tmp_path / "cache") not in Path("/proc/self/mountinfo").read_text()  # buildah left no mount
+    assert not list((tmp_path / "cache").glob("rs-harbor-*"))  # nor its storage: it went with the build
