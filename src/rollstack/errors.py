@@ -30,6 +30,7 @@ may succeed later or elsewhere; the ones marked (R) below are, every other code 
     │   └── RegistryAuthError     registry_auth         502
     ├── Unauthorized              unauthorized          401
     ├── InsufficientCapacity      insufficient_capacity 503   (R: capacity frees as envs end)
+    │   └── DiskFull              disk_full             507   (R: the node's disk is full; frees as envs end)
     ├── MutationFailed            mutation_failed       422
     ├── ExecTimeout               exec_timeout          504
     ├── CommandFailed             command_failed        422   (check=True and a non-zero exit)
@@ -48,6 +49,7 @@ may succeed later or elsewhere; the ones marked (R) below are, every other code 
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 
@@ -167,6 +169,18 @@ class Unauthorized(RollstackError, PermissionError):
 class InsufficientCapacity(RollstackError):
     code, status = "insufficient_capacity", 503
     retryable = True
+
+
+class DiskFull(InsufficientCapacity):
+    """A write the node made for the caller met a full disk (ENOSPC/EDQUOT). Retryable: space
+    frees as environments end, or another node has it."""
+
+    code, status = "disk_full", 507
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError saying the disk (or the quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class MutationFailed(RollstackError):

@@ -27,7 +27,7 @@ from typing import BinaryIO, Protocol, TypedDict
 
 import zstandard
 
-from rollstack.errors import InvalidRequest, RollstackError, SourceInvalid, UnsafePath
+from rollstack.errors import DiskFull, InvalidRequest, RollstackError, SourceInvalid, UnsafePath, is_disk_full
 from rollstack.format import paths as layer_paths
 from rollstack.format.toc import EntryType, TocEntry
 from rollstack.format.tarheader import FastTarInfo
@@ -81,6 +81,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         return info
     except OSError as exc:  # writing DST (full disk, DST is a directory...)
         _unlink(tmp)
+        if is_disk_full(exc):
+            raise DiskFull(f"cannot write {dst}: {exc.strerror}") from None
         raise InvalidRequest(f"cannot write {dst}: {exc.strerror or exc}") from None
     except BaseException:
         _unlink(tmp)

@@ -20,7 +20,7 @@ import stat as statmod
 import subprocess
 from pathlib import Path
 
-from rollstack.errors import RuntimeFailure
+from rollstack.errors import DiskFull, RuntimeFailure
 from rollstack.run.lowerview import OPAQUE_XATTR
 
 COPY_TIMEOUT = 600.0
@@ -30,12 +30,11 @@ def copy_upper(upper: Path, dst: Path) -> dict[str, int]:
     """Copy `upper` to `dst` (which must not exist); {"files", "bytes"} of the copy."""
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    proc = subprocess.run(["cp", "-a", "--no-target-directory", str(upper), str(tmp)],
-                          capture_output=True, timeout=COPY_TIMEOUT)
-    if proc.returncode != 0:
+    try:
+        _cp(upper, tmp)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeFailure(f"copying {upper} failed: {proc.stderr.decode(errors='replace')[-500:]}",
-                             path=str(upper))
+        raise
     os.rename(tmp, dst)
     return tree_size(dst)
 
@@ -58,10 +57,7 @@ def merge_uppers(layers: list[Path], dst: Path) -> None:
         dst.mkdir()
         return
     *above, bottom = layers
-    proc = subprocess.run(["cp", "-a", "--no-target-directory", str(bottom), str(dst)],
-                          capture_output=True, timeout=COPY_TIMEOUT)
-    if proc.returncode != 0:
-        raise RuntimeFailure(f"copying {bottom} failed: {proc.stderr.decode(errors='replace')[-500:]}")
+    _cp(bottom, dst)
     for layer in reversed(above):
         _apply(layer, dst)
 
@@ -92,16 +88,29 @@ def _apply(layer: Path, dst: Path) -> None:
         if statmod.S_ISDIR(st.st_mode):
             if _opaque(src) or not (target.is_dir() and not target.is_symlink()):
                 _remove(target)
-                subprocess.run(["cp", "-a", "--no-target-directory", str(src), str(target)], check=True,
-                               capture_output=True, timeout=COPY_TIMEOUT)
+                _cp(src, target)
             else:
                 _apply(src, target)
                 shutil.copystat(src, target, follow_symlinks=False)
                 os.chown(target, st.st_uid, st.st_gid, follow_symlinks=False)
             continue
         _remove(target)  # a whiteout stays a whiteout: the diff reads it as a deletion
-        subprocess.run(["cp", "-a", str(src), str(target)], check=True, capture_output=True,
-                       timeout=COPY_TIMEOUT)
+        _cp(src, target)
+
+
+def _cp(src: Path, dst: Path) -> None:
+    """`cp -a` of `src` as `dst` (which must not exist), its failures typed: a full disk is
+    DiskFull (retryable), anything else RuntimeFailure naming the path."""
+    try:
+        proc = subprocess.run(["cp", "-a", "--no-target-directory", str(src), str(dst)],
+                              capture_output=True, timeout=COPY_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise RuntimeFailure(f"copying {src} took over {COPY_TIMEOUT:.0f} s", path=str(src)) from None
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace")[-500:]
+        if "No space left on device" in err or "Disk quota exceeded" in err:
+            raise DiskFull(f"copying {src}: the node's disk is full")
+        raise RuntimeFailure(f"copying {src} failed: {err}", path=str(src))
 
 
 def unshift_tree(root: Path, base: int) -> int:
