@@ -125,3 +125,28 @@ def test_exclusive_mounts_and_unknown_or_hostile_volumes_are_refused(node) -> No
         client.delete_volume("solo")
     assert not (root / "escape.txt").exists() and not (root / "volumes" / "escape.txt").exists()
     assert leftovers(root)["mounts"] == []
+
+
+def test_forks_and_snapshots_mount_the_parents_volumes_without_copying_them(node) -> None:
+    root, _service, client = node
+    client.create_volume("shared")
+    try:
+        parent = _create(root, client, volumes=[{"name": "shared", "path": "/data"}])
+        _sh(parent, "echo from-parent > /data/p.txt && echo in-upper > /work/app/u.txt")
+        kids = parent.fork(2)
+        for k in kids:
+            remember(root, k.id)
+        _sh(kids[0], "echo from-child > /data/c.txt")
+        assert _sh(kids[1], "cat /data/p.txt /data/c.txt /work/app/u.txt")[1] == "from-parent\nfrom-child\nin-upper\n"
+        assert _sh(parent, "cat /data/c.txt")[1] == "from-child\n"  # one volume, not a copy
+        snap = parent.snapshot("vol/snap:1")
+        try:
+            again = client.create(snap.plan)
+            remember(root, again.id)
+            assert _sh(again, "cat /data/c.txt /work/app/u.txt")[1] == "from-child\nin-upper\n"
+        finally:
+            for env in client.list():
+                client.destroy(env.id)
+            client.delete_snapshot("vol/snap:1")
+    finally:
+        client.delete_volume("shared")
