@@ -45,7 +45,7 @@ class ForkLayers:
             self._pending.add(layer)
         try:
             t0 = time.perf_counter()
-            with env.frozen():
+            with env.cut():
                 t1 = time.perf_counter()
                 size = copy_upper(env.upper, layer)
                 t2 = time.perf_counter()

@@ -448,7 +448,7 @@ class Stages:
                 if rec.paused:
                     env.changes_copy(copy)
                 else:
-                    with env.frozen():
+                    with env.cut():
                         env.changes_copy(copy)
             files = int(tree_size(copy)["files"])
             published = publish_group(self.store, group, [copy], kind=KIND, work_dir=Path(tmp),

@@ -22,7 +22,7 @@ from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
 from rollstack.run.execpump import ExecControl, check_request
 from rollstack.run.files import SafeRoot
 from rollstack.run.network import NetHandle, NetworkSpec
-from rollstack.run.ocispec import ENV_ID_RE
+from rollstack.run.ocispec import ENV_ID_RE, SHELL_PATH
 from rollstack.run.runc import DEFAULT_OUTPUT_LIMIT, ExecResult, OnOutput, Runc
 from rollstack.run.snapshot import merge_uppers, unshift_tree
 
@@ -192,6 +192,18 @@ class Environment:
             yield
         finally:
             self.resume()
+
+    @contextmanager
+    def cut(self) -> Iterator[None]:
+        """Frozen for a copy of its files (fork, snapshot). A gVisor sandbox first writes back
+        what its own kernel caches (`sync` inside), so the host's upper holds every write made
+        before the cut; runc's processes write through the host's page cache already."""
+        if self.runtime_name == "runsc":
+            r = self.exec([SHELL_PATH, "sync"], timeout=60)
+            if r.exit_code != 0:
+                raise RuntimeFailure(f"sync in {self.id} before the cut exited {r.exit_code}: {r.stderr[-300:]}")
+        with self.frozen():
+            yield
 
     # -- use ---------------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 `copy_upper(upper, dst)` copies an overlay upper dir as it is: files, directories, symlinks,
 owners, modes, times, xattrs (`trusted.overlay.opaque` included) and whiteouts (0/0 character
 devices), so the copy works as a lower layer below a fresh upper with overlayfs' own rules. The
-caller freezes the environment first (`Environment.frozen()`), so no write lands mid-copy.
+caller freezes the environment first (`Environment.cut()`: a gVisor sandbox syncs its own
+caches first), so no write lands mid-copy.
 The copy goes to `<dst>.tmp` and is renamed into place: a crash never leaves half a layer.
 
 `merge_uppers(layers, dst)` applies upper dirs (top first) one over another into `dst` with

@@ -5,6 +5,7 @@ exactly as long as an environment stacks it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,28 @@ def test_setup_runs_once_and_a_group_is_forked_from_it(node) -> None:
     service.wait_destroyed(120)
     assert {e.id for e in client.list()} <= live  # a failed setup leaves no environment
     assert _forks(root) == []
+
+
+def test_a_gvisor_parent_forks_and_snapshots_with_every_write_made_before_the_cut(node) -> None:
+    """runsc keeps file data in its own kernel: the cut syncs it to the host's upper first."""
+    root, service, client = node
+    parent = client.create(plan(runtime="runsc"))
+    remember(root, parent.id)
+    try:
+        _sh(parent, "echo new > new.txt && echo appended >> hello.txt"
+                    " && dd if=/dev/zero of=big.bin bs=1k count=300 2>/dev/null && rm README")
+        [kid] = parent.fork(1)
+        remember(root, kid.id)
+        assert _sh(kid, "cat new.txt hello.txt; wc -c < big.bin; test -e README && echo still || echo gone") == \
+            "new\nbug\nappended\n307200\ngone\n"
+        assert _sh(kid, "uname -r") == _sh(parent, "uname -r") != os.uname().release + "\n"  # gVisor's kernel too
+        snap = parent.snapshot("gvisor/parent:1")
+        try:
+            again = client.create(snap.plan)
+            remember(root, again.id)
+            assert _sh(again, "cat new.txt; wc -c < big.bin") == "new\n307200\n"
+        finally:
+            client.delete_snapshot("gvisor/parent:1")
+    finally:
+        for env in client.list():
+            client.destroy(env.id)
