@@ -10,10 +10,13 @@ An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busy
 - `--cycles` fork/destroy cycles, then what is left under the node root (must be nothing);
 - the parent's `exec true` p50 while nothing else runs, and right after each cut;
 - `pause()` / `resume()` p50 through the SDK (in-process node);
+- `snapshot()` of the parent with both diffs, then a second node with an empty root over the same
+  store creating from it (cold) and running a first exec;
 - a task whose setup burns `--setup-seconds` of CPU: its group of `--group` with the setup run
   once and forked (`create(plan, count)` with `setup`) vs created one by one, each running it.
 Goals (issue 37): fork(1) p50 <= 100 ms with 10 MB / 1,000 files, <= 1 s with 100 MB; fork(8)
-<= 1.5x fork(1); the cycles leave nothing; resume <= 50 ms.
+<= 1.5x fork(1); the cycles leave nothing; resume <= 50 ms; the snapshot published in <= 2 s and
+a fresh node started from it in <= 1 s.
 """
 
 from __future__ import annotations
@@ -56,6 +59,32 @@ def _exec_p50(env: Any, n: int = 20) -> float:
         env.exec(["true"])
         xs.append(time.perf_counter() - t)
     return _p50(xs)
+
+
+def _snapshot_and_restore(parent: Any, store: str, root2: Path, log: Any) -> dict[str, Any]:
+    """The parent (its whole diff: the small files and the big one) published as a snapshot,
+    then started on a second node with an empty root over the same store: cold (nothing of it
+    in that node's lazy store or page of its own), create and first exec as the caller sees them."""
+    from rollstack import Node
+
+    t = time.perf_counter()
+    snap = parent.snapshot("bench/fork:snap1")
+    publish_s = time.perf_counter() - t
+    log(f"[bench fork] snapshot published in {publish_s:.2f} s ({snap.bytes} bytes stored)")
+    out: dict[str, Any] = {"publish_s": round(publish_s, 4), "node_seconds": snap.seconds, "files": snap.files,
+                           "stored_bytes": snap.bytes}
+    with Node(store=store, root=root2, max_environments=4) as other:
+        t = time.perf_counter()
+        env = other.create(snap.plan)
+        created = time.perf_counter() - t
+        try:
+            r = env.exec(["/bin/sh", "-c", "cat marker && wc -c < big.bin"], timeout=120)
+            first_exec = time.perf_counter() - t
+            out.update(cold_create_s=round(created, 4), cold_create_and_exec_s=round(first_exec, 4),
+                       restored=r.exit_code == 0 and r.stdout.startswith("cut\n"))
+        finally:
+            env.destroy()
+    return out
 
 
 def _setup_iteration(node: Any, plan: dict[str, Any], seconds: int, group: int) -> dict[str, Any]:
@@ -137,6 +166,7 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
             parent.exec(["/bin/sh", "-c", f"head -c {big_mib << 20} /dev/urandom > big.bin"], timeout=600)
             log(f"[bench fork] parent wrote {big_mib} MiB more")
             doc["big"] = {"fork_1": _fork_times(parent, 1, max(2, reps // 3))}
+            doc["snapshot"] = _snapshot_and_restore(parent, store, work / "node2", log)
             t = time.perf_counter()
             for _ in range(cycles):
                 for k in parent.fork(1):
@@ -178,6 +208,8 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
         "fork_8_le_1_5x_fork_1": ratio <= 1.5,
         "cycles_leave_nothing": doc["left_after_cycles"] == [],
         "resume_le_50ms": doc["pause_resume"]["resume_p50_s"] <= 0.05,
+        "snapshot_publish_le_2s": doc["snapshot"]["publish_s"] <= 2.0,
+        "cross_node_cold_start_le_1s": doc["snapshot"]["cold_create_s"] <= 1.0 and doc["snapshot"]["restored"],
     }
     return doc
 
@@ -189,6 +221,9 @@ def _human(doc: dict[str, Any]) -> None:
           f"(pause {s['fork_1']['pause_p50_s'] * 1e3:.0f} ms, copy {s['fork_1']['copy_p50_s'] * 1e3:.0f} ms), "
           f"fork(8) p50 {s['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1']}x)")
     print(f"+{d['big_mib']} MiB: fork(1) p50 {b['fork_1']['p50_s'] * 1e3:.0f} ms (copy {b['fork_1']['copy_p50_s'] * 1e3:.0f} ms)")
+    sn = doc["snapshot"]
+    print(f"snapshot of it published in {sn['publish_s']:.2f} s; a fresh node starts from it in {sn['cold_create_s']:.2f} s "
+          f"(+ first exec {sn['cold_create_and_exec_s']:.2f} s; restored: {sn['restored']})")
     c = doc["create"]
     print(f"create(1) {c['create_1_p50_s'] * 1e3:.0f} ms, create(count=8) {c['create_8_p50_s'] * 1e3:.0f} ms (with destroy)")
     print(f"parent exec true p50 {doc['parent_exec_p50_s'] * 1e3:.1f} ms, after the cuts {doc['parent_exec_after_cuts_p50_s'] * 1e3:.1f} ms")
