@@ -109,6 +109,9 @@ class Snapshot(_Wire):
     files: int
     bytes: int
     seconds: float
+    trace_chunks: int = 0
+    """Chunks of the environment's reads published as the snapshot's access trace (a node
+    starting from it prefetches them); 0 when it read nothing through the lazy store."""
 
 
 class LeaseRequest(BaseModel):

@@ -30,7 +30,8 @@ from rollstack.errors import InvalidRequest, NodeUnavailable, RollstackError, fr
 from rollstack.core.httppool import PerThreadClient
 from rollstack.lazystore.config import DaemonConfig, daemon_argv
 from rollstack.lazystore.recovery import clear_stale, lazy_unmount, mounted_at
-from rollstack.lazystore.wire import BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
+from rollstack.lazystore.wire import (BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody,
+                                     ShareTraceBody)
 
 
 def _refs(refs: Iterable[Any]) -> list[dict[str, Any]]:
@@ -191,6 +192,10 @@ class LazyStoreClient:
 
     def end_env(self, env_id: str) -> dict[str, Any]:
         return self._call("DELETE", f"/v1/envs/{env_id}")
+
+    def share_trace(self, env_id: str, keys: Sequence[str]) -> int:
+        """What `env_id` read so far, stored and published as the traces of `keys`; chunks."""
+        return int(self._call("POST", f"/v1/envs/{env_id}/trace", _body(ShareTraceBody, keys=list(keys)))["chunks"])
 
     def prefetch(self, trace_key: str, env_id: str | None = None) -> dict[str, Any]:
         return self._call("POST", "/v1/prefetch", _body(PrefetchBody, trace_key=trace_key, env_id=env_id))

@@ -12,6 +12,8 @@ does not fit its model is `invalid_request` (400) naming the field.
                                        (1..256 unique ids; layers added and local traces read once)
     GET  /v1/envs/<id>                 env stats
     DELETE /v1/envs/<id>               end env -> final stats
+    POST /v1/envs/<id>/trace           {"keys": [k, ...]} -> {"chunks": n}: what the env read so far
+                                       (its recording, else its task's trace) saved and shared as `keys`
     POST /v1/prefetch                  {"trace_key": k, "env_id": id|null} -> prefetch a stored trace
     GET  /v1/stats                     node-wide stats
     GET  /v1/chunks/<digest>[?wait=S[&stage=registry]]  chunk bytes (peers), 404 if absent (wait: up to S s
@@ -41,7 +43,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rollstack.errors import InvalidRequest, NotFound, RollstackError
 from rollstack.fetch.fetcher import leaf_error
 from rollstack.lazystore.service import LazyStoreService
-from rollstack.lazystore.wire import BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody
+from rollstack.lazystore.wire import (BeginEnvBody, BeginEnvsBody, FetchAllBody, LayersBody, PeersBody, PrefetchBody,
+                                     ShareTraceBody)
 
 log = logging.getLogger("rollstack.lazystore.control")
 
@@ -153,6 +156,10 @@ class ControlApi:
     async def end_env(self, req: Request) -> Response:
         return _json(200, await self.svc.end_env(req.match.group(1)))
 
+    async def share_trace(self, req: Request) -> Response:
+        doc = req.model(ShareTraceBody)
+        return _json(200, {"chunks": await self.svc.share_trace(req.match.group(1), doc.keys)})
+
 
 _ENV = r"/v1/envs/([^/]+)"
 ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [(verb, re.compile(path), handler) for verb, path, handler in (
@@ -170,6 +177,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [(verb, re.compile(path), h
     ("POST", _ENV, ControlApi.begin_env),
     ("GET", _ENV, ControlApi.env_stats),
     ("DELETE", _ENV, ControlApi.end_env),
+    ("POST", _ENV + "/trace", ControlApi.share_trace),
 )]
 """(method, path pattern, handler): the whole API; the module docstring describes each route."""
 

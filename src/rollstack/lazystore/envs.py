@@ -251,6 +251,17 @@ class Environments:
         if rec is not None:
             await self.traces.save(rec, env.fallback_key)
 
+    async def share_trace(self, env_id: str, keys: list[str]) -> int:
+        """What environment `env_id` read (its recording so far, else its task's stored trace)
+        saved and published under `keys` too; the number of chunks (0: nothing to share)."""
+        env = self.get(env_id)
+        trace = list(env.recorder.chunks.values()) if env.recorder is not None else []
+        if not trace and env.trace_key:
+            trace = await self.traces.local(env.trace_key)
+        if trace:
+            await self.traces.put(keys, trace)
+        return len(trace)
+
     async def end(self, env_id: str) -> dict[str, Any]:
         env = self.get(env_id)
         del self.table.envs[env_id]

@@ -115,6 +115,10 @@ class LazyStoreService:
     async def end_env(self, env_id: str) -> dict[str, Any]:
         return await self.environments.end(env_id)
 
+    async def share_trace(self, env_id: str, keys: list[str]) -> int:
+        """The environment's reads so far stored and published as the traces of `keys`."""
+        return await self.environments.share_trace(env_id, keys)
+
     def env_stats(self, env_id: str) -> dict[str, Any]:
         return self.environments.get(env_id).stats()
 

@@ -91,7 +91,21 @@ class TraceBook:
                 saved[also] = self.store.load(also)  # merged with earlier tasks'
             return saved
 
-        saved = await self._write(merge)
+        self._publish_all(await self._write(merge))
+
+    async def put(self, keys: list[str], trace: Trace) -> None:
+        """Merge `trace` into each of `keys`' stored traces, then publish what was saved (a
+        snapshot's stack starts with what its parent read)."""
+        def write() -> dict[str, Trace]:
+            saved = {}
+            for key in keys:
+                self.store.put(key, trace, self.max_chunks)
+                saved[key] = self.store.load(key)
+            return saved
+
+        self._publish_all(await self._write(write))
+
+    def _publish_all(self, saved: dict[str, Trace]) -> None:
         if self.share:
             for key, entries in saved.items():
                 threading.Thread(target=self._publish, args=(key, entries), daemon=True,

@@ -68,6 +68,12 @@ class PrefetchBody(_Body):
     env_id: Optional[str] = None
 
 
+class ShareTraceBody(_Body):
+    """POST /v1/envs/<id>/trace"""
+
+    keys: list[Key] = Field(min_length=1, max_length=4)
+
+
 class PeersBody(_Body):
     """PUT /v1/peers"""
 

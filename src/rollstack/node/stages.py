@@ -460,7 +460,23 @@ class Stages:
         publish_plan(self.store, f"{name}:{tag}", doc)
         layer = published.layers[0]
         return {"plan": f"{name}:{tag}", "group": group, "layer": layer["digest"], "bytes": int(layer["size"]),
-                "files": files, "seconds": round(time.perf_counter() - t0, 6)}
+                "files": files, "seconds": round(time.perf_counter() - t0, 6),
+                "trace_chunks": self._share_trace(rec, f"{name}:{tag}")}
+
+    def _share_trace(self, rec: EnvRecord, name_tag: str) -> int:
+        """What `rec` read from its layers, stored and published as the access traces of the
+        snapshot's stack (its task and stack keys), so a node starting from the snapshot
+        prefetches it; best effort (0: nothing shared)."""
+        from rollstack.plan.published import load_published
+
+        assert self.resolver is not None and self.store is not None
+        try:
+            plan = load_published(self.store, name_tag)
+            keys = [k for k in trace_keys(self.resolver.resolve(plan).stack_digest, plan) if k]
+            return int(self.lazy_call(lambda lazy: lazy.share_trace(rec.id, keys))) if keys else 0
+        except Exception:  # noqa: BLE001 - the snapshot is published; only its prefetch is lost
+            log.exception("sharing the access trace of %s with snapshot %s failed", rec.id, name_tag)
+            return 0
 
     def network_plan(self, rec: EnvRecord, network: Any) -> tuple[Plan, NetworkSpec]:
         """`rec`'s plan with `network` (validated: PlanInvalid naming it) and its resolved spec

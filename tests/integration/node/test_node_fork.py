@@ -6,6 +6,7 @@ exactly as long as an environment stacks it."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -165,9 +166,15 @@ def test_a_snapshot_starts_on_a_fresh_node(node, corpus: str, tmp_path: Path, us
                  " && mkdir -p gone && rm -rf gone")
         (child,) = env.fork()  # a fork's snapshot carries the layers it was forked from
         remember(root, child.id)
-        _sh(child, "echo child >> state.txt")
+        _sh(child, "echo child >> state.txt && ls /bin /work/app > /dev/null")
+        published = service.stages.lazy.stats()["shared_traces_published"]
         snap = child.snapshot(name)
         assert snap.plan == name and snap.files >= 1 and snap.bytes > 0
+        shares_its_reads = snap.trace_chunks > 0  # 0 only when its lowers are local copies (no FUSE reads)
+        deadline = time.monotonic() + 60  # published by the lazy store in the background
+        while shares_its_reads and service.stages.lazy.stats()["shared_traces_published"] < published + 2:
+            assert time.monotonic() < deadline, "the snapshot's traces were not published"
+            time.sleep(0.2)
         with pytest.raises(errors.AlreadyExists):
             child.snapshot(name)  # a name that exists is refused, nothing is replaced
         for bad in ("../../etc:x", "Name With Spaces:1", "x"):
@@ -177,10 +184,16 @@ def test_a_snapshot_starts_on_a_fresh_node(node, corpus: str, tmp_path: Path, us
         child.destroy()
     finally:
         env.destroy()
-    with serve_node(tmp_path / "other-node", corpus, TOKEN, max_environments=4) as (_, server):
+    with serve_node(tmp_path / "other-node", corpus, TOKEN, max_environments=4) as (other_service, server):
         with Client(server.url, token=TOKEN, lease=None) as other:
             restored = other.create(name)
             try:
+                if shares_its_reads:  # the fresh node prefetched what the parent read
+                    deadline = time.monotonic() + 60
+                    while (st := other_service.stages.lazy.env_stats(restored.id))["trace_lookup"] != "done":
+                        assert time.monotonic() < deadline
+                        time.sleep(0.1)
+                    assert st["trace_source"] in ("shared", "stack-shared") and st["trace_prefetch_chunks"] > 0, st
                 assert _sh(restored, "cat state.txt") == "snapped\nchild\n"
                 assert _sh(restored, "stat -c %u state.txt") == "1000\n"
                 assert _sh(restored, "cat hello.txt") == "bug\n"  # the task's state, not applied twice
