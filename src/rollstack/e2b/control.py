@@ -35,6 +35,7 @@ from rollstack.e2b.models import (
     ForkSandboxes,
     NetworkUpdate,
     NewSandbox,
+    RefreshRequest,
     SnapshotSandbox,
     TimeoutRequest,
     WrittenFile,
@@ -50,7 +51,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_MAX_FILE = 1 << 30
-UNSUPPORTED = frozenset({"refreshes", "logs"})
+UNSUPPORTED = frozenset({"logs"})
 """E2B's routes under `/sandboxes/{id}/` that rollstack does not implement (501); any other is 404."""
 
 
@@ -153,6 +154,13 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
     @app.get("/sandboxes/{sandbox_id}", dependencies=auth)
     async def get_sandbox(sandbox_id: str) -> JSONResponse:
         return JSONResponse((await call(table.get, sandbox_id)).detail().dump())
+
+    @app.post("/sandboxes/{sandbox_id}/refreshes", dependencies=auth, status_code=204)
+    async def refresh(sandbox_id: str, request: Request) -> Response:
+        """Keep-alive: the sandbox lives at least `duration` s (default 15) more."""
+        req = await _optional_body(request, RefreshRequest, "refresh")
+        await call(table.refresh, sandbox_id, req.duration)
+        return Response(status_code=204)
 
     @app.post("/sandboxes/{sandbox_id}/timeout", dependencies=auth, status_code=204)
     async def set_timeout(sandbox_id: str, req: TimeoutRequest) -> Response:

@@ -151,6 +151,12 @@ class NewSandbox(_In):
         return self
 
 
+class RefreshRequest(_In):
+    """`POST /sandboxes/{id}/refreshes`: keep the sandbox alive at least `duration` s more."""
+
+    duration: int = Field(DEFAULT_TIMEOUT, ge=0, le=3600)
+
+
 class TimeoutRequest(_In):
     """`POST /sandboxes/{id}/timeout`: seconds from now."""
 

@@ -286,6 +286,13 @@ class SandboxTable:
         box.timeout = int(seconds)
         return box
 
+    def refresh(self, sandbox_id: str, seconds: int) -> Sandbox:
+        """E2B's keep-alive: the sandbox lives at least `seconds` more (a later end is kept)."""
+        box = self.get(sandbox_id)
+        if (box.end_at - _now()).total_seconds() < seconds:
+            box = self.set_timeout(sandbox_id, seconds)
+        return box
+
     def kill(self, sandbox_id: str) -> None:
         """Destroy the sandbox's environment (its processes end with it)."""
         box = self.get(sandbox_id, paused_ok=True)

@@ -165,7 +165,12 @@ def test_control_plane_errors_are_e2b_shaped(e2b_node):
     created = r.json()
     assert {"templateID", "sandboxID", "clientID", "envdVersion", "envdAccessToken"} <= set(created)
     sid = created["sandboxID"]
-    assert httpx.post(url + f"/sandboxes/{sid}/refreshes", headers=key).status_code == 501
+    end = httpx.get(url + f"/sandboxes/{sid}", headers=key).json()["endAt"]
+    assert httpx.post(url + f"/sandboxes/{sid}/refreshes", json={"duration": 5}, headers=key).status_code == 204
+    assert httpx.get(url + f"/sandboxes/{sid}", headers=key).json()["endAt"] == end  # a later end is kept
+    assert httpx.post(url + f"/sandboxes/{sid}/refreshes", json={"duration": 600}, headers=key).status_code == 204
+    assert httpx.get(url + f"/sandboxes/{sid}", headers=key).json()["endAt"] > end  # kept alive longer
+    assert httpx.post(url + f"/sandboxes/{sid}/refreshes", json={"duration": 7200}, headers=key).status_code == 400
     assert httpx.get(url + f"/sandboxes/{sid}/logs", headers=key).status_code == 501
     assert httpx.post(url + f"/sandboxes/{sid}/pause", headers=key).status_code == 204
     r = httpx.post(url + f"/sandboxes/{sid}/fork", json={"count": 1}, headers=key)
