@@ -27,7 +27,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document")
 Cmd = Annotated[list[str], typer.Argument(help="the command (after --)", show_default=False)]
 
 
-def _client(node: str | None, token: str | None, lease: float | None = None) -> "Client":
+def node_client(node: str | None, token: str | None, lease: float | None = None) -> "Client":
     """A client without a lease by default: what a command creates outlives the command (it
     lives its plan's lifetime) so that a later `env exec` still finds it."""
     from rollstack.client._clients import Client
@@ -48,7 +48,7 @@ def create(
 ) -> None:
     """Create an environment from PLAN; print its id, per-phase timings and fetch statistics.
     With --count N: N environments (all or none), one id per line; --json prints a list."""
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         if count is None:
             env = client.create(plan, idempotency_key=idempotency_key)
             assert env.created is not None
@@ -69,7 +69,7 @@ def fork(
 ) -> None:
     """N new environments whose filesystem is ID's now (ID runs on unchanged; processes are not
     carried over: docs/fork.md). One id per line; --json prints the create documents."""
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         kids = client.get(env_id).fork(count)
     docs = [k.created.model_dump(mode="json") for k in kids if k.created is not None]
     emit(docs, as_json, lambda ds: [_print_created(d) for d in ds])
@@ -90,7 +90,7 @@ def resume(env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt =
 
 
 def _set_state(env_id: str, call: str, node: str | None, token: str | None, as_json: bool) -> None:
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         env = client.get(env_id)
         info = env.pause() if call == "pause" else env.resume()
     emit(info.model_dump(mode="json"), as_json, lambda d: stdout.print(f"{d['id']} {d['state']}"))
@@ -114,7 +114,7 @@ def exec_(
     token: TokenOpt = None,
 ) -> None:
     """Run CMD in environment ID, streaming its output; exit with its exit code."""
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         code = _stream(client.get(env_id), cmd, timeout, cwd)
     raise typer.Exit(code)
 
@@ -152,7 +152,7 @@ def cp(
         from rollstack.errors import InvalidRequest
 
         raise InvalidRequest("exactly one of SRC and DST must be ID:/path")
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         if s is not None:
             data = client.get(s[0]).read_file(s[1])
             if dst == "-":
@@ -190,7 +190,7 @@ def diff(
     token: TokenOpt = None,
 ) -> None:
     """The environment's changes as a unified diff."""
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         sys.stdout.write(client.get(env_id).diff("patch" if binary else "name"))
         sys.stdout.flush()
 
@@ -200,7 +200,7 @@ def evaluate(
     env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Score the environment: the plan's evaluator in a fresh clean environment with this diff applied."""
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         result = client.get(env_id).evaluate()
     emit(result.model_dump(mode="json"), as_json, lambda d: stdout.print(f"reward {d['reward']} (exit code {d['exit_code']})"))
 
@@ -208,7 +208,7 @@ def evaluate(
 @app.command("ls")
 def ls(node: NodeOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """The node's environments."""
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         envs = [e.model_dump(mode="json") for e in client.list()]
     emit({"environments": envs}, as_json, _print_list)
 
@@ -228,7 +228,7 @@ def _print_list(doc: dict[str, Any]) -> None:
 @app.command("rm")
 def rm(env_ids: Annotated[list[str], typer.Argument(metavar="ID...")], node: NodeOpt = None, token: TokenOpt = None) -> None:
     """Destroy environments, reclaiming everything."""
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         for env_id in env_ids:
             client.destroy(env_id)
 
@@ -238,7 +238,7 @@ def stats(
     env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Resource usage and quota history, and provisioning events."""
-    with _client(node, token) as client:
+    with node_client(node, token) as client:
         doc = client.get(env_id).stats().model_dump(mode="json")
     emit(doc, as_json, _print_stats)
 
@@ -267,7 +267,7 @@ def register_top_level(root: typer.Typer) -> None:
         """Create an environment from PLAN, run CMD in it (streaming), destroy it; exit with CMD's code."""
         from rollstack.client.leases import DEFAULT_LEASE
 
-        with _client(node, token, lease=DEFAULT_LEASE) as client:  # reaped soon if this command is killed
+        with node_client(node, token, lease=DEFAULT_LEASE) as client:  # reaped soon if this command is killed
             with client.create(plan) as env:
                 code = _stream(env, cmd, timeout, cwd)
         raise typer.Exit(code)

@@ -13,7 +13,7 @@ import click
 import typer
 
 from rollstack.errors import RollstackError
-from rollstack.cli import bench, cluster, demo, env, group, layer, node, plan, registry
+from rollstack.cli import bench, cluster, demo, env, group, layer, node, plan, registry, volume
 
 try:  # typer >= 0.2x vendors click: its usage errors are not `click.ClickException`s
     from typer._click.exceptions import ClickException as _TyperClickException
@@ -33,6 +33,7 @@ app.add_typer(group.app, name="group")
 app.add_typer(plan.app, name="plan")
 app.add_typer(node.app, name="node")
 app.add_typer(env.app, name="env")
+app.add_typer(volume.app, name="volume")
 app.add_typer(bench.app, name="bench")
 app.add_typer(cluster.app, name="cluster")
 env.register_top_level(app)  # `rollstack run PLAN -- CMD`

@@ -62,6 +62,15 @@ def test_start_status_cli_stop(tmp_path: Path) -> None:
         assert (proc.returncode, proc.stdout) == (0, "bug\n")
         bad = cli("env", "ls", "--token", "wrong", env=env, check=False)
         assert bad.returncode == 1 and bad.stderr.startswith("error: unauthorized:")
+        cli("volume", "create", "cli-vol", env=env)
+        cli("volume", "put", "cli-vol", str(src), "/in/fix.txt", env=env)
+        assert cli("volume", "get", "cli-vol", "/in/fix.txt", env=env).stdout == "fixed\n"
+        vols = json.loads(cli("volume", "ls", "--json", env=env).stdout)["volumes"]
+        assert [(v["name"], v["mounted_by"]) for v in vols] == [("cli-vol", [])]
+        busy = cli("volume", "create", "cli-vol", env=env, check=False)
+        assert busy.returncode == 1 and busy.stderr.startswith("error: already_exists:")
+        cli("volume", "rm", "cli-vol", env=env)
+        assert json.loads(cli("volume", "ls", "--json", env=env).stdout)["volumes"] == []
         # env_id is left alive on purpose: a graceful stop must destroy it
     finally:
         stopped = json.loads(cli("node", "stop", "--root", str(root), "--json").stdout)
