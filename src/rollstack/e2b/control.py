@@ -130,9 +130,9 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
     app.post("/v2/sandboxes", dependencies=auth, status_code=201)(create)
     app.post("/sandboxes", dependencies=auth, status_code=201)(create)
 
-    async def list_sandboxes(metadata: str | None = Query(None, max_length=8192),
+    async def list_sandboxes(metadata: str | None = Query(None),
                              state: str | None = Query(None, max_length=64),
-                             started_after: datetime | None = Query(None, alias="startedAfter"),
+                             started_after: str | None = Query(None, alias="startedAfter", max_length=64),
                              template: str | None = Query(None, max_length=512),
                              order: Literal["asc", "desc"] = Query("asc"),
                              limit: int | None = Query(None, ge=1, le=10_000),
@@ -143,9 +143,7 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
         states = {s.strip() for s in state.split(",") if s.strip()} if state else None
         if states is not None and not states <= {"running", "paused"}:
             raise InvalidRequest(f"state: running or paused, not {sorted(states - {'running', 'paused'})}")
-        if started_after is not None and started_after.tzinfo is None:
-            started_after = started_after.replace(tzinfo=timezone.utc)
-        boxes = await call(table.list, wanted, states, started_after, template, order == "desc")
+        boxes = await call(table.list, wanted, states, _instant(started_after), template, order == "desc")
         return _page([b.listed().dump() for b in boxes], limit, next_token)
 
     app.get("/v2/sandboxes", dependencies=auth)(list_sandboxes)
@@ -297,9 +295,20 @@ def create_control_app(table: SandboxTable, service: NodeLocal, token: str | Non
     return app
 
 
+def _instant(value: str | None) -> datetime | None:
+    """An RFC 3339 / ISO 8601 time (UTC when it names no zone), else InvalidRequest."""
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequest(f"startedAfter: not an RFC 3339 time: {value[:40]!r}") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
 def _page(items: list[Any], limit: int | None, next_token: str | None) -> JSONResponse:
     """One page of `items` from offset `next_token`; `x-next-token` names the next if any."""
-    if next_token is not None and not next_token.isdigit():
+    if next_token is not None and not (next_token.isascii() and next_token.isdigit()):
         raise InvalidRequest("nextToken: not a token this node handed out")
     start = int(next_token or 0)
     end = len(items) if limit is None else start + limit
