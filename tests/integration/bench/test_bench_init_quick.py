@@ -19,7 +19,9 @@ from components import need
 
 from rollstack_bench.systems.containerd import available
 
-pytestmark = pytest.mark.integration
+# every system end to end (containerd, a registry behind a shaped link, the node): minutes on a
+# busy machine; the deadline is generous, not a speed assertion
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 WORK = Path("/var/cache/rollstack/bench-init-test")  # kept between runs: images and groups are cached
 
