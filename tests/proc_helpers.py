@@ -13,14 +13,25 @@ def kill_exec_shim(init_pid: int, settle: float = 0.2) -> int:
     not the `sleep` it runs) once it is running; returns its pid."""
     from rollstack.run import procs
 
-    for _ in range(200):
-        kids = [q for q in procs.descendants(init_pid) if b"sleep" not in Path(f"/proc/{q}/cmdline").read_bytes()]
+    deadline = time.monotonic() + 30  # a generous wait on a condition, not a speed assertion
+    while time.monotonic() < deadline:
+        kids = [q for q in procs.descendants(init_pid) if b"sleep" not in _cmdline(q)]
         if kids:
             time.sleep(settle)
-            os.kill(kids[0], signal.SIGKILL)
-            return kids[0]
+            try:
+                os.kill(kids[0], signal.SIGKILL)
+                return kids[0]
+            except ProcessLookupError:  # a previous command's shim that was just ending: look again
+                continue
         time.sleep(0.02)
     raise AssertionError(f"no exec shim appeared under pid {init_pid}")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return b"sleep"
 
 
 def assert_tree_gone(env, *markers: bytes, settle: float = 0.2) -> None:
