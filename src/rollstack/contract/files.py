@@ -35,6 +35,11 @@ def split_request(path: str) -> list[str]:
     return parts
 
 
+def normalized(path: str) -> str:
+    """The request path as an absolute, normalised one (`split_request`'s checks applied)."""
+    return "/" + "/".join(split_request(path))
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str

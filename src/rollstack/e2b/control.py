@@ -43,7 +43,7 @@ from rollstack.e2b.models import (
 from rollstack.e2b.sandboxes import SandboxTable
 from rollstack.e2b.volumes import add_volume_routes
 from rollstack.errors import InvalidRequest, NotFound, RollstackError, Unauthorized
-from rollstack.contract.files import split_request
+from rollstack.contract.files import normalized as _abs, split_request
 from rollstack.contract.service import NodeLocal
 
 log = logging.getLogger(__name__)
@@ -314,10 +314,6 @@ def _page(items: list[Any], limit: int | None, next_token: str | None) -> JSONRe
     end = len(items) if limit is None else start + limit
     more = end < len(items)
     return JSONResponse(items[start:end], headers={"x-next-token": str(end)} if more else None)
-
-
-def _abs(path: str) -> str:
-    return "/" + "/".join(split_request(path))
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from rollstack.contract.files import Entry, split_request
+from rollstack.contract.files import Entry, normalized as _abs
 from rollstack.contract.service import NodeLocal
 from rollstack.core.bodies import read_capped
 from rollstack.e2b.models import NewVolume
@@ -135,7 +135,3 @@ def add_volume_routes(app: FastAPI, service: NodeLocal, token: str | None, auth:
                 raise AlreadyExists(f"{target} exists")
         await call(service.write_volume_file, volume_id, target, data)
         return JSONResponse(entry_stat(await with_attrs(volume_id, target, uid, gid, mode)), status_code=201)
-
-
-def _abs(path: str) -> str:
-    return "/" + "/".join(split_request(path))

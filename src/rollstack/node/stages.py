@@ -461,17 +461,17 @@ class Stages:
         layer = published.layers[0]
         return {"plan": f"{name}:{tag}", "group": group, "layer": layer["digest"], "bytes": int(layer["size"]),
                 "files": files, "seconds": round(time.perf_counter() - t0, 6),
-                "trace_chunks": self._share_trace(rec, f"{name}:{tag}")}
+                "trace_chunks": self._share_trace(rec, doc, f"{name}:{tag}")}
 
-    def _share_trace(self, rec: EnvRecord, name_tag: str) -> int:
+    def _share_trace(self, rec: EnvRecord, doc: dict[str, Any], name_tag: str) -> int:
         """What `rec` read from its layers, stored and published as the access traces of the
-        snapshot's stack (its task and stack keys), so a node starting from the snapshot
-        prefetches it; best effort (0: nothing shared)."""
-        from rollstack.plan.published import load_published
+        snapshot's stack (the task and stack keys of `doc`, its published plan), so a node
+        starting from the snapshot prefetches it; best effort (0: nothing shared)."""
+        from rollstack.plan.model import load_plan
 
-        assert self.resolver is not None and self.store is not None
+        assert self.resolver is not None
         try:
-            plan = load_published(self.store, name_tag)
+            plan = load_plan(doc)
             keys = [k for k in trace_keys(self.resolver.resolve(plan).stack_digest, plan) if k]
             return int(self.lazy_call(lambda lazy: lazy.share_trace(rec.id, keys))) if keys else 0
         except Exception:  # noqa: BLE001 - the snapshot is published; only its prefetch is lost
