@@ -75,16 +75,14 @@ class Volumes:
         except InvalidRequest:
             raise VolumeNotFound(f"no volume {name!r}") from None
         home = self.dir / name
+        if not (home / "data").is_dir():
+            raise VolumeNotFound(f"no volume {name!r}")
         try:
             created = float(json.loads((home / "volume.json").read_bytes())["created"])
         except FileNotFoundError:
-            if not (home / "data").is_dir():
-                raise VolumeNotFound(f"no volume {name!r}") from None
             created = (home / "data").stat().st_mtime  # its create was cut before the record
         except (OSError, ValueError, KeyError, TypeError):
             created = 0.0
-        if not (home / "data").is_dir():
-            raise VolumeNotFound(f"no volume {name!r}")
         return Volume(name, created)
 
     def list(self) -> list[Volume]:
