@@ -35,7 +35,7 @@ def _create(root, client, **overrides):
 
 @pytest.mark.parametrize("userns", [False, True])
 def test_a_volume_outlives_its_environments_and_read_only_mounts_cannot_write(node, userns: bool) -> None:
-    root, _service, client = node
+    root, service, client = node
     name = f"data-{int(userns)}"
     client.create_volume(name)
     client.write_volume_file(name, "/seed/input.txt", b"from the API\n")
@@ -59,6 +59,7 @@ def test_a_volume_outlives_its_environments_and_read_only_mounts_cannot_write(no
         assert reader.read_file("/mnt/data/seed/input.txt") == b"from the API\n"
         with pytest.raises(errors.InvalidRequest, match="read-only"):
             reader.write_file("/mnt/data/denied.txt", b"no")
+        assert service.wait_destroyed(60)  # the writer's teardown (asynchronous) holds its mount until it ends
         [listed] = [v for v in client.volumes() if v.name == name]
         assert listed.mounted_by == [reader.id]
         with pytest.raises(errors.VolumeBusy, match=reader.id):
