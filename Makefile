@@ -43,10 +43,10 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -ra tests
 
-# ruff over everything; mypy strict where it is cheap (the contract), default over plan and lowers
+# ruff over everything; mypy strict where it is cheap (contract, format, plan, tasks), default over lowers
 lint: setup
 	$(BIN)/ruff check src tests
-	$(BIN)/mypy --strict src/rollstack/contract src/rollstack/format src/rollstack/plan
+	$(BIN)/mypy --strict src/rollstack/contract src/rollstack/format src/rollstack/plan src/rollstack/tasks
 	$(BIN)/mypy src/rollstack/lowers
 
 test-unit: setup

@@ -12,8 +12,8 @@ CACHE = Path(os.environ.get("ROLLSTACK_DEMO_TEST_CACHE", "/var/cache/rollstack/d
 
 def published_corpus(log: Callable[[str], None]) -> tuple[object, str]:
     """(the corpus, the store spec it is published to)."""
-    from rollstack.corpus.cache import ensure_corpus
-    from rollstack.corpus.publish import publish_corpus_groups
+    from rollstack_corpus.cache import ensure_corpus
+    from rollstack_corpus.publish import publish_corpus_groups
     from rollstack.store import open_store
 
     corpus = ensure_corpus(None, True, log)

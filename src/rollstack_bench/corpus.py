@@ -1,6 +1,6 @@
-"""`rollstack bench corpus build|show|publish|baselines`: the CLI of `rollstack.corpus`.
+"""`rollstack bench corpus build|show|publish|baselines`: the CLI of `rollstack_corpus`.
 
-The corpus itself (building, loading, publishing) lives in `rollstack.corpus.build`.
+The corpus itself (building, loading, publishing) lives in `rollstack_corpus.build`.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any, Optional
 
 import typer
 
-from rollstack.corpus.build import (
+from rollstack_corpus.build import (
     build_corpus, corpus_dir, load_corpus, log_stderr, publish_corpus, stack_summary,
 )
-from rollstack.corpus.model import CorpusManifest
+from rollstack.tasks.model import CorpusManifest
 
 
 def _human(doc: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ def _log(msg: str) -> None:
 
 
 def commands(task: dict[str, Any], test_command: str) -> dict[str, str]:
-    from rollstack.corpus.plans import failing_tests_command
+    from rollstack.tasks.plans import failing_tests_command
 
     return {
         "failing_tests": f"PYTHONDONTWRITEBYTECODE=1 {failing_tests_command(task)}",
@@ -89,11 +89,11 @@ class ExecConfig:
 def run_exec(cfg: ExecConfig) -> dict[str, Any]:
     from rollstack_bench.systems.baselines import prepare_images, stacks_from_corpus
     from rollstack_bench.systems.rig import BenchRig
-    from rollstack.corpus.build import load_corpus
+    from rollstack_corpus.build import load_corpus
     from rollstack_bench.init import SHARED_LAYER_CACHE
     from rollstack_bench.iteration.systems import EVAL_DIR, ContainerdRollouts, rollstack_plan
     from rollstack_bench.systems.rollstack import RollstackSystem, publish_components, seed_layer_cache, work_lock
-    from rollstack.corpus.plans import stack_groups
+    from rollstack.tasks.plans import stack_groups
 
     if cfg.lowers not in ("node", "fuse", "erofs", "materialized"):
         raise InvalidRequest(f"--lowers must be node, fuse, erofs or materialized, not {cfg.lowers!r}")

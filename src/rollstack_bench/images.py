@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rollstack.corpus.spec import DEBIAN_MIRROR, SUITE
-from rollstack.corpus.tree import ChrootStep, check_step, remove_tree
+from rollstack_corpus.spec import DEBIAN_MIRROR, SUITE
+from rollstack_corpus.tree import ChrootStep, check_step, remove_tree
 from rollstack.errors import InvalidRequest, RuntimeFailure
 
 

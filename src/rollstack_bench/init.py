@@ -132,7 +132,7 @@ class InitConfig:
 
 def pick_stack(corpus: Path, repo: str | None, harness: str) -> Any:
     from rollstack_bench.systems.baselines import stacks_from_corpus
-    from rollstack.corpus.build import load_corpus
+    from rollstack_corpus.build import load_corpus
 
     _, tasks = load_corpus(corpus)
     if repo is None:
@@ -160,10 +160,10 @@ def _parallel(fn: Callable[[int], Any], k: int) -> list[Any]:
 def run_init(cfg: InitConfig) -> dict[str, Any]:
     from rollstack_bench.systems.baselines import make_system, prepare_images
     from rollstack_bench.systems.rig import BenchRig
-    from rollstack.corpus.build import load_corpus
+    from rollstack_corpus.build import load_corpus
     from rollstack_bench.iteration.systems import rollstack_plan
     from rollstack_bench.systems.rollstack import first_command, publish_components, seed_layer_cache, work_lock
-    from rollstack.corpus.plans import stack_groups
+    from rollstack.tasks.plans import stack_groups
 
     log = cfg.log
     manifest, _ = load_corpus(cfg.corpus)
@@ -294,7 +294,7 @@ def write_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
 
 
 def default_corpus(quick: bool) -> Path:
-    from rollstack.corpus.build import build_corpus, corpus_dir
+    from rollstack_corpus.build import build_corpus, corpus_dir
 
     if not quick and (corpus_dir("full") / "manifest.json").exists():
         return corpus_dir("full")

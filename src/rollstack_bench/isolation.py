@@ -198,8 +198,8 @@ def bench_corpus_tiers(store: str, work: Path, reps: int) -> dict[str, Any]:
     a lookup + stat of every file), python imports and the repository's own test file (the
     task's bug not applied: everything passes)."""
     from rollstack.client.local import Node
-    from rollstack.corpus.cache import ensure_corpus
-    from rollstack.corpus.plans import rollout_plan, stack_groups
+    from rollstack_corpus.cache import ensure_corpus
+    from rollstack.tasks.plans import rollout_plan, stack_groups
 
     corpus = ensure_corpus(None, False, lambda m: None)
     groups = stack_groups(corpus.manifest["components"], harness="mini-swe-agent")

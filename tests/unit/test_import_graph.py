@@ -25,10 +25,9 @@ LAYERS: list[set[str]] = [
     {"provision"},
     {"node"},  # strings the stages together
     {"client"},  # the SDK over the node's HTTP API (the contract's routes and models)
-    {"corpus"},  # tasks and their plans, for everything above
+    {"tasks"},  # tasks and their plans (pure), for everything above
     {"e2b"},  # the E2B-compatible API: a protocol adapter over one node
     {"integrations", "cluster"},  # consumers of nodes: never each other (the pool's gateway fronts its nodes' E2B API)
-    {"demo"},  # shows everything below (also the consumers)
     {"cli"},  # may import anything
 ]
 """Bottom first. A package may import its own modules and any package of a lower layer."""
@@ -157,17 +156,30 @@ def _all_imports(module: Path, root: Path, top: str, with_typing: bool = True) -
     return out
 
 
-def test_the_product_never_imports_the_benchmarks() -> None:
-    """Measurement is `rollstack_bench`, beside the product; only the CLI's `bench` group loads it."""
+BESIDE = {"rollstack_bench": BENCH, "rollstack_corpus": SRC.parent / "rollstack_corpus",
+          "rollstack_demo": SRC.parent / "rollstack_demo"}
+"""Measurement and fixtures, packages beside the product: the benchmarks, the corpus builder, the demo."""
+
+
+def test_the_product_never_imports_measurement_or_fixtures() -> None:
+    """Only the CLI's `bench` and `demo` commands load the packages beside the product."""
     found = []
     for module in sorted(SRC.rglob("*.py")):
         if module.relative_to(SRC).parts[0] == "cli":
             continue
         for name, line in _all_imports(module, SRC, "rollstack"):
-            if name == "rollstack_bench" or name.startswith("rollstack_bench."):
-                found.append(f"{module.relative_to(SRC.parent)}:{line}")
+            if name.split(".")[0] in BESIDE:
+                found.append(f"{module.relative_to(SRC.parent)}:{line}: {name}")
     assert found == []
-    assert (BENCH / "__init__.py").is_file()
+    assert all((root / "__init__.py").is_file() for root in BESIDE.values())
+
+
+def test_the_corpus_builder_never_imports_the_demo_or_the_benchmarks() -> None:
+    found = [f"{m.relative_to(SRC.parent)}:{line}: {name}"
+             for m in sorted(BESIDE["rollstack_corpus"].rglob("*.py"))
+             for name, line in _all_imports(m, BESIDE["rollstack_corpus"], "rollstack_corpus")
+             if name.split(".")[0] in ("rollstack_demo", "rollstack_bench")]
+    assert found == []
 
 
 def _module_cycles(root: Path, top: str) -> list[list[str]]:
@@ -209,7 +221,8 @@ def _module_cycles(root: Path, top: str) -> list[list[str]]:
 
 def test_no_import_cycles_inside_a_package() -> None:
     assert _module_cycles(SRC, "rollstack") == []
-    assert _module_cycles(BENCH, "rollstack_bench") == []
+    for top, root in BESIDE.items():
+        assert _module_cycles(root, top) == []
 
 
 def test_the_e2b_adapter_talks_to_the_service_only() -> None:

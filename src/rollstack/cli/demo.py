@@ -1,4 +1,4 @@
-"""`rollstack demo`: the main job on the embedded default store (logic in `rollstack.demo`)."""
+"""`rollstack demo`: the main job on the embedded default store (logic in `rollstack_demo`, beside the product)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def register_top_level(root: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
     ) -> None:
         """Build a small real corpus (cached), publish it, run rollouts on an in-process node, print a table."""
-        from rollstack.demo.config import DemoConfig
-        from rollstack.demo.runner import run_demo
+        from rollstack_demo.config import DemoConfig
+        from rollstack_demo.runner import run_demo
 
         doc = run_demo(DemoConfig(store=store, root=root_dir, tasks=tasks, rollouts=rollouts,
                                   concurrency=concurrency, corpus_dir=corpus, build_corpus=not no_build,
@@ -43,7 +43,7 @@ def register_top_level(root: typer.Typer) -> None:
 
 
 def _human(doc: dict[str, Any]) -> None:
-    from rollstack.demo.report import RolloutRecord, StepResult, human_bytes, rich_table, summary_lines
+    from rollstack_demo.report import RolloutRecord, StepResult, human_bytes, rich_table, summary_lines
 
     stdout.print(f"store {doc['store']}  corpus {doc['corpus']['path']} ({doc['corpus']['tasks']} tasks)")
     for g in doc["groups"]:

@@ -14,7 +14,7 @@ task's, and hands the evaluator the task: `RS_TASK` (the JSON the demo corpus's 
 `DEMO_TEMPLATE` is the demo corpus's layout (`rollstack bench corpus build --small`): groups
 os/..., repo/..., harness/..., and the evaluator group with its pytest scorer. With the built
 corpus at hand, `corpus_planner(root)` takes the mapping from the corpus module itself
-(`rollstack.corpus.build.plan_for_task`: group names from its manifest) instead.
+(`rollstack.tasks.plans.plan_for_task`: group names from its manifest) instead.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from typing import Any, Callable
 import yaml
 from pydantic import ValidationError
 
-from rollstack.corpus.build import plan_for_task
-from rollstack.corpus.model import CorpusManifest, Task, validate_tasks
-from rollstack.corpus.spec import EVAL_DIR
+from rollstack.tasks.model import CorpusManifest, Task, validate_tasks
+from rollstack.tasks.plans import EVAL_DIR, plan_for_task
 from rollstack.errors import InvalidRequest, PlanInvalid
 
 SCORE_COMMAND = 'printf "%s" "$RS_TASK" > /tmp/rs-task.json && exec /opt/rollstack-eval/score /tmp/rs-task.json'
@@ -58,7 +57,7 @@ _FIELDS = ("repo", "version", "instance_id", "workdir", "test_command")
 
 
 SweTask = Task
-"""The name this module has always exported: the one task model, `rollstack.corpus.model.Task`."""
+"""The name this module has always exported: the one task model, `rollstack.tasks.model.Task`."""
 
 
 def load_tasks(path: str | Path) -> list[SweTask]:

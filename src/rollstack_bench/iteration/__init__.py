@@ -16,7 +16,7 @@ timeline (iteration_timeline_<system>.png) and the share of init in the iteratio
 Both start from cold caches (a fresh node: what the first iteration on a node pays).
 
 The GRPO driver (rollstack.integrations.grpo.run_batch) is not used: its policies have no
-harness step and it does not record phase timestamps; the scripted agent mirrors rollstack.demo.
+harness step and it does not record phase timestamps; the scripted agent mirrors rollstack_demo.
 
 Code: `rollout` (the rollout record, summary and scripted agent: pure), `systems` (one rollout
 on rollstack / on containerd), this module (the run, its report and the command).
@@ -72,10 +72,10 @@ def run_iteration(cfg: IterConfig) -> dict[str, Any]:
     from rollstack_bench.systems.baselines import prepare_images, stacks_from_corpus
     from rollstack_bench.systems.rig import BenchRig
     from rollstack_bench.systems.containerd import drop_page_cache
-    from rollstack.corpus.build import load_corpus
+    from rollstack_corpus.build import load_corpus
     from rollstack_bench.init import SHARED_LAYER_CACHE
     from rollstack_bench.systems.rollstack import RollstackSystem, work_lock, publish_components, seed_layer_cache
-    from rollstack.corpus.plans import stack_groups
+    from rollstack.tasks.plans import stack_groups
 
     for s in cfg.systems:
         if s not in ITER_SYSTEMS:

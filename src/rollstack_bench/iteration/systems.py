@@ -15,8 +15,8 @@ from typing import Any, Callable
 from rollstack_bench.iteration.rollout import PhaseClock, Rollout, agent_steps, heredoc
 from rollstack_bench.systems.rollstack import on_fuse_lowers
 from rollstack.errors import RollstackError
+from rollstack.tasks.plans import EVAL_DIR
 
-EVAL_DIR = "/opt/rollstack-eval"
 
 
 # -- rollstack -----------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def run_rollout(node: Any, plan: dict[str, Any], task_id: str, k: int, steps: li
 
 def rollstack_plan(task: dict[str, Any], groups: Any, k: int) -> dict[str, Any]:
     """demo's rollout plan, its evaluator scoring the task file installed in the evaluator group."""
-    from rollstack.corpus.plans import rollout_plan
+    from rollstack.tasks.plans import rollout_plan
 
     return rollout_plan(task, groups, k, evaluator=[f"{EVAL_DIR}/score", f"{EVAL_DIR}/tasks/{task['instance_id']}.json"])
 

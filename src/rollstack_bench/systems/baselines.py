@@ -57,7 +57,7 @@ class Stack:
 
 def stacks_from_corpus(corpus: Path) -> list[Stack]:
     """Every repository x harness stack of a built corpus."""
-    from rollstack.corpus.build import load_corpus
+    from rollstack_corpus.build import load_corpus
 
     manifest, _ = load_corpus(corpus)
     repos = [c for c in manifest.components if c.kind == "repo"]

@@ -70,7 +70,7 @@ def measure_baselines(corpus: Path, *, systems: Sequence[str] = ("docker-equival
                       stack_filter: Callable[[Stack], bool] = lambda s: True,
                       log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Cold and warm init of each baseline on the corpus's first matching stack."""
-    from rollstack.corpus.build import load_corpus
+    from rollstack_corpus.build import load_corpus
 
     manifest, _ = load_corpus(corpus)
     candidates = stacks_from_corpus(corpus)

@@ -101,8 +101,8 @@ def work_lock(work: Path) -> Iterator[None]:
 def publish_components(corpus_root: Path, components: Sequence[str], store_url: str, cache_key: str,
                        cache_path: Path, scratch: Path, log: Log) -> list[dict[str, Any]]:
     """Publish the named corpus components as layer groups into `store_url` (cached by build)."""
-    from rollstack.corpus.cache import ensure_corpus, LoadedCorpus
-    from rollstack.corpus.publish import publish_corpus_groups
+    from rollstack_corpus.cache import ensure_corpus, LoadedCorpus
+    from rollstack_corpus.publish import publish_corpus_groups
     from rollstack.store import open_store
 
     full = ensure_corpus(corpus_root, False, log)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from components import require_tool
-from rollstack.corpus import runner as corpus_runner
-from rollstack.corpus.bugs import unified_diff
-from rollstack.corpus.model import Task
-from rollstack.corpus.spec import EVAL_DIR, RepoSpec
-from rollstack.corpus.discovery import StepOptions, check_tasks, discover_tasks
-from rollstack.corpus.tree import ChrootStep, run_step, tree_stats
+from rollstack_corpus import runner as corpus_runner
+from rollstack_corpus.bugs import unified_diff
+from rollstack.tasks.model import Task
+from rollstack_corpus.spec import EVAL_DIR, RepoSpec
+from rollstack_corpus.discovery import StepOptions, check_tasks, discover_tasks
+from rollstack_corpus.tree import ChrootStep, run_step, tree_stats
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.corpus.cache import LoadedCorpus
-from rollstack.corpus.publish import publish_corpus_groups
+from rollstack_corpus.cache import LoadedCorpus
+from rollstack_corpus.publish import publish_corpus_groups
 from rollstack.plan.groups import list_groups
 from rollstack.store import open_store
 

@@ -17,7 +17,7 @@ import pytest
 
 from components import require_root
 from corpus_helpers import CACHE, published_corpus
-from rollstack.demo.config import DemoConfig
+from rollstack_demo.config import DemoConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -35,7 +35,7 @@ def published() -> tuple[object, str]:
 
 
 def test_demo_runs_rollouts_that_really_fail_then_pass(published: tuple[object, str], tmp_path: Path) -> None:
-    from rollstack.demo.runner import run_demo
+    from rollstack_demo.runner import run_demo
 
     _, spec = published
     node_dir = tmp_path / "node"
@@ -72,9 +72,9 @@ def test_demo_runs_rollouts_that_really_fail_then_pass(published: tuple[object, 
 
 
 def test_an_agent_that_fixes_nothing_scores_zero(published: tuple[object, str], tmp_path: Path) -> None:
-    from rollstack.demo.agent import run_rollout
-    from rollstack.corpus.plans import stack_groups
-    from rollstack.demo.runner import child_processes, find_leftovers
+    from rollstack_demo.agent import run_rollout
+    from rollstack.tasks.plans import stack_groups
+    from rollstack_demo.runner import child_processes, find_leftovers
     from rollstack.client.local import Node
 
     corpus, spec = published

@@ -17,7 +17,7 @@ import pytest
 from components import require_root
 from corpus_helpers import CACHE, published_corpus
 from fd_helpers import FdAudit, open_fds
-from rollstack.demo.config import DemoConfig
+from rollstack_demo.config import DemoConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
@@ -41,7 +41,7 @@ def published() -> tuple[object, str]:
 
 
 def test_demo_on_a_cold_node_loses_no_rollout(published: tuple[object, str], tmp_path: Path) -> None:
-    from rollstack.demo.runner import run_demo
+    from rollstack_demo.runner import run_demo
     from rollstack.node.doctor import scan
 
     corpus, spec = published

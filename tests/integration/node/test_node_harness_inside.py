@@ -42,7 +42,7 @@ def example():
 def corpus_node(tmp_path_factory: pytest.TempPathFactory):
     """The small corpus (built/published once, cached) and a local node over it."""
     from rollstack.client.local import Node
-    from rollstack.corpus.plans import stack_groups
+    from rollstack.tasks.plans import stack_groups
 
     require_root()
     corpus, spec = published_corpus(_log)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollstack.corpus.bugs import Mutation, apply_mutation, find_mutations, sample_mutations, unified_diff
+from rollstack_corpus.bugs import Mutation, apply_mutation, find_mutations, sample_mutations, unified_diff
 
 SRC = '''\
 import os

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollstack.corpus.plans import failing_tests_command
+from rollstack.tasks.plans import failing_tests_command
 
 
 TASK = {"instance_id": "mod.1.op_swap__0", "repo": "mod", "FAIL_TO_PASS": ["tests/test_mod.py::test_value"]}

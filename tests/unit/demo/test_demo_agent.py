@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from rollstack.demo import agent
-from rollstack.corpus.plans import StackGroups
+from rollstack_demo import agent
+from rollstack.tasks.plans import StackGroups
 from rollstack.errors import InsufficientCapacity, MutationFailed
 from rollstack.contract.models import CreateResponse, Evaluation, ExecResult
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rollstack.cli import demo as demo_cli
-from rollstack.demo.report import PHASES, RolloutRecord, StepResult, summarize
+from rollstack_demo.report import PHASES, RolloutRecord, StepResult, summarize
 
 
 def _doc(error: str | None = None) -> dict:

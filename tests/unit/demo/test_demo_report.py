@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rollstack.demo.report import (
+from rollstack_demo.report import (
     PHASES,
     TABLE_COLUMNS,
     RolloutRecord,

@@ -72,7 +72,7 @@ def test_prompt_and_workdir_defaults() -> None:
 
 
 def _corpus(root: Path) -> Path:
-    from rollstack.corpus.model import Component, CorpusManifest
+    from rollstack.tasks.model import Component, CorpusManifest
 
     comps = [Component(name="os", kind="os", group="os/deb:1"),
              Component(name="repo-more-itertools", kind="repo", group="repo/more-itertools:10.5.0", base="os"),

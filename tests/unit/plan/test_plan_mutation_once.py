@@ -41,7 +41,7 @@ def _diff_delete(path: str, before: str) -> str:
 @st.composite
 def cases(draw):
     """(files of the tree, the diff): modify, delete and create files under the workdir."""
-    from rollstack.corpus.bugs import unified_diff
+    from rollstack_corpus.bugs import unified_diff
 
     names = draw(st.lists(NAMES, min_size=1, max_size=4, unique=True))
     files = {n: _text(draw(LINES)) for n in names}
@@ -102,7 +102,7 @@ def test_one_plan_written_n_times_equals_n_applies(case) -> None:
 
 
 def test_planning_touches_nothing_and_the_plan_is_reusable(tmp_path: Path) -> None:
-    from rollstack.corpus.bugs import unified_diff
+    from rollstack_corpus.bugs import unified_diff
 
     _tree(tmp_path / "a", {"m.py": "x = 1\n"})
     before = _snapshot(tmp_path / "a")

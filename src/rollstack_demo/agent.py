@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Any
 
-from rollstack.corpus.plans import FIX_ARGV, StackGroups, TaskLike, as_task, failing_tests_command, rollout_plan
-from rollstack.demo.report import RolloutRecord, StepResult
+from rollstack.tasks.plans import FIX_ARGV, StackGroups, TaskLike, as_task, failing_tests_command, rollout_plan
+from rollstack_demo.report import RolloutRecord, StepResult
 from rollstack.errors import InsufficientCapacity, RollstackError
 
 CAPACITY_WAIT = 120.0

@@ -2,7 +2,7 @@
 
 Each builder produces one directory. The OS tree is a full root filesystem (debootstrap);
 every other tree is a DIFF over it, captured as the upper directory of an overlay step (see
-rollstack.corpus.tree), so groups stack: os + repo-X + harness-Y (+ evaluator) is a complete environment.
+rollstack_corpus.tree), so groups stack: os + repo-X + harness-Y (+ evaluator) is a complete environment.
 Builders raise RuntimeFailure with the failing step's output tail.
 """
 
@@ -13,9 +13,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rollstack.corpus import runner as corpus_runner
-from rollstack.corpus.spec import DEBIAN_MIRROR, EVAL_DIR, SUITE, HarnessSpec, RepoSpec
-from rollstack.corpus.tree import ChrootStep, check_step, remove_tree
+from rollstack_corpus import runner as corpus_runner
+from rollstack_corpus.spec import DEBIAN_MIRROR, EVAL_DIR, SUITE, HarnessSpec, RepoSpec
+from rollstack_corpus.tree import ChrootStep, check_step, remove_tree
 from rollstack.errors import RuntimeFailure
 
 _GIT = "git -c user.name=rollstack -c user.email=corpus@rollstack.invalid -c init.defaultBranch=main"

@@ -1,4 +1,4 @@
-"""A built corpus, loaded: the small real corpus (`rollstack.corpus.build`) the demo and the
+"""A built corpus, loaded: the small real corpus (`rollstack_corpus.build`) the demo and the
 benchmarks stack, built once and cached.
 
 `ensure_corpus` calls the corpus builder, which rebuilds only components whose inputs changed
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rollstack.corpus.model import Task
+from rollstack.tasks.model import Task
 from rollstack.errors import InvalidRequest
 
 FLAVOR = "small"
@@ -42,7 +42,7 @@ class LoadedCorpus:
 
 
 def ensure_corpus(corpus_dir: Path | None, build: bool, log: Callable[[str], None]) -> LoadedCorpus:
-    from rollstack.corpus.build import build_corpus, corpus_dir as default_dir, load_corpus
+    from rollstack_corpus.build import build_corpus, corpus_dir as default_dir, load_corpus
 
     t0 = time.monotonic()
     root = default_dir(FLAVOR, corpus_dir)

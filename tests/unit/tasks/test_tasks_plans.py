@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstack.demo.config import DemoConfig
-from rollstack.corpus.plans import (
+from rollstack.tasks.plans import (
     EVAL_DIR,
     StackGroups,
     evaluator_command,
@@ -86,27 +85,6 @@ def test_evaluator_command_refuses_a_task_too_big_for_argv() -> None:
 def test_failing_tests_command_quotes_node_ids() -> None:
     argv = shlex.split(failing_tests_command(TASK))
     assert argv[:4] == ["python3", "-B", "-m", "pytest"] and argv[-2:] == TASK["FAIL_TO_PASS"]
-
-
-@pytest.mark.parametrize("field,value", [("tasks", 0), ("rollouts", -1), ("concurrency", 0), ("concurrency", 65),
-                                         ("tasks", 1.5)])
-def test_config_rejects_bad_counts(field: str, value: object) -> None:
-    with pytest.raises(InvalidRequest):
-        DemoConfig(**{field: value})
-
-
-def test_config_paths() -> None:
-    c = DemoConfig(root=Path("/r"))
-    assert c.node_root == Path("/r/node") and c.publish_cache == Path("/r/published.json")
-    assert DemoConfig(root=Path("/r"), node_dir=Path("/n")).node_root == Path("/n")
-
-
-def test_the_demo_refuses_to_run_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rollstack.demo import runner
-
-    monkeypatch.setattr(runner.os, "geteuid", lambda: 1000)
-    with pytest.raises(InvalidRequest, match="needs root"):
-        runner.run_demo(DemoConfig())
 
 
 def test_the_evaluator_command_can_be_given():

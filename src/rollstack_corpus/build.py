@@ -26,14 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from rollstack.corpus import spec as corpus_spec
-from rollstack.corpus.components import build_evaluator, build_harness, build_os, build_repo, check_harness
-from rollstack.corpus.model import Component, CorpusManifest, Task, dump_tasks, load_tasks
-from rollstack.corpus.plans import stack_groups, task_plan
-from rollstack.corpus.spec import CorpusSpec, RepoSpec
-from rollstack.corpus.discovery import check_tasks, discover_tasks
-from rollstack.corpus.tree import remove_tree, tree_stats
 from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.tasks.model import Component, CorpusManifest, Task, dump_tasks, load_tasks
+from rollstack_corpus import spec as corpus_spec
+from rollstack_corpus.components import build_evaluator, build_harness, build_os, build_repo, check_harness
+from rollstack_corpus.discovery import check_tasks, discover_tasks
+from rollstack_corpus.spec import CorpusSpec, RepoSpec
+from rollstack_corpus.tree import remove_tree, tree_stats
 
 Log = Callable[[str], None]
 EVALUATOR_LAYOUT = 2  # bump when the evaluator tree's layout changes (v2: pytest as a fallback)
@@ -179,21 +178,11 @@ def _install_task_files(eval_tree: Path, tasks: list[Task]) -> None:
         (d / f"{t.instance_id}.json").write_text(t.model_dump_json())
 
 
-def plan_for_task(manifest: CorpusManifest, task: Task, harness: str = "mini-swe-agent",
-                  mutation: str | None = None) -> dict[str, Any]:
-    """A plan for one rollout of `task` with `harness`, scored by the task's file in the evaluator
-    tree (`score tasks/<id>.json`); `mutation` is the path of a file holding `task.patch`
-    (relative to the plan file), else the patch goes inline."""
-    groups = stack_groups([c.model_dump() for c in manifest.components], harness=harness)
-    score = [f"{corpus_spec.EVAL_DIR}/score", f"{corpus_spec.EVAL_DIR}/tasks/{task.instance_id}.json"]
-    return task_plan(task, groups, evaluator=score, mutation=mutation, env={"PYTHONDONTWRITEBYTECODE": "1"})
-
-
 def _runner_hash() -> str:
     """Task discovery/checking code is part of the tasks' cache key."""
     import hashlib
 
-    from rollstack.corpus import bugs as corpus_bugs, runner as corpus_runner
+    from rollstack_corpus import bugs as corpus_bugs, runner as corpus_runner
 
     h = hashlib.sha256()
     for mod in (corpus_bugs, corpus_runner):

@@ -18,12 +18,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from rollstack.demo.agent import run_rollout
-from rollstack.demo.config import DemoConfig
-from rollstack.corpus.cache import ensure_corpus
-from rollstack.corpus.plans import stack_groups
-from rollstack.corpus.publish import publish_corpus_groups
-from rollstack.demo.report import RolloutRecord, summarize
+from rollstack_demo.agent import run_rollout
+from rollstack_demo.config import DemoConfig
+from rollstack_corpus.cache import ensure_corpus
+from rollstack.tasks.plans import stack_groups
+from rollstack_corpus.publish import publish_corpus_groups
+from rollstack_demo.report import RolloutRecord, summarize
 from rollstack.errors import InvalidRequest
 from rollstack.host import mountinfo
 from rollstack.host.cgroups import env_cgroup_dirs

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rollstack.corpus.cache import LoadedCorpus
+from rollstack_corpus.cache import LoadedCorpus
 from rollstack.errors import NotFound
 from rollstack.plan import lowers
 

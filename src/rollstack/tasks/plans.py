@@ -14,11 +14,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
-from rollstack.corpus.model import Task
 from rollstack.errors import InvalidRequest
+from rollstack.tasks.model import CorpusManifest, Task
 
 EVAL_DIR = "/opt/rollstack-eval"
-"""Where the corpus's evaluator group installs its scorer (the same as rollstack.corpus.spec.EVAL_DIR)."""
+"""Where the corpus's evaluator group installs its scorer (rollstack_corpus builds it there)."""
 TASK_FILE = "/tmp/rollstack-task.json"
 """Where the evaluator command writes the task before scoring (/tmp is never part of a diff)."""
 _EOF = "ROLLSTACK_TASK_EOF"
@@ -144,3 +144,13 @@ def failing_tests_command(task: TaskLike) -> str:
 
 FIX_ARGV = ["git", "apply", "--verbose", "-"]
 """The agent's edit: the reference fix, a unified diff on stdin, applied from the workdir."""
+
+
+def plan_for_task(manifest: CorpusManifest, task: Task, harness: str = "mini-swe-agent",
+                  mutation: str | None = None) -> dict[str, Any]:
+    """A plan for one rollout of `task` with `harness`, scored by the task's file in the evaluator
+    tree (`score tasks/<id>.json`); `mutation` is the path of a file holding `task.patch`
+    (relative to the plan file), else the patch goes inline."""
+    groups = stack_groups([c.model_dump() for c in manifest.components], harness=harness)
+    score = [f"{EVAL_DIR}/score", f"{EVAL_DIR}/tasks/{task.instance_id}.json"]
+    return task_plan(task, groups, evaluator=score, mutation=mutation, env={"PYTHONDONTWRITEBYTECODE": "1"})

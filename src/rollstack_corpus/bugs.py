@@ -4,7 +4,7 @@ Pure (text in, text out). SWE-smith's "procedural modification" in miniature: fl
 (`<` <-> `<=`, `==` <-> `!=`, ...), swap `+`/`-` or `and`/`or`, bump a small integer constant,
 negate a boolean constant. Each `Mutation` is a single-line replacement at an exact column range,
 located with `ast` so it never touches strings or comments. Which mutations make named tests fail
-is decided by running the tests (see rollstack.corpus.discovery).
+is decided by running the tests (see rollstack_corpus.discovery).
 """
 
 from __future__ import annotations
