@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from rollstack.node.forks import layer_names
 from rollstack_bench.env import busybox_plan, publish_busybox_corpus
 
 __all__ = ["plan", "publish_corpus", "leftovers", "remember", "serve_node"]
@@ -78,6 +79,6 @@ def leftovers(root: Path) -> dict[str, list[str]]:
             cgroups += [str(p) for p in parent.iterdir() if p.is_dir() and p.name in ids]
     records_dir = root / "node-envs"  # node.recovery.RECORDS_DIR: records and reserved tmps
     records = sorted(p.name for p in records_dir.iterdir()) if records_dir.is_dir() else []
-    forks = sorted(p.name for p in (root / "forks").iterdir()) if (root / "forks").is_dir() else []
+    forks = layer_names(root / "forks")
     return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "records": records,
             "forks": forks}

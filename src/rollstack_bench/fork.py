@@ -21,13 +21,14 @@ a fresh node started from it in <= 1 s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, Iterator
 
 import typer
 
@@ -37,7 +38,7 @@ def _p50(xs: list[float]) -> float:
 
 
 def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
-    wall, pause, copy = [], [], []
+    wall, pause, copy, memory = [], [], [], []
     for _ in range(reps):
         t = time.perf_counter()
         kids = parent.fork(count)
@@ -45,11 +46,24 @@ def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
         group = (kids[0].created.timings.group or {}) if kids[0].created else {}
         pause.append(float(group.get("fork_pause_s", 0.0)))
         copy.append(float(group.get("fork_copy_s", 0.0)))
+        memory.append(float(group.get("fork_memory", 0.0)))
         for k in kids:
             assert k.exec(["cat", "marker"]).stdout == "cut\n", "a child lost the parent's state"
             k.destroy()
     return {"count": count, "reps": reps, "p50_s": _p50(wall), "max_s": round(max(wall), 4),
-            "pause_p50_s": _p50(pause), "copy_p50_s": _p50(copy)}
+            "pause_p50_s": _p50(pause), "copy_p50_s": _p50(copy),
+            "layers_in_memory": f"{sum(m > 0 for m in memory)}/{len(memory)}"}
+
+
+@contextlib.contextmanager
+def _on_disk(node: Any) -> Iterator[None]:
+    """Fork layers go to the node's disk meanwhile (NodeConfig.fork_memory's tmpfs unused)."""
+    forks = node.service.stages.forks
+    memory, forks.memory = forks.memory, 0
+    try:
+        yield
+    finally:
+        forks.memory = memory
 
 
 def _exec_p50(env: Any, n: int = 20) -> float:
@@ -144,6 +158,7 @@ def _image_store(image: str, work: Path, log: Any) -> tuple[str, dict[str, Any]]
 def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: Path, command: str,
         log: Any = print, setup_seconds: int = 0, group: int = 4, image: str | None = None) -> dict[str, Any]:
     from rollstack import Node
+    from rollstack.node.forks import layer_names
     from rollstack_bench.env import busybox_plan, publish_busybox_corpus
     from rollstack_bench.report import machine_facts
 
@@ -162,10 +177,15 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
                          f"head -c {file_kib * 1024} /dev/urandom > d/f$i; i=$((i+1)); done"], timeout=600)
             log(f"[bench fork] parent wrote {files} x {file_kib} KiB")
             doc["small"] = {"fork_1": _fork_times(parent, 1, reps), "fork_8": _fork_times(parent, 8, max(2, reps // 3))}
+            with _on_disk(node):  # the same cuts with the fork store's tmpfs off, side by side
+                doc["small_on_disk"] = {"fork_1": _fork_times(parent, 1, reps),
+                                        "fork_8": _fork_times(parent, 8, max(2, reps // 3))}
             doc["parent_exec_after_cuts_p50_s"] = _exec_p50(parent)
             parent.exec(["/bin/sh", "-c", f"head -c {big_mib << 20} /dev/urandom > big.bin"], timeout=600)
             log(f"[bench fork] parent wrote {big_mib} MiB more")
             doc["big"] = {"fork_1": _fork_times(parent, 1, max(2, reps // 3))}
+            with _on_disk(node):
+                doc["big_on_disk"] = {"fork_1": _fork_times(parent, 1, max(2, reps // 3))}
             doc["snapshot"] = _snapshot_and_restore(parent, store, work / "node2", log)
             t = time.perf_counter()
             for _ in range(cycles):
@@ -197,8 +217,7 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
             log(f"[bench fork] a group of {group} with a {setup_seconds} s setup, once vs in every rollout")
             doc["setup"] = _setup_iteration(node, plan, setup_seconds, group)
         node.service.wait_destroyed(300)
-        forks = root / "forks"
-        doc["left_after_cycles"] = sorted(p.name for p in forks.iterdir()) if forks.is_dir() else []
+        doc["left_after_cycles"] = layer_names(root / "forks")
     small, big = doc["small"], doc["big"]
     ratio = small["fork_8"]["p50_s"] / small["fork_1"]["p50_s"] if small["fork_1"]["p50_s"] else 0.0
     doc["fork_8_over_fork_1"] = round(ratio, 2)
@@ -221,6 +240,10 @@ def _human(doc: dict[str, Any]) -> None:
           f"(pause {s['fork_1']['pause_p50_s'] * 1e3:.0f} ms, copy {s['fork_1']['copy_p50_s'] * 1e3:.0f} ms), "
           f"fork(8) p50 {s['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1']}x)")
     print(f"+{d['big_mib']} MiB: fork(1) p50 {b['fork_1']['p50_s'] * 1e3:.0f} ms (copy {b['fork_1']['copy_p50_s'] * 1e3:.0f} ms)")
+    sd, bd = doc["small_on_disk"], doc["big_on_disk"]
+    print(f"layers on disk instead of the tmpfs: fork(1) p50 {sd['fork_1']['p50_s'] * 1e3:.0f} ms "
+          f"(copy {sd['fork_1']['copy_p50_s'] * 1e3:.0f} ms), fork(8) {sd['fork_8']['p50_s'] * 1e3:.0f} ms; "
+          f"+{d['big_mib']} MiB {bd['fork_1']['p50_s'] * 1e3:.0f} ms")
     sn = doc["snapshot"]
     print(f"snapshot of it published in {sn['publish_s']:.2f} s; a fresh node starts from it in {sn['cold_create_s']:.2f} s "
           f"(+ first exec {sn['cold_create_and_exec_s']:.2f} s; restored: {sn['restored']})")

@@ -38,6 +38,9 @@ class NodeConfig(BaseModel):
     """Bytes the provisioner may hand out (default: the machine's RAM minus `reserve_memory`)."""
     reserve_memory: int = 1 << 30
     """Bytes kept back for the host and the agent itself."""
+    fork_memory: int = Field(default=2 << 30, ge=0)
+    """Bytes of the tmpfs that holds small fork layers (`<root>/forks/mem`; 0: all on disk). Memory
+    is used only by the layers in it, while children stack them (docs/fork.md)."""
     default_timeout: float = Field(default=3600.0, gt=0)
     """Seconds an environment lives when its plan sets no timeout."""
     reap_interval: float = Field(default=5.0, gt=0)

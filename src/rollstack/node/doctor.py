@@ -248,8 +248,9 @@ def _agent(facts: RootFacts) -> None:
         return
     facts.state = "stopped"
     facts.stale_pid_file = cfg.pid_path.exists()
-    forks = Path(facts.root) / "forks"
-    facts.forks = sorted(p.name for p in forks.iterdir()) if forks.is_dir() else []
+    from rollstack.node.forks import layer_names
+
+    facts.forks = layer_names(Path(facts.root) / "forks")
 
 
 def _read_root(facts: RootFacts, probe_timeout: float) -> None:

@@ -108,7 +108,7 @@ class Stages:
         self.runtime: EnvironmentRuntime | None = None
         self.provisioner: Provisioner | None = None
         self.lowers: Lowers | None = None
-        self.forks = ForkLayers(config.root / "forks")
+        self.forks = ForkLayers(config.root / "forks", config.fork_memory)
         self.volumes = Volumes(config.root)
         self.recovered: Leftovers | None = None
         self.adopted: list[tuple[Environment, dict[str, Any]]] = []
@@ -154,6 +154,7 @@ class Stages:
         if not self.recovered.empty():
             log.warning("previous run left %s; re-adopted %s", self.recovered, [e.id for e, _ in self.adopted])
         self.runtime.start_network_pool()  # after recovery: a crashed run's warm slots are gone
+        self.forks.start()
         self.forks.collect(p for env, _ in self.adopted for p in env.fork_layers)
         if self.lazy is None:  # the old daemon's mounts hold adopted environments' lower dirs
             self.lazy = old_daemon if self.adopted else self._start_lazy(spec)
@@ -296,6 +297,10 @@ class Stages:
             setattr(self, name, None)
         if self.runtime is not None:
             self.runtime.close()  # the warm network pool's unclaimed slots
+        try:
+            self.forks.stop()  # its tmpfs, once no layer is left in it
+        except Exception:  # noqa: BLE001 - doctor reclaims a mount left below the root
+            log.exception("unmounting the fork layers' tmpfs failed")
         if adopted_daemon:  # not our child: stop() cannot wait for it, so wait here
             end_orphan_daemon(self.config.lazy_dir / "mnt", self.config.lazy_dir / "state")
         for name in ("store",):

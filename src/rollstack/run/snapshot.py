@@ -27,8 +27,9 @@ from rollstack.run.lowerview import OPAQUE_XATTR
 COPY_TIMEOUT = 600.0
 
 
-def copy_upper(upper: Path, dst: Path) -> dict[str, int]:
-    """Copy `upper` to `dst` (which must not exist); {"files", "bytes"} of the copy."""
+def copy_upper(upper: Path, dst: Path) -> None:
+    """Copy `upper` to `dst` (which must not exist); its size is `tree_size(dst)` (not taken
+    here: the caller holds the environment frozen for the copy alone)."""
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -37,7 +38,6 @@ def copy_upper(upper: Path, dst: Path) -> dict[str, int]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     os.rename(tmp, dst)
-    return tree_size(dst)
 
 
 def tree_size(root: Path) -> dict[str, int]:

@@ -13,6 +13,7 @@ import pytest
 
 from node_helpers import leftovers, plan, remember, serve_node
 from rollstack import Client, errors
+from rollstack.node.forks import layer_names
 
 pytestmark = pytest.mark.integration
 TOKEN = "fork-token"
@@ -33,8 +34,7 @@ def _sh(env, script: str) -> str:
 
 
 def _forks(root: Path) -> list[str]:
-    d = root / "forks"
-    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+    return layer_names(root / "forks")
 
 
 @pytest.mark.parametrize("userns", [False, True])
