@@ -31,7 +31,7 @@ from rollstack.integrations.tasks import corpus_planner, load_tasks, load_templa
 
 def default_tasks() -> Path:
     try:
-        from rollstack.corpus.build import corpus_dir
+        from rollstack_corpus.build import corpus_dir
 
         return corpus_dir("small") / "tasks.jsonl"
     except ImportError:

@@ -64,7 +64,7 @@ def plan_with_model(plan: dict[str, Any], endpoint: str | None) -> dict[str, Any
 def scripted_replies(task: Any) -> list[str]:
     """What a scripted policy answers, call by call: run the failing tests, apply the reference
     fix, submit (mini's text-based action format)."""
-    from rollstack.corpus.plans import failing_tests_command
+    from rollstack.tasks.plans import failing_tests_command
 
     def act(thought: str, command: str) -> str:
         return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
@@ -77,7 +77,7 @@ def scripted_replies(task: Any) -> list[str]:
 
 def run(node: Any, task: Any, groups: Any, endpoint: str | None, timeout: float = 300) -> dict[str, Any]:
     """Create the environment, run `mini` inside, evaluate; returns what happened."""
-    from rollstack.corpus.plans import rollout_plan
+    from rollstack.tasks.plans import rollout_plan
 
     plan = plan_with_model(rollout_plan(task, groups, 0), endpoint)
     with node.create(plan) as env:
@@ -99,8 +99,8 @@ def main() -> None:
     p.add_argument("--task", help="instance id (default: the corpus's first task)")
     a = p.parse_args()
     from rollstack.client.local import Node
-    from rollstack.corpus.cache import ensure_corpus
-    from rollstack.corpus.plans import stack_groups
+    from rollstack_corpus.cache import ensure_corpus
+    from rollstack.tasks.plans import stack_groups
 
     corpus = ensure_corpus(None, False, print)
     task = next(t for t in corpus.tasks if a.task in (None, t.instance_id))

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.tasks is None:
-            from rollstack.corpus.build import corpus_dir
+            from rollstack_corpus.build import corpus_dir
 
             args.tasks = corpus_dir("small") / "tasks.jsonl"
         tasks = load_tasks(args.tasks)

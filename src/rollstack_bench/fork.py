@@ -46,7 +46,7 @@ def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
         group = (kids[0].created.timings.group or {}) if kids[0].created else {}
         pause.append(float(group.get("fork_pause_s", 0.0)))
         copy.append(float(group.get("fork_copy_s", 0.0)))
-        memory.append(float(group.get("fork_memory", 0.0)))
+        memory.append(float(group.get("fork_in_memory", 0.0)))
         for k in kids:
             assert k.exec(["cat", "marker"]).stdout == "cut\n", "a child lost the parent's state"
             k.destroy()

@@ -178,15 +178,29 @@ def _install_task_files(eval_tree: Path, tasks: list[Task]) -> None:
         (d / f"{t.instance_id}.json").write_text(t.model_dump_json())
 
 
+def code_key(source: bytes) -> bytes:
+    """What of a module's source counts for a cache key: its syntax tree without docstrings
+    (comments are not in it), so a documentation edit keys the same as before."""
+    import ast
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    return ast.dump(tree).encode()
+
+
 def _runner_hash() -> str:
-    """Task discovery/checking code is part of the tasks' cache key."""
+    """Task discovery/checking code is part of the tasks' cache key (its code, not its text)."""
     import hashlib
 
     from rollstack_corpus import bugs as corpus_bugs, runner as corpus_runner
 
     h = hashlib.sha256()
     for mod in (corpus_bugs, corpus_runner):
-        h.update(Path(mod.__file__).read_bytes())
+        h.update(code_key(Path(mod.__file__).read_bytes()))
     return h.hexdigest()[:12]
 
 

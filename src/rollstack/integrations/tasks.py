@@ -145,8 +145,8 @@ def template_planner(template: dict[str, Any] | None = None) -> Planner:
 
 
 def corpus_planner(root: str | Path, harness: str = "mini-swe-agent") -> Planner:
-    """task -> plan from a built corpus directory (manifest.json), via the corpus module's own
-    `plan_for_task`, with the task's bug inline and the task handed to the scorer.
+    """task -> plan from a built corpus directory (manifest.json), via `rollstack.tasks.plans.
+    plan_for_task`, with the task's bug inline and the task handed to the scorer.
 
     Corpora built before the evaluator tree carried one JSON per task get the scorer command of
     `DEMO_TEMPLATE` (the task travels in `RS_TASK`) instead of `score tasks/<id>.json`."""

@@ -36,7 +36,6 @@ from typing import Any, Iterable
 from rollstack.errors import DiskFull
 from rollstack.host import libc
 from rollstack.host.mountinfo import is_mounted
-from rollstack.host.umount import unmount
 from rollstack.run.snapshot import copy_upper, tree_size
 
 log = logging.getLogger(__name__)
@@ -79,15 +78,21 @@ class ForkLayers:
         if err:
             log.warning("fork layers stay on disk: mounting a tmpfs at %s failed: %s", self.mem, os.strerror(err))
             self.memory = 0
+            self.mem.rmdir()
 
     def stop(self) -> None:
-        """Unmount the tmpfs if no layer is left in it (else it stays for the next agent)."""
-        if not is_mounted(self.mem):
-            return
-        if any(self.mem.iterdir()):
-            log.warning("fork layers are left in %s: its tmpfs stays mounted", self.mem)
-            return
-        unmount(self.mem)
+        """Unmount the tmpfs if no layer is in it or being made (else it stays mounted for the
+        next agent, whose start adopts it). Never a lazy detach: a busy tmpfs stays visible."""
+        with self._lock:
+            if not is_mounted(self.mem):
+                return
+            if any(self.mem.iterdir()) or any(p.parent == self.mem for p in self._pending):
+                log.warning("fork layers are left in %s: its tmpfs stays mounted", self.mem)
+                return
+            err = libc.umount2(self.mem)
+            if err:
+                log.warning("the fork layers' tmpfs at %s stays mounted: %s", self.mem, os.strerror(err))
+                return
         try:
             self.mem.rmdir()
         except OSError:
@@ -105,7 +110,7 @@ class ForkLayers:
 
     def freeze(self, env: Any) -> tuple[Path, dict[str, float]]:
         """A frozen copy of `env`'s upper (the environment paused for the copy), marked pending
-        until `settle`; with {"files", "bytes", "pause_s", "copy_s", "memory"}."""
+        until `settle`; with {"files", "bytes", "pause_s", "copy_s", "in_memory" (1.0 or 0.0)}."""
         self.root.mkdir(parents=True, exist_ok=True)
         name = f"f{uuid.uuid4().hex[:12]}"
         where = self._where(tree_size(env.upper))  # before the freeze: the parent does not wait on it
@@ -130,11 +135,12 @@ class ForkLayers:
             self.settle(layer)
             shutil.rmtree(layer, ignore_errors=True)
             raise
-        self.made += 1
-        self.in_memory += layer.parent == self.mem
+        with self._lock:
+            self.made += 1
+            self.in_memory += layer.parent == self.mem
         size = tree_size(layer)
         return layer, {**{k: float(v) for k, v in size.items()}, "copy_s": round(t2 - t1, 6),
-                       "pause_s": round(t3 - t0, 6), "memory": float(layer.parent == self.mem)}
+                       "pause_s": round(t3 - t0, 6), "in_memory": float(layer.parent == self.mem)}
 
     def _repend(self, old: Path, new: Path) -> None:
         with self._lock:
@@ -162,7 +168,7 @@ class ForkLayers:
                         continue
                     shutil.rmtree(child, ignore_errors=True)
                     gone.append(child)
-        self.removed += len(gone)
+            self.removed += len(gone)
         if gone:
             log.info("removed %d fork layer(s) no environment stacks", len(gone))
         return gone
@@ -174,4 +180,4 @@ class ForkLayers:
             st = os.statvfs(self.mem)
             used = float((st.f_blocks - st.f_bfree) * st.f_frsize)
         return {"layers": float(len(layers)), "made": float(self.made), "removed": float(self.removed),
-                "in_memory": float(self.in_memory), "memory_used_bytes": used}
+                "made_in_memory": float(self.in_memory), "memory_used_bytes": used}

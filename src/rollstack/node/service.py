@@ -131,6 +131,7 @@ class NodeService:
             if t is not None:
                 t.join(timeout=10)
         if self.stages is not None:
+            self._collect_forks()  # what no environment stacks now, before the fork store stops
             self.stages.stop()
 
     def _adopt(self, env: Any, doc: dict[str, Any]) -> None:

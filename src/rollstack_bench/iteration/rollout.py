@@ -114,7 +114,7 @@ def harness_command(entry: str) -> str:
 def agent_steps(task: dict[str, Any], harness_entry: str) -> list[tuple[str, str, str | None]]:
     """(step, shell command run in the workdir, stdin) of the scripted agent."""
     ids = " ".join(shlex.quote(t) for t in task["FAIL_TO_PASS"])
-    test = f"python3 -B -m pytest -p no:cacheprovider -q {ids}"  # -B: corpus.plans.failing_tests_command
+    test = f"python3 -B -m pytest -p no:cacheprovider -q {ids}"  # -B: rollstack.tasks.plans.failing_tests_command
     path = shlex.quote(task.get("mutation", {}).get("path", "."))
     return [
         ("harness", harness_command(harness_entry), None),

@@ -22,7 +22,8 @@ def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
     root = base / "node"
     small_fs(base / "root.img", root, 160)
     try:
-        with serve_node(root, corpus, TOKEN, max_environments=4, warm_pool=0) as (service, server):
+        # fork layers: a 4 MiB tmpfs, so the big diff goes to the full disk and a small one to memory
+        with serve_node(root, corpus, TOKEN, max_environments=4, warm_pool=0, fork_memory=4 << 20) as (service, server):
             with Client(server.url, token=TOKEN, lease=None) as client:
                 yield root, client
     finally:
@@ -64,6 +65,7 @@ def test_a_snapshot_or_fork_on_a_full_disk_is_disk_full_and_leaves_nothing(node)
         [child] = env.fork(1)
         remember(root, child.id)
         assert _sh(child, "cat small.txt") == "kept\n"
+        assert [n.split("/")[0] for n in leftovers(root)["forks"]] == ["mem"]  # small: in memory
         child.destroy()
     finally:
         for e in client.list():

@@ -58,10 +58,10 @@ def test_a_small_layer_is_copied_to_memory_and_stop_unmounts_once_none_is_left(s
     _fill(tmp_path / "upper", 100, 1000)
     layer, cut = forks.freeze(Upper(tmp_path / "upper"))
     forks.settle(layer)
-    assert layer.parent == forks.mem and cut["memory"] == 1.0 and cut["files"] == 100
+    assert layer.parent == forks.mem and cut["in_memory"] == 1.0 and cut["files"] == 100
     assert (layer / "d" / "f7").read_bytes() == bytes([7]) * 1000
     assert layer_names(forks.root) == [f"mem/{layer.name}"]
-    assert forks.stats()["in_memory"] == 1 and forks.stats()["memory_used_bytes"] > 0
+    assert forks.stats()["made_in_memory"] == 1 and forks.stats()["memory_used_bytes"] > 0
     forks.stop()  # a layer is left: the tmpfs stays
     assert is_mounted(forks.mem)
     assert forks.collect([]) == [layer]
@@ -74,7 +74,7 @@ def test_a_layer_larger_than_what_is_free_in_memory_goes_to_disk(store, tmp_path
     _fill(tmp_path / "upper", 4, 512 << 10)  # 2 MiB of changes, a 1 MiB tmpfs
     layer, cut = forks.freeze(Upper(tmp_path / "upper"))
     forks.settle(layer)
-    assert layer.parent == forks.root and cut["memory"] == 0.0
+    assert layer.parent == forks.root and cut["in_memory"] == 0.0
     assert (layer / "d" / "f3").stat().st_size == 512 << 10
     assert forks.collect([layer]) == [] and forks.collect([]) == [layer]
 
@@ -90,7 +90,7 @@ def test_changes_that_outgrow_the_tmpfs_after_the_estimate_are_copied_to_disk(st
     env = Upper(upper, grow)
     layer, cut = forks.freeze(env)
     forks.settle(layer)
-    assert env.cuts == 1 and layer.parent == forks.root and cut["memory"] == 0.0
+    assert env.cuts == 1 and layer.parent == forks.root and cut["in_memory"] == 0.0
     assert (layer / "late.bin").stat().st_size == 3 << 20 and (layer / "d" / "f1").exists()
     assert list(forks.mem.iterdir()) == []  # the half copy in memory is gone
 

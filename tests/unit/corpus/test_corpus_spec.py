@@ -72,3 +72,13 @@ def test_built_corpus_comes_back_from_cache_without_building(tmp_path) -> None:
     assert not corpus_mod._Stamps.peek(tmp_path, "manifest", key)
     with pytest.raises(InvalidRequest):
         corpus_mod.load_corpus(tmp_path / "nothing-here")
+
+
+def test_the_cache_key_of_code_ignores_docstrings_and_comments_not_code() -> None:
+    from rollstack_corpus.build import code_key
+
+    base = b'"""Doc."""\n\ndef f(x):\n    """What f does."""\n    return x < 1  # small\n'
+    same = b'"""Other doc."""\n\ndef f(x):\n    """Says more."""\n    return x < 1\n'
+    other = b'"""Doc."""\n\ndef f(x):\n    """What f does."""\n    return x <= 1\n'
+    assert code_key(base) == code_key(same) != code_key(other)
+    assert code_key(b'def g():\n    """Only a docstring."""\n') == code_key(b"def g():\n    pass\n")
