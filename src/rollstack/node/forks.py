@@ -66,19 +66,25 @@ class ForkLayers:
         self.made = 0
         self.removed = 0
         self.in_memory = 0
+        self._mounted = False
+        """Whether the tmpfs is ours to use (set by start/stop: no mount table read per fork)."""
 
     def start(self) -> None:
         """Mount the tmpfs (kept when a previous agent's is there: adopted children stack its
         layers). A kernel that refuses leaves every layer on disk, with a warning."""
         self.root.mkdir(parents=True, exist_ok=True)
-        if self.memory <= 0 or is_mounted(self.mem):
+        if self.memory <= 0:
+            return
+        if is_mounted(self.mem):
+            self._mounted = True
             return
         self.mem.mkdir(exist_ok=True)
         err = libc.mount(b"tmpfs", self.mem, b"tmpfs", _MS_NOSUID | _MS_NODEV, f"size={self.memory},mode=0700".encode())
         if err:
             log.warning("fork layers stay on disk: mounting a tmpfs at %s failed: %s", self.mem, os.strerror(err))
-            self.memory = 0
             self.mem.rmdir()
+            return
+        self._mounted = True
 
     def stop(self) -> None:
         """Unmount the tmpfs if no layer is in it or being made (else it stays mounted for the
@@ -89,6 +95,7 @@ class ForkLayers:
             if any(self.mem.iterdir()) or any(p.parent == self.mem for p in self._pending):
                 log.warning("fork layers are left in %s: its tmpfs stays mounted", self.mem)
                 return
+            self._mounted = False
             err = libc.umount2(self.mem)
             if err:
                 log.warning("the fork layers' tmpfs at %s stays mounted: %s", self.mem, os.strerror(err))
@@ -101,7 +108,7 @@ class ForkLayers:
     def _where(self, estimate: dict[str, int]) -> Path:
         """The dir a layer of about `estimate` goes to: memory while it fits in what is free there
         (with each file rounded up to a page, and a quarter kept free), else disk."""
-        if self.memory > 0 and is_mounted(self.mem):
+        if self.memory > 0 and self._mounted:
             need = estimate["bytes"] + (estimate["files"] + 1) * _PAGE
             st = os.statvfs(self.mem)
             if need <= st.f_bavail * st.f_frsize * 3 // 4:
@@ -110,10 +117,13 @@ class ForkLayers:
 
     def freeze(self, env: Any) -> tuple[Path, dict[str, float]]:
         """A frozen copy of `env`'s upper (the environment paused for the copy), marked pending
-        until `settle`; with {"files", "bytes", "pause_s", "copy_s", "in_memory" (1.0 or 0.0)}."""
+        until `settle`; with {"files", "bytes", "pause_s", "copy_s", "in_memory" (1.0 or 0.0)}.
+        "files" and "bytes" are the upper's just before the freeze (one walk, outside it: the
+        tmpfs or disk choice needs it), or the copy's when it grew past the tmpfs meanwhile."""
         self.root.mkdir(parents=True, exist_ok=True)
         name = f"f{uuid.uuid4().hex[:12]}"
-        where = self._where(tree_size(env.upper))  # before the freeze: the parent does not wait on it
+        size = tree_size(env.upper)  # before the freeze: the parent does not wait on it
+        where = self._where(size)
         layer = where / name
         with self._lock:
             self._pending.add(layer)
@@ -129,6 +139,7 @@ class ForkLayers:
                     self._repend(layer, self.root / name)  # the tmpfs filled meanwhile: disk
                     layer = self.root / name
                     copy_upper(env.upper, layer)
+                    size = {}
                 t2 = time.perf_counter()
             t3 = time.perf_counter()
         except BaseException:
@@ -138,7 +149,7 @@ class ForkLayers:
         with self._lock:
             self.made += 1
             self.in_memory += layer.parent == self.mem
-        size = tree_size(layer)
+        size = size or tree_size(layer)
         return layer, {**{k: float(v) for k, v in size.items()}, "copy_s": round(t2 - t1, 6),
                        "pause_s": round(t3 - t0, 6), "in_memory": float(layer.parent == self.mem)}
 
