@@ -91,7 +91,8 @@ def run_exec(cfg: ExecConfig) -> dict[str, Any]:
     from rollstack_bench.systems.rig import BenchRig
     from rollstack_corpus.build import load_corpus
     from rollstack_bench.init import SHARED_LAYER_CACHE
-    from rollstack_bench.iteration.systems import EVAL_DIR, ContainerdRollouts, rollstack_plan
+    from rollstack.tasks.plans import EVAL_DIR
+    from rollstack_bench.iteration.systems import ContainerdRollouts, rollstack_plan
     from rollstack_bench.systems.rollstack import RollstackSystem, publish_components, seed_layer_cache, work_lock
     from rollstack.tasks.plans import stack_groups
 

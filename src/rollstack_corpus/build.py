@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
 from rollstack.tasks.model import Component, CorpusManifest, Task, dump_tasks, load_tasks
+from rollstack.tasks.plans import EVAL_DIR
 from rollstack_corpus import spec as corpus_spec
 from rollstack_corpus.components import build_evaluator, build_harness, build_os, build_repo, check_harness
 from rollstack_corpus.discovery import check_tasks, discover_tasks
@@ -171,7 +172,7 @@ def _build_locked(spec: CorpusSpec, root: Path, manifest_key: str, force: bool, 
 
 def _install_task_files(eval_tree: Path, tasks: list[Task]) -> None:
     """One JSON per task in the evaluator tree, so `score /opt/rollstack-eval/tasks/<id>.json` works."""
-    d = eval_tree / corpus_spec.EVAL_DIR.lstrip("/") / "tasks"
+    d = eval_tree / EVAL_DIR.lstrip("/") / "tasks"
     remove_tree(d)
     d.mkdir(parents=True)
     for t in tasks:
@@ -240,7 +241,7 @@ def _components(root: Path, spec: CorpusSpec) -> list[Component]:
     for h in spec.harnesses:
         add(f"harness-{h.name}", "harness", h.group, "os", {"prefix": h.prefix, "entry": h.entry, "apt": list(h.apt)})
     add("evaluator", "evaluator", f"evaluator/pytest:{spec.evaluator_pytest}", "os",
-        {"score": f"{corpus_spec.EVAL_DIR}/score TASK.json"})
+        {"score": f"{EVAL_DIR}/score TASK.json"})
     return comps
 
 

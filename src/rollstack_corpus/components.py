@@ -14,9 +14,10 @@ import subprocess
 from pathlib import Path
 
 from rollstack_corpus import runner as corpus_runner
-from rollstack_corpus.spec import DEBIAN_MIRROR, EVAL_DIR, SUITE, HarnessSpec, RepoSpec
+from rollstack_corpus.spec import DEBIAN_MIRROR, SUITE, HarnessSpec, RepoSpec
 from rollstack_corpus.tree import ChrootStep, check_step, remove_tree
 from rollstack.errors import RuntimeFailure
+from rollstack.tasks.plans import EVAL_DIR
 
 _GIT = "git -c user.name=rollstack -c user.email=corpus@rollstack.invalid -c init.defaultBranch=main"
 

@@ -19,7 +19,8 @@ from typing import Any
 from rollstack_corpus import runner as corpus_runner
 from rollstack_corpus.bugs import Mutation, apply_mutation, find_mutations, sample_mutations, unified_diff
 from rollstack.tasks.model import Task, dump_tasks
-from rollstack_corpus.spec import EVAL_DIR, RepoSpec, test_command
+from rollstack.tasks.plans import EVAL_DIR
+from rollstack_corpus.spec import RepoSpec, test_command
 from rollstack_corpus.tree import ChrootStep, check_step, default_env, remove_tree
 from rollstack.errors import RuntimeFailure
 

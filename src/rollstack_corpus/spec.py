@@ -14,15 +14,12 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from rollstack.tasks.plans import EVAL_DIR
-
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "git", "ca-certificates")
 BUILD_PACKAGES = ("build-essential", "python3-dev", "curl", "procps", "less", "patch", "ripgrep")
 EVALUATOR_PYTEST = "8.3.4"
 # pytest and its dependencies, pinned: the registries move on, a corpus should not.
-__all__ = ["EVAL_DIR"]  # where the evaluator tree installs its scorer (rollstack.tasks.plans)
 PYTEST_PINS = ("pytest==8.3.4", "pluggy==1.5.0", "iniconfig==2.0.0", "packaging==24.1")
 
 

@@ -34,8 +34,9 @@ from typing import Annotated, Any, Callable, Sequence
 import typer
 
 from rollstack_bench.iteration.rollout import Rollout, default_concurrency, iteration_summary, jobs
-from rollstack_bench.iteration.systems import EVAL_DIR, ContainerdRollouts, rollstack_plan, rollstack_rollout
+from rollstack_bench.iteration.systems import ContainerdRollouts, rollstack_plan, rollstack_rollout
 from rollstack.errors import InvalidRequest
+from rollstack.tasks.plans import EVAL_DIR
 
 DEFAULT_OUT = Path("results/iteration")
 ITER_SYSTEMS = ("rollstack", "docker-equivalent")

@@ -18,7 +18,8 @@ from components import require_tool
 from rollstack_corpus import runner as corpus_runner
 from rollstack_corpus.bugs import unified_diff
 from rollstack.tasks.model import Task
-from rollstack_corpus.spec import EVAL_DIR, RepoSpec
+from rollstack.tasks.plans import EVAL_DIR
+from rollstack_corpus.spec import RepoSpec
 from rollstack_corpus.discovery import StepOptions, check_tasks, discover_tasks
 from rollstack_corpus.tree import ChrootStep, run_step, tree_stats
 
