@@ -14,6 +14,11 @@ libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.syscall.restype = ctypes.c_long
 libc.syncfs.argtypes = [ctypes.c_int]
 
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND = 1, 2, 4, 4096
+"""mount(2) flags the node passes (<sys/mount.h>)."""
+MNT_DETACH = 2
+"""umount2(2): detach the mount now, free it once no longer busy."""
+
 
 def mount(source: bytes | None, target: str | os.PathLike[str], fstype: bytes | None,
           flags: int = 0, data: bytes | None = None) -> int:

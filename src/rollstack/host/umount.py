@@ -8,9 +8,8 @@ from pathlib import Path
 
 from rollstack.errors import RuntimeFailure
 from rollstack.host import libc
+from rollstack.host.libc import MNT_DETACH
 from rollstack.host.mountinfo import is_mounted
-
-MNT_DETACH = 2
 
 
 def umount2(target: Path | str, flags: int = 0) -> int:

@@ -45,8 +45,6 @@ from rollstack.host.umount import detach
 
 log = logging.getLogger(__name__)
 
-MS_RDONLY = 1
-
 
 def supported() -> bool:
     """The kernel has EROFS and mounts it from a regular file (Linux >= 6.12)."""
@@ -70,7 +68,7 @@ def mount_image(image: Path, blob: Path, target: Path) -> None:
     # readahead runs across file boundaries into data nobody asked for (+40% bytes fetched on a
     # stdlib tree; registry fetches that made a first `cat` of every .py 6x slower on a stack).
     opts = b"device=" + os.fsencode(blob) + b",directio"
-    err = libc.mount(os.fsencode(image), target, b"erofs", MS_RDONLY, opts)
+    err = libc.mount(os.fsencode(image), target, b"erofs", libc.MS_RDONLY, opts)
     if err:
         raise OSError(err, f"mount -t erofs {image} {target} (device={blob}): {os.strerror(err)}")
 

@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 MEM_DIR = "mem"
 """The tmpfs below the fork root that holds the layers small enough for memory."""
 _PAGE = 4096
-_MS_NOSUID, _MS_NODEV = 2, 4
 
 
 def layer_names(forks: Path) -> list[str]:
@@ -79,7 +78,7 @@ class ForkLayers:
             self._mounted = True
             return
         self.mem.mkdir(exist_ok=True)
-        err = libc.mount(b"tmpfs", self.mem, b"tmpfs", _MS_NOSUID | _MS_NODEV, f"size={self.memory},mode=0700".encode())
+        err = libc.mount(b"tmpfs", self.mem, b"tmpfs", libc.MS_NOSUID | libc.MS_NODEV, f"size={self.memory},mode=0700".encode())
         if err:
             log.warning("fork layers stay on disk: mounting a tmpfs at %s failed: %s", self.mem, os.strerror(err))
             self.mem.rmdir()

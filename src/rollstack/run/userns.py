@@ -43,7 +43,6 @@ from rollstack.lazystore import shift
 HOST_BASE = shift.BASE  # the lazy store's shifted view uses the same range
 SIZE = shift.SIZE
 PUBLIC = Path("/run/rollstack-userns")
-_MS_BIND, _MNT_DETACH = 4096, 2
 
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alike
 _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 1, 0o2000000
@@ -197,7 +196,7 @@ def publish_rootfs(env_dir: Path, rootfs: Path) -> Path:
     os.chmod(PUBLIC, 0o711)
     dst = public_rootfs(env_dir)
     dst.mkdir(mode=0o755, exist_ok=True)
-    e = libc.mount(os.fsencode(rootfs), dst, None, _MS_BIND)
+    e = libc.mount(os.fsencode(rootfs), dst, None, libc.MS_BIND)
     if e:
         raise RuntimeFailure(f"security.userns: bind-mounting {rootfs} at {dst}: {os.strerror(e)}")
     return dst
@@ -207,7 +206,7 @@ def unpublish_rootfs(env_dir: Path) -> None:
     """Undo `publish_rootfs` (repeatable; nothing to do when it used the rootfs itself)."""
     dst = public_rootfs(env_dir)
     if os.path.ismount(dst) and (e := libc.umount2(dst)) != 0:
-        if libc.umount2(dst, _MNT_DETACH) != 0:
+        if libc.umount2(dst, libc.MNT_DETACH) != 0:
             raise RuntimeFailure(f"security.userns: unmounting {dst}: {os.strerror(e)}")
     try:
         dst.rmdir()
