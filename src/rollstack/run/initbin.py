@@ -1,9 +1,11 @@
 """Locating the static binaries every environment bind-mounts (rollstack-execd or catatonit as
-PID 1, tini-static, busybox).
+PID 1, tini-static, busybox), and rollstack's own host helpers.
 
-rollstack-execd is built from native/execd by `make setup` (native/build.sh); it is looked for at
-$ROLLSTACK_EXECD, then the checkout's native/build/, then /usr/local/libexec/rollstack/. Without
-it PID 1 is catatonit and every exec goes through `runc exec` (slower; a warning is logged).
+rollstack-execd and rollstack-treecp are built from native/ by `make setup` (native/build.sh);
+each is looked for at its variable ($ROLLSTACK_EXECD, $ROLLSTACK_TREECP), then the checkout's
+native/build/, then /usr/local/libexec/rollstack/ (`find_native`). Without rollstack-execd PID 1
+is catatonit and every exec goes through `runc exec` (slower; a warning is logged); without
+rollstack-treecp a fork copies with `cp -a` (slower, run/snapshot.py).
 
 They run inside rootfs trees that may have no libc (a busybox test root, a distroless image),
 so they must be statically linked: an ELF with no PT_INTERP program header.
@@ -67,18 +69,28 @@ def _first_static(candidates: tuple[str, ...], name: str) -> str:
                          f" install Debian's catatonit, tini and busybox-static packages")
 
 
+def native_candidates(name: str) -> list[Path]:
+    """Where rollstack's own binary `name` (rollstack-execd, rollstack-treecp) is looked for."""
+    env = os.environ.get(name.upper().replace("-", "_"))  # ROLLSTACK_EXECD, ROLLSTACK_TREECP
+    checkout = Path(__file__).resolve().parents[3] / "native" / "build" / name
+    return [Path(p) for p in (env, checkout, f"/usr/local/libexec/rollstack/{name}") if p]
+
+
+def find_native(name: str) -> str | None:
+    """rollstack's own static binary `name`, or None if it was not built."""
+    for c in native_candidates(name):
+        if c.is_file() and is_static_elf(c):
+            return str(c)
+    return None
+
+
 def execd_candidates() -> list[Path]:
-    env = os.environ.get("ROLLSTACK_EXECD")
-    checkout = Path(__file__).resolve().parents[3] / "native" / "build" / EXECD_NAME
-    return [Path(p) for p in (env, checkout, f"/usr/local/libexec/rollstack/{EXECD_NAME}") if p]
+    return native_candidates(EXECD_NAME)
 
 
 def find_execd() -> str | None:
     """The static rollstack-execd binary, or None if it was not built."""
-    for c in execd_candidates():
-        if c.is_file() and is_static_elf(c):
-            return str(c)
-    return None
+    return find_native(EXECD_NAME)
 
 
 def find_init_binaries() -> InitBinaries:

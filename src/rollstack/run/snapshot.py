@@ -6,6 +6,9 @@ devices), so the copy works as a lower layer below a fresh upper with overlayfs'
 caller freezes the environment first (`Environment.cut()`: a gVisor sandbox syncs its own
 caches first), so no write lands mid-copy.
 The copy goes to `<dst>.tmp` and is renamed into place: a crash never leaves half a layer.
+It is made by rollstack-treecp (native/treecp: `cp -a` with half the system calls per file,
+docs/fork.md) when built, else, or for a tree it does not take (exit 3: deeper than its
+descriptors allow), by `cp -a`.
 
 `merge_uppers(layers, dst)` applies upper dirs (top first) one over another into `dst` with
 overlayfs' rules (a whiteout deletes, an opaque directory replaces, anything else overwrites):
@@ -15,6 +18,8 @@ layers it was forked from), what its diff compares against the base layers.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import shutil
 import stat as statmod
@@ -22,9 +27,14 @@ import subprocess
 from pathlib import Path
 
 from rollstack.errors import DiskFull, RuntimeFailure
+from rollstack.run.initbin import find_native
 from rollstack.run.lowerview import OPAQUE_XATTR
 
+log = logging.getLogger(__name__)
+
 COPY_TIMEOUT = 600.0
+TREECP_NAME = "rollstack-treecp"
+_TREECP_UNSUPPORTED = 3
 
 
 def copy_upper(upper: Path, dst: Path) -> None:
@@ -99,14 +109,35 @@ def _apply(layer: Path, dst: Path) -> None:
         _cp(src, target)
 
 
+@functools.cache
+def _treecp() -> str | None:
+    found = find_native(TREECP_NAME)
+    if found is None:
+        log.warning("%s not found (`make setup` builds it): forks copy with cp -a (slower)", TREECP_NAME)
+    return found
+
+
 def _cp(src: Path, dst: Path) -> None:
-    """`cp -a` of `src` as `dst` (which must not exist), its failures typed: a full disk is
-    DiskFull (retryable), anything else RuntimeFailure naming the path."""
+    """`src` copied as `dst` (which must not exist) like `cp -a`, its failures typed: a full disk
+    is DiskFull (retryable), anything else RuntimeFailure naming the path."""
+    treecp = _treecp()
+    if treecp is not None:
+        proc = _run([treecp, str(src), str(dst)], src)
+        if proc.returncode != _TREECP_UNSUPPORTED:
+            return _check(proc, src)
+        log.info("%s: %s; copying with cp -a", TREECP_NAME, proc.stderr.decode(errors="replace").strip())
+        shutil.rmtree(dst, ignore_errors=True)
+    _check(_run(["cp", "-a", "--no-target-directory", str(src), str(dst)], src), src)
+
+
+def _run(argv: list[str], src: Path) -> subprocess.CompletedProcess[bytes]:
     try:
-        proc = subprocess.run(["cp", "-a", "--no-target-directory", str(src), str(dst)],
-                              capture_output=True, timeout=COPY_TIMEOUT)
+        return subprocess.run(argv, capture_output=True, timeout=COPY_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise RuntimeFailure(f"copying {src} took over {COPY_TIMEOUT:.0f} s", path=str(src)) from None
+
+
+def _check(proc: subprocess.CompletedProcess[bytes], src: Path) -> None:
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace")[-500:]
         if "No space left on device" in err or "Disk quota exceeded" in err:
