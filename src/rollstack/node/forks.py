@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rollstack.errors import DiskFull
 from rollstack.host import libc
@@ -67,6 +67,10 @@ class ForkLayers:
         self.in_memory = 0
         self._mounted = False
         """Whether the tmpfs is ours to use (set by start/stop: no mount table read per fork)."""
+        self.headroom: Callable[[], int] | None = None
+        """Node memory no environment has committed (the provisioner's `free_memory`, set by the
+        node): a layer goes to memory only if it fits there too, so the tmpfs never takes what
+        admission promised an environment."""
 
     def start(self) -> None:
         """Mount the tmpfs (kept when a previous agent's is there: adopted children stack its
@@ -110,9 +114,20 @@ class ForkLayers:
         if self.memory > 0 and self._mounted:
             need = estimate["bytes"] + (estimate["files"] + 1) * _PAGE
             st = os.statvfs(self.mem)
-            if need <= st.f_bavail * st.f_frsize * 3 // 4:
+            if need <= st.f_bavail * st.f_frsize * 3 // 4 and (self.headroom is None or need <= self.headroom()):
                 return self.mem
         return self.root
+
+    def memory_used(self) -> int:
+        """Bytes of node memory the tmpfs holds now (0 when it is not mounted): counted by the
+        provisioner as committed, like an environment's quota."""
+        if not self._mounted:
+            return 0
+        try:
+            st = os.statvfs(self.mem)
+        except OSError:
+            return 0
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
 
     def freeze(self, env: Any) -> tuple[Path, dict[str, float]]:
         """A frozen copy of `env`'s upper (the environment paused for the copy), marked pending
@@ -185,9 +200,5 @@ class ForkLayers:
 
     def stats(self) -> dict[str, float]:
         layers = [p for d in self._dirs() for p in d.iterdir() if p != self.mem and not p.name.endswith(".tmp")]
-        used = 0.0
-        if is_mounted(self.mem):
-            st = os.statvfs(self.mem)
-            used = float((st.f_blocks - st.f_bfree) * st.f_frsize)
         return {"layers": float(len(layers)), "made": float(self.made), "removed": float(self.removed),
-                "made_in_memory": float(self.in_memory), "memory_used_bytes": used}
+                "made_in_memory": float(self.in_memory), "memory_used_bytes": float(self.memory_used())}

@@ -279,7 +279,10 @@ class Stages:
             memory=int(cfg.capacity_memory or max(ram - cfg.reserve_memory, 1 << 30)),
         )
         policy = PolicyConfig(cpu_overcommit=cfg.cpu_overcommit)
-        return Provisioner(detect_backend(), policy, capacity, on_terminate=on_terminate).start()
+        provisioner = Provisioner(detect_backend(), policy, capacity, on_terminate=on_terminate,
+                                  held_memory=self.forks.memory_used)  # the fork store's tmpfs
+        self.forks.headroom = provisioner.free_memory
+        return provisioner.start()
 
     def stop(self) -> None:
         if self.warm is not None:  # its sandboxes stack the lazy store's dirs: before it stops

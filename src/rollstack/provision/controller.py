@@ -55,8 +55,12 @@ class Provisioner:
         history_len: int = 600,
         events_len: int = 1000,
         registry: Any = None,
+        held_memory: Callable[[], int] | None = None,
     ) -> None:
         self.backend = backend
+        self.held_memory = held_memory
+        """Bytes of node memory held outside every environment (the fork store's tmpfs in use),
+        counted as committed: admissions and scale-ups leave it alone."""
         self.config = config or PolicyConfig()
         self.capacity = capacity or _host_capacity()
         self.policy = QuotaPolicy(self.config, self.capacity)
@@ -178,7 +182,7 @@ class Provisioner:
                 "cpu": n.committed_cpu, "memory": n.committed_memory,
                 "reserve_cpu": n.reserve_cpu, "reserve_memory": n.reserve_memory,
                 "capacity_cpu": n.cpu_capacity, "capacity_memory": n.memory_capacity,
-                "environments": len(self._envs),
+                "held_memory": self._held(), "environments": len(self._envs),
             }  # fmt: skip
 
     def quotas(self, env_id: str) -> dict[str, Any]:
@@ -401,7 +405,22 @@ class Provisioner:
         for st in self._pending.values():
             cpu += st.cpu
             mem += st.memory
-        return self.policy.node(cpu, mem)
+        return self.policy.node(cpu, mem + self._held())
+
+    def _held(self) -> int:
+        if self.held_memory is None:
+            return 0
+        try:
+            return max(0, int(self.held_memory()))
+        except Exception:  # noqa: BLE001 - a failing probe must not stop admissions or the tick
+            log.exception("reading the node's held memory failed")
+            return 0
+
+    def free_memory(self) -> int:
+        """Memory capacity no environment (and nothing held) has committed, reserve included."""
+        with self._lock:
+            n = self._node()
+            return max(0, n.memory_capacity - n.committed_memory)
 
     def _get(self, env_id: str) -> _Env:
         env = self._envs.get(env_id)

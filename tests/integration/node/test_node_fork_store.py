@@ -79,6 +79,23 @@ def test_a_layer_larger_than_what_is_free_in_memory_goes_to_disk(store, tmp_path
     assert forks.collect([layer]) == [] and forks.collect([]) == [layer]
 
 
+def test_a_layer_goes_to_disk_when_the_node_memory_is_committed(store, tmp_path: Path) -> None:
+    """The tmpfs has room but the provisioner's uncommitted memory (headroom) does not: disk; and
+    what a layer in memory holds is what the provisioner counts (memory_used)."""
+    forks = store(8 << 20)
+    _fill(tmp_path / "upper", 10, 100_000)  # ~1 MB
+    forks.headroom = lambda: 512 << 10
+    layer, cut = forks.freeze(Upper(tmp_path / "upper"))
+    forks.settle(layer)
+    assert layer.parent == forks.root and cut["in_memory"] == 0.0 and forks.memory_used() == 0
+    forks.headroom = lambda: 64 << 20
+    layer2, cut2 = forks.freeze(Upper(tmp_path / "upper"))
+    forks.settle(layer2)
+    assert layer2.parent == forks.mem and cut2["in_memory"] == 1.0
+    assert 1_000_000 <= forks.memory_used() <= 2 << 20
+    assert sorted(forks.collect([])) == sorted([layer, layer2]) and forks.memory_used() == 0
+
+
 def test_changes_that_outgrow_the_tmpfs_after_the_estimate_are_copied_to_disk(store, tmp_path: Path) -> None:
     forks = store(1 << 20)
     upper = tmp_path / "upper"

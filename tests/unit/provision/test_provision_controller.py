@@ -113,6 +113,29 @@ def test_register_applies_start_quotas_and_checks_admission():
     assert prov.committed()["environments"] == 1
 
 
+def test_memory_held_outside_environments_counts_as_committed():
+    """The fork store's tmpfs (held_memory) takes capacity from admissions while it holds pages;
+    a probe that fails counts as nothing held instead of stopping admissions."""
+    held = [0]
+
+    def probe() -> int:
+        if held[0] < 0:
+            raise OSError("statvfs failed")
+        return held[0]
+
+    prov = Provisioner(FakeBackend(), PolicyConfig(cpu_overcommit=1.0), NodeCapacity(cpu=2, memory=1 * GiB),
+                       held_memory=probe)
+    prov.register("a", "rollstack/a", 0.5, 256 * MiB)
+    assert prov.admit(0.5, 768 * MiB) and prov.free_memory() == 768 * MiB
+    held[0] = 512 * MiB
+    assert not prov.admit(0.5, 768 * MiB) and prov.admit(0.5, 256 * MiB)
+    assert prov.free_memory() == 256 * MiB and prov.committed()["held_memory"] == 512 * MiB
+    with pytest.raises(InsufficientCapacity):
+        prov.register("b", "rollstack/b", 0.5, 512 * MiB)
+    held[0] = -1
+    assert prov.admit(0.5, 768 * MiB) and prov.committed()["held_memory"] == 0
+
+
 def test_register_turns_cgroup_os_errors_into_runtime_failure():
     class Broken(FakeBackend):
         def create(self, path):
