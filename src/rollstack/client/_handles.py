@@ -85,12 +85,13 @@ class Environment:
     def info(self) -> EnvironmentInfo:
         return self._service.info(self.id)
 
-    def fork(self, count: int = 1) -> list["Environment"]:
+    def fork(self, count: int = 1, *, idempotency_key: str | None = None) -> list["Environment"]:
         """`count` new environments whose filesystem is this one's now; this one runs on
         unchanged. They inherit its plan (quotas, network policy, env, workdir), not its
-        processes (docs/fork.md)."""
+        processes (docs/fork.md). `idempotency_key`: a retry with it (after a lost answer)
+        returns the same children instead of making more."""
         lease = self._leases.lease if self._leases is not None else None
-        made = self._service.fork(self.id, count, lease)
+        made = self._service.fork(self.id, count, lease, **create_options(None, idempotency_key))
         children = [Environment(self._service, c.id, c, self._leases) for c in made]
         if self._leases is not None:
             self._leases.hold(self._service, [c.id for c in children])
@@ -168,10 +169,10 @@ class AsyncEnvironment:
     async def info(self) -> EnvironmentInfo:
         return await self._service.info(self.id)
 
-    async def fork(self, count: int = 1) -> list["AsyncEnvironment"]:
+    async def fork(self, count: int = 1, *, idempotency_key: str | None = None) -> list["AsyncEnvironment"]:
         """`Environment.fork`, awaited."""
         lease = self._leases.lease if self._leases is not None else None
-        made = await self._service.fork(self.id, count, lease)
+        made = await self._service.fork(self.id, count, lease, **create_options(None, idempotency_key))
         children = [AsyncEnvironment(self._service, c.id, c, self._leases) for c in made]
         if self._leases is not None:
             self._leases.hold(self._service, [c.id for c in children])

@@ -77,8 +77,9 @@ class HttpService:
                     idempotency_key: str | None = None) -> list[CreateResponse]:
         return self._do(routes.create_many(plan, count, lease, idempotency_key))
 
-    def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
-        return self._do(routes.fork(env_id, count, lease))
+    def fork(self, env_id: str, count: int = 1, lease: float | None = None,
+             idempotency_key: str | None = None) -> list[CreateResponse]:
+        return self._do(routes.fork(env_id, count, lease, idempotency_key))
 
     def pause(self, env_id: str) -> EnvironmentInfo:
         return self._do(routes.pause(env_id))
@@ -201,8 +202,9 @@ class AsyncHttpService:
                     idempotency_key: str | None = None) -> list[CreateResponse]:
         return await self._do(routes.create_many(plan, count, lease, idempotency_key))
 
-    async def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
-        return await self._do(routes.fork(env_id, count, lease))
+    async def fork(self, env_id: str, count: int = 1, lease: float | None = None,
+                   idempotency_key: str | None = None) -> list[CreateResponse]:
+        return await self._do(routes.fork(env_id, count, lease, idempotency_key))
 
     async def pause(self, env_id: str) -> EnvironmentInfo:
         return await self._do(routes.pause(env_id))

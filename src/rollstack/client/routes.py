@@ -76,14 +76,12 @@ def create_many(plan: dict[str, Any] | str, count: int, lease: float | None = No
                 _create_kwargs({"plan": plan, "count": count}, lease, idempotency_key))
 
 
-def fork(env_id: str, count: int = 1, lease: float | None = None) -> Call[list[m.CreateResponse]]:
+def fork(env_id: str, count: int = 1, lease: float | None = None,
+         idempotency_key: str | None = None) -> Call[list[m.CreateResponse]]:
     """`count` children of a running environment (its filesystem now), all or none."""
-    body: dict[str, Any] = {"count": count}
-    if lease is not None:
-        body["lease"] = lease
     return Call(R.FORK.method, R.FORK.path(env_id=env_id),
                 lambda r: m.CreateGroupResponse.model_validate_json(r.content).environments,
-                {"json": body, "timeout": request_timeout(None)})
+                _create_kwargs({"count": count}, lease, idempotency_key))
 
 
 def pause(env_id: str) -> Call[m.EnvironmentInfo]:

@@ -157,10 +157,13 @@ def create_app(
         return CreateGroupResponse(environments=created)
 
     @route(R.FORK, dependencies=auth, status_code=201, response_model=CreateGroupResponse)
-    async def fork(env_id: str, req: ForkRequest | None = Body(None)) -> CreateGroupResponse:
+    async def fork(env_id: str, req: ForkRequest | None = Body(None), idempotency_key: str | None = Header(
+            None, alias="Idempotency-Key", description="a retry with the same key returns the same children"),
+    ) -> CreateGroupResponse:
         """`count` new environments whose filesystem is this one's now (docs/fork.md)."""
         req = req or ForkRequest()
-        return CreateGroupResponse(environments=await call("fork", service.fork, env_id, req.count, req.lease))
+        options = {"idempotency_key": idempotency_key} if idempotency_key is not None else {}
+        return CreateGroupResponse(environments=await call("fork", service.fork, env_id, req.count, req.lease, **options))
 
     @route(R.PAUSE, dependencies=auth, response_model=EnvironmentInfo)
     async def pause(env_id: str) -> EnvironmentInfo:

@@ -459,13 +459,23 @@ class NodeService:
         except Exception:  # noqa: BLE001 - a layer left is collected by the next teardown or start
             log.exception("collecting fork layers failed")
 
-    def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
+    def fork(self, env_id: str, count: int = 1, lease: float | None = None,
+             idempotency_key: str | None = None) -> list[CreateResponse]:
         """`count` new environments whose filesystem is `env_id`'s at this instant (the parent
         is paused for the copy of its changes, then runs on unchanged). Children inherit the
-        plan (quotas, network policy, env, workdir), not the processes; all or none."""
+        plan (quotas, network policy, env, workdir), not the processes; all or none.
+        `idempotency_key`: a retry with it returns the same children (as for `create`)."""
+        lease = _check_lease(lease)
+        if idempotency_key is None:
+            return self._fork(env_id, count, lease)
+        group = self._keys.run(idempotency_key, fingerprint({"fork": env_id}, count, lease),
+                               lambda: self._fork(env_id, count, lease))
+        self.renew([c.id for c in group])  # a retry is a sign of life
+        return group
+
+    def _fork(self, env_id: str, count: int, lease: float | None) -> list[CreateResponse]:
         from rollstack.node.fanout import create_group
 
-        lease = _check_lease(lease)
         parent = self._running(env_id)
         if parent.internal:
             raise InvalidRequest(f"environment {env_id} is an evaluator: it cannot be forked")

@@ -125,6 +125,35 @@ def test_fork_destroy_cycles_leave_nothing(node) -> None:
     assert _forks(root) == [] and not any(leftovers(root).values()), leftovers(root)
 
 
+def test_a_retried_fork_with_its_key_returns_the_same_children(node) -> None:
+    """A fork whose answer was lost is retried with its Idempotency-Key (over HTTP): the same
+    children, no second cut; the same key for another request is a conflict; no key, new ones."""
+    root, service, client = node
+    parent = client.create(plan())
+    remember(root, parent.id)
+    try:
+        _sh(parent, "echo one > n.txt")
+        first = parent.fork(2, idempotency_key="fork-retry-1")
+        for k in first:
+            remember(root, k.id)
+        made = service.stages.forks.made
+        _sh(parent, "echo two > n.txt")
+        again = parent.fork(2, idempotency_key="fork-retry-1")
+        assert [k.id for k in again] == [k.id for k in first] and service.stages.forks.made == made
+        assert _sh(again[1], "cat n.txt") == "one\n"
+        with pytest.raises(errors.IdempotencyConflict):
+            parent.fork(3, idempotency_key="fork-retry-1")
+        with pytest.raises(errors.InvalidRequest):
+            parent.fork(1, idempotency_key="bad key")
+        other = parent.fork(1)
+        remember(root, other[0].id)
+        assert other[0].id not in {k.id for k in first} and _sh(other[0], "cat n.txt") == "two\n"
+        for k in [*first, *other]:
+            k.destroy()
+    finally:
+        parent.destroy()
+
+
 def test_pause_freezes_gives_quota_back_and_resume_thaws(node) -> None:
     root, service, client = node
     env = client.create(plan())
