@@ -4,6 +4,9 @@ A node agent (its own root on a small ext4 filesystem, so the disk can be filled
 busybox corpus (and `--image`, imported as a group) from a real registry. `--workers` threads
 run rollouts through the SDK for `--seconds`: create (a group of `--fanout` now and then),
 write a random file, read it back through `cat` and `read_file`, pipe it through `cat` on stdin,
+branch it now and then (`--branch`: a fork of 1 or 2 with an idempotency key, each child must
+see the file and keep its own writes; a pause and resume after which the file is still there;
+rarely a snapshot, an environment created from it that must see the file, and its deletion),
 fix the task, evaluate (a clean environment scores the diff), destroy. An E2B worker does the
 same through the unmodified `e2b` SDK. Retryable errors (`retryable` on the wire) are retried
 with backoff for up to `RETRY_FOR` seconds, as an RL driver would.
@@ -145,8 +148,43 @@ class Traffic:
             delay = min(2 * delay, 3.0)
 
 
+def _branch(traffic: Traffic, client: Any, env: Any, payload: str, rng: random.Random, rec: Rollout,
+            envs: list[Any]) -> None:
+    """Fork `env` (and now and then pause/resume or snapshot it), checking that `payload` (its
+    DATA file) is in every child, that a child's write stays its own, and that it survives."""
+    import uuid
+
+    def check(what: str, got: str) -> None:
+        rec.data_checked += 1
+        if got != payload:
+            rec.data_bad.append(f"{what}: {len(got)} bytes, want {len(payload)}")
+
+    kids = traffic.step("fork", env.fork, rng.choice((1, 2)), idempotency_key=f"chaos-{uuid.uuid4().hex}")
+    envs.extend(kids)
+    rec.env_ids.extend(k.id for k in kids)
+    for kid in kids:
+        check(f"{kid.id} fork of {env.id}", traffic.step("read_file", kid.read_file, DATA).decode())
+        traffic.step("write_file", kid.write_file, DATA, "the child's own")
+    check(f"{env.id} after its children wrote", traffic.step("read_file", env.read_file, DATA).decode())
+    if rng.random() < 0.5:
+        traffic.step("pause", env.pause)
+        traffic.step("resume", env.resume)
+        check(f"{env.id} paused and resumed", _ok(traffic.step("exec", env.exec, ["cat", DATA], timeout=60)))
+    if rng.random() < 0.05:
+        name = f"chaos-snap-{uuid.uuid4().hex[:12]}:1"
+        traffic.step("snapshot", env.snapshot, name)
+        try:
+            restored = traffic.step("create", client.create, name)
+            envs.append(restored)
+            rec.env_ids.append(restored.id)
+            check(f"{restored.id} from snapshot {name}",
+                  traffic.step("read_file", restored.read_file, DATA).decode())
+        finally:  # environments made from it run on (their layers are in the lazy store)
+            traffic.step("delete_snapshot", client.delete_snapshot, name)
+
+
 def _rollout(traffic: Traffic, client: Any, plan: dict[str, Any], rng: random.Random, worker: str,
-             fanout: int) -> Rollout:
+             fanout: int, branch: float = 0.0) -> Rollout:
     from rollstack.errors import RollstackError
 
     rec = Rollout(worker, time.monotonic())
@@ -157,7 +195,7 @@ def _rollout(traffic: Traffic, client: Any, plan: dict[str, Any], rng: random.Ra
             [traffic.step("create", client.create, plan)]
         envs.extend(made)
         rec.env_ids = [e.id for e in envs]
-        for env in envs:
+        for env in list(made):
             # text: an exec's output travels as text (bytes that are no UTF-8 are replaced)
             payload = rng.randbytes(rng.choice((512, 32768, 1 << 19))).hex()
             traffic.step("write_file", env.write_file, DATA, payload)
@@ -169,6 +207,8 @@ def _rollout(traffic: Traffic, client: Any, plan: dict[str, Any], rng: random.Ra
                                     ("stdin", piped, payload[:65536])):
                 if got != want:
                     rec.data_bad.append(f"{env.id} {what}: {len(got)} bytes, want {len(want)}")
+            if env is made[0] and rng.random() < branch:
+                _branch(traffic, client, env, payload, rng, rec, envs)
             if plan.get("evaluator"):
                 traffic.step("exec", env.exec, f"rm {DATA} && echo fixed > /work/app/hello.txt", timeout=60)
         if plan.get("evaluator"):  # a clean environment scores the first one's diff
@@ -290,7 +330,7 @@ def _sample(pid_fn: Any, samples: list[tuple[Any, ...]], stop: threading.Event, 
 
 
 def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str], fanout: int,
-              image: str | None, e2b: bool, root_mb: int, seed: int) -> dict[str, Any]:
+              image: str | None, e2b: bool, root_mb: int, seed: int, branch: float = 0.25) -> dict[str, Any]:
     from rollstack_bench.env import busybox_plan
     from rollstack_bench.report import current_command, machine_facts
     from rollstack.client import Client
@@ -343,7 +383,7 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
                   open_stream=_open_stream(config, token))
         threading.Thread(target=_sample, args=(rig.agent_pid, samples, stop, root / "envs"), daemon=True).start()
         end = t0 + seconds
-        threads = [threading.Thread(target=_worker, args=(traffic, config, token, plans, i, end, fanout),
+        threads = [threading.Thread(target=_worker, args=(traffic, config, token, plans, i, end, fanout, branch),
                                     name=f"chaos-{i}") for i in range(workers)]
         if e2b:
             opts = {"api_url": config.url(), "sandbox_url": config.url(), "api_key": token}
@@ -381,7 +421,8 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
     doc = {
         "command": current_command(), "machine": machine_facts(),
         "config": {"seconds": seconds, "workers": workers, "fault_every": fault_every, "faults": faults,
-                   "fanout": fanout, "image": image, "e2b": e2b, "root_mb": root_mb, "seed": seed},
+                   "fanout": fanout, "image": image, "e2b": e2b, "root_mb": root_mb, "seed": seed,
+                   "branch": branch},
         "requests": dict(traffic.requests), "failures": dict(traffic.failures),
         "rollouts": {"total": len(rollouts), "completed": sum(r.error is None for r in rollouts),
                      **attribute(rollouts, fault_log)},
@@ -415,13 +456,13 @@ def _publish_corpus(store: Any, work: Path) -> None:
 
 
 def _worker(traffic: Traffic, config: Any, token: str, plans: list[dict[str, Any]], i: int, end: float,
-            fanout: int) -> None:
+            fanout: int, branch: float) -> None:
     from rollstack.client import Client
 
     rng = random.Random(traffic.seed * 1000 + i)
     with Client(config.url(), token=token) as client:
         while time.monotonic() < end:
-            rec = _rollout(traffic, client, plans[i % len(plans)], rng, f"w{i}", fanout)
+            rec = _rollout(traffic, client, plans[i % len(plans)], rng, f"w{i}", fanout, branch)
             with traffic.lock:
                 traffic.rollouts.append(rec)
 
@@ -461,12 +502,14 @@ def register(app: typer.Typer) -> None:
         e2b: Annotated[bool, typer.Option("--e2b/--no-e2b", help="an E2B SDK worker too")] = True,
         root_mb: Annotated[int, typer.Option("--root-mb", help="size of the node root's filesystem")] = 3072,
         seed: Annotated[int, typer.Option("--seed")] = 1,
+        branch: Annotated[float, typer.Option("--branch", help="share of rollouts that fork their "
+                                              "environment (and pause/resume or snapshot it)")] = 0.25,
     ) -> None:
         """Faults under GRPO-shaped load: typed errors only, no data loss, nothing left."""
         from rollstack.cli.output import emit
 
         doc = run_bench(seconds, workers, fault_every, [f for f in faults.split(",") if f], fanout, image,
-                        e2b, root_mb, seed)
+                        e2b, root_mb, seed, branch)
         emit(doc, as_json, _human)
         if not doc["ok"]:
             raise typer.Exit(1)
