@@ -4,7 +4,8 @@ An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busy
 (`bench env`'s), or over an image (`--image`, imported first; commands run in /root). A parent environment writes a diff (`--files` files of `--file-kib` KiB each:
 10 MB in 1,000 files by default, then one `--big-mib` MiB file), and is forked:
 - `fork(1)` and `fork(8)` latency as the caller sees it (p50 over `--reps`), with the node's own
-  split: the parent's pause (the cut) and the copy of its upper;
+  split: the parent's pause (the cut), the copy of its upper, and the slowest child's start
+  (its `runc run`);
 - the same with the big diff;
 - `create(count=8)` beside `create()` of the same plan, the cost a fork replaces;
 - `--cycles` fork/destroy cycles, then what is left under the node root (must be nothing);
@@ -39,12 +40,14 @@ def _p50(xs: list[float]) -> float:
 
 
 def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
-    wall, pause, copy, memory = [], [], [], []
+    wall, pause, copy, memory, start = [], [], [], [], []
     for _ in range(reps):
         t = time.perf_counter()
         kids = parent.fork(count)
         wall.append(time.perf_counter() - t)
-        group = (kids[0].created.timings.group or {}) if kids[0].created else {}
+        timings = kids[0].created.timings if kids[0].created else None
+        group = (timings.group or {}) if timings else {}
+        start.append(max((k.created.timings.start or 0.0) for k in kids if k.created) if timings else 0.0)
         pause.append(float(group.get("fork_pause_s", 0.0)))
         copy.append(float(group.get("fork_copy_s", 0.0)))
         memory.append(float(group.get("fork_in_memory", 0.0)))
@@ -52,7 +55,7 @@ def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
             assert k.exec(["cat", "marker"]).stdout == "cut\n", "a child lost the parent's state"
             k.destroy()
     return {"count": count, "reps": reps, "p50_s": _p50(wall), "max_s": round(max(wall), 4),
-            "pause_p50_s": _p50(pause), "copy_p50_s": _p50(copy),
+            "pause_p50_s": _p50(pause), "copy_p50_s": _p50(copy), "child_start_p50_s": _p50(start),
             "layers_in_memory": f"{sum(m > 0 for m in memory)}/{len(memory)}"}
 
 
