@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXECD := native/build/rollstack-execd
 TREECP := native/build/rollstack-treecp
+CRIU := /usr/local/libexec/rollstack/criu
 # Harbor needs Python >= 3.12 (the project's venv is 3.11): its provider runs in a venv of its
 # own with this package's source on its path (docs/harbor.md)
 HARBOR_VENV := .venv-harbor
@@ -13,7 +14,7 @@ HARBOR_STAMP := $(HARBOR_VENV)/.installed
 
 .PHONY: setup demo test lint test-unit test-integration bench-quick clean
 
-setup: $(STAMP) $(EXECD) $(TREECP) $(HARBOR_STAMP)
+setup: $(STAMP) $(EXECD) $(TREECP) $(CRIU) $(HARBOR_STAMP)
 
 $(HARBOR_STAMP): requirements/harbor.txt
 	test -n "$(HARBOR_PY)" || { echo "setup: Harbor needs a Python 3.12 (pyenv install 3.12 or apt-get install python3.12)" >&2; exit 1; }
@@ -28,6 +29,12 @@ $(HARBOR_STAMP): requirements/harbor.txt
 $(EXECD) $(TREECP) &: native/execd/execd.c native/treecp/treecp.c native/build.sh scripts/setup-system.sh
 	bash scripts/setup-system.sh
 	bash native/build.sh
+
+# CRIU 4.1.1 for checkpointed pauses (docs/fork.md): Debian 12's criu cannot start on Linux 6.18
+$(CRIU): third_party/criu/build.sh scripts/setup-system.sh
+	bash scripts/setup-system.sh
+	bash third_party/criu/build.sh
+	touch $(CRIU)
 
 $(STAMP): pyproject.toml scripts/setup-system.sh third_party/pyfuse3/build.sh third_party/pyfuse3/rollstack.patch
 	bash scripts/setup-system.sh

@@ -4,7 +4,9 @@
  * Started by runc as the container's init (`/.rollstack/init`), with fd 3 a listening unix
  * socket that the node bound in the environment's host state dir (`runc run --preserve-fds 1`).
  * The socket is never visible inside the container's filesystem. Without such an fd execd is a
- * plain zombie reaper (like `catatonit -P`).
+ * plain zombie reaper (like `catatonit -P`). SIGUSR1 closes the listener for good (before a
+ * CRIU checkpoint, which cannot dump a socket the node made in its own network namespace): from
+ * then on the node runs commands with `runc exec`.
  *
  * Every exec is one connection. execd forks a "shim" per connection (a child subreaper, so the
  * command's whole tree, double-forked daemons included, stays below it); the shim reads the
@@ -53,12 +55,13 @@
 
 extern char **environ;
 
-static int sigfd_for(int signo_a, int signo_b, int signo_c) {
+static int sigfd_for(int signo_a, int signo_b, int signo_c, int signo_d) {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, signo_a);
     if (signo_b) sigaddset(&set, signo_b);
     if (signo_c) sigaddset(&set, signo_c);
+    if (signo_d) sigaddset(&set, signo_d);
     sigprocmask(SIG_BLOCK, &set, NULL);
     return signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 }
@@ -325,7 +328,7 @@ static void exec_command(struct request *rq, int errfd) {
 
 static void shim(int conn) {
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    int sigfd = sigfd_for(SIGCHLD, 0, 0);
+    int sigfd = sigfd_for(SIGCHLD, 0, 0, 0);
     static struct request rq;
     if (sigfd < 0 || read_request(conn, &rq) < 0) _exit(1);
     if (rq.cwd && chdir(rq.cwd) < 0) {
@@ -403,7 +406,7 @@ static void shim(int conn) {
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    int sigfd = sigfd_for(SIGCHLD, SIGTERM, SIGINT);
+    int sigfd = sigfd_for(SIGCHLD, SIGTERM, SIGINT, SIGUSR1);
     if (sigfd < 0) return 1;
     struct stat sb;
     int lfd = -1;
@@ -420,6 +423,10 @@ int main(int argc, char **argv) {
             struct signalfd_siginfo si;
             while (read(sigfd, &si, sizeof si) == sizeof si) {
                 if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) return 0;
+                if (si.ssi_signo == SIGUSR1 && lfd >= 0) { /* checkpoint ahead: stop listening */
+                    close(lfd);
+                    lfd = -1;
+                }
             }
             while (waitpid(-1, NULL, WNOHANG) > 0) {}
         }

@@ -77,9 +77,11 @@ def fork(
 
 @app.command("pause")
 def pause(env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt = None, token: TokenOpt = None,
-          as_json: JsonOpt = False) -> None:
+          as_json: JsonOpt = False,
+          checkpoint: Annotated[bool, typer.Option("--checkpoint", help="dump its processes to disk with "
+                                                   "CRIU and end them instead of freezing them")] = False) -> None:
     """Freeze ID's processes and give its quotas back to the node (docs/fork.md)."""
-    _set_state(env_id, "pause", node, token, as_json)
+    _set_state(env_id, "checkpoint" if checkpoint else "pause", node, token, as_json)
 
 
 @app.command("resume")
@@ -92,7 +94,7 @@ def resume(env_id: Annotated[str, typer.Argument(metavar="ID")], node: NodeOpt =
 def _set_state(env_id: str, call: str, node: str | None, token: str | None, as_json: bool) -> None:
     with node_client(node, token) as client:
         env = client.get(env_id)
-        info = env.pause() if call == "pause" else env.resume()
+        info = env.resume() if call == "resume" else env.pause("checkpoint" if call == "checkpoint" else "freeze")
     emit(info.model_dump(mode="json"), as_json, lambda d: stdout.print(f"{d['id']} {d['state']}"))
 
 

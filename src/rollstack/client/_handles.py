@@ -102,10 +102,12 @@ class Environment:
         must have been created with a network (any policy other than `none`, or `expose`)."""
         return self._service.set_network(self.id, network)
 
-    def pause(self) -> EnvironmentInfo:
+    def pause(self, mode: str = "freeze") -> EnvironmentInfo:
         """Freeze its processes and give its quotas back to the node (state `paused`); files
-        stay readable and writable, execs answer `environment_paused` until `resume`."""
-        return self._service.pause(self.id)
+        stay readable and writable, execs answer `environment_paused` until `resume`.
+        `mode="checkpoint"`: its processes are dumped to disk by CRIU and ended instead (no
+        memory held), `resume` restores them; runc only, execs go through `runc exec` after."""
+        return self._service.pause(self.id, mode)
 
     def resume(self) -> EnvironmentInfo:
         return self._service.resume(self.id)
@@ -182,9 +184,9 @@ class AsyncEnvironment:
         """`Environment.set_network`, awaited."""
         return await self._service.set_network(self.id, network)
 
-    async def pause(self) -> EnvironmentInfo:
+    async def pause(self, mode: str = "freeze") -> EnvironmentInfo:
         """`Environment.pause`, awaited."""
-        return await self._service.pause(self.id)
+        return await self._service.pause(self.id, mode)
 
     async def resume(self) -> EnvironmentInfo:
         return await self._service.resume(self.id)

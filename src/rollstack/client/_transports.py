@@ -81,8 +81,8 @@ class HttpService:
              idempotency_key: str | None = None) -> list[CreateResponse]:
         return self._do(routes.fork(env_id, count, lease, idempotency_key))
 
-    def pause(self, env_id: str) -> EnvironmentInfo:
-        return self._do(routes.pause(env_id))
+    def pause(self, env_id: str, mode: str = "freeze") -> EnvironmentInfo:
+        return self._do(routes.pause(env_id, mode))
 
     def resume(self, env_id: str) -> EnvironmentInfo:
         return self._do(routes.resume(env_id))
@@ -206,8 +206,8 @@ class AsyncHttpService:
                    idempotency_key: str | None = None) -> list[CreateResponse]:
         return await self._do(routes.fork(env_id, count, lease, idempotency_key))
 
-    async def pause(self, env_id: str) -> EnvironmentInfo:
-        return await self._do(routes.pause(env_id))
+    async def pause(self, env_id: str, mode: str = "freeze") -> EnvironmentInfo:
+        return await self._do(routes.pause(env_id, mode))
 
     async def resume(self, env_id: str) -> EnvironmentInfo:
         return await self._do(routes.resume(env_id))
@@ -317,8 +317,8 @@ class ThreadedService:
     async def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
         return await self._run(self.service.fork, env_id, count, lease)
 
-    async def pause(self, env_id: str) -> EnvironmentInfo:
-        return await self._run(self.service.pause, env_id)
+    async def pause(self, env_id: str, mode: str = "freeze") -> EnvironmentInfo:
+        return await self._run(self.service.pause, env_id, mode)
 
     async def resume(self, env_id: str) -> EnvironmentInfo:
         return await self._run(self.service.resume, env_id)

@@ -84,12 +84,15 @@ def fork(env_id: str, count: int = 1, lease: float | None = None,
                 _create_kwargs({"count": count}, lease, idempotency_key))
 
 
-def pause(env_id: str) -> Call[m.EnvironmentInfo]:
-    return Call(R.PAUSE.method, R.PAUSE.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
+def pause(env_id: str, mode: str = "freeze") -> Call[m.EnvironmentInfo]:
+    """`mode`: freeze (in memory) or checkpoint (CRIU, to disk); long for a big environment."""
+    return Call(R.PAUSE.method, R.PAUSE.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content),
+                {"json": {"mode": mode}, "timeout": request_timeout(None)})
 
 
 def resume(env_id: str) -> Call[m.EnvironmentInfo]:
-    return Call(R.RESUME.method, R.RESUME.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content))
+    return Call(R.RESUME.method, R.RESUME.path(env_id=env_id), lambda r: m.EnvironmentInfo.model_validate_json(r.content),
+                {"timeout": request_timeout(None)})
 
 
 def snapshot(env_id: str, name: str) -> Call[m.Snapshot]:

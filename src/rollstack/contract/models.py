@@ -49,6 +49,18 @@ class NetworkRequest(BaseModel):
     network: Any
 
 
+PAUSE_MODES = ("freeze", "checkpoint")
+
+
+class PauseRequest(BaseModel):
+    """`POST /v1/environments/{id}/pause`: `freeze` (default: its processes frozen in memory by
+    the cgroup freezer) or `checkpoint` (dumped to disk by CRIU and ended: no memory held;
+    `resume` restores the same processes; runc only). docs/fork.md."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["freeze", "checkpoint"] = "freeze"
+
+
 class ForkRequest(BaseModel):
     """`POST /v1/environments/{id}/fork`: `count` new environments whose filesystem is the
     parent's at this instant (the parent runs on unchanged); processes are not carried over.
@@ -276,6 +288,9 @@ class EnvironmentInfo(_Wire):
     lease_remaining: float | None = None
     """Seconds until the lease lapses unless renewed."""
     quotas: Quotas = Field(default_factory=Quotas)
+    pause_mode: str | None = None
+    """While paused: `freeze` (its processes frozen in memory) or `checkpoint` (dumped to disk
+    by CRIU and ended; `resume` restores them). None otherwise."""
 
 
 class EnvironmentList(_Wire):

@@ -29,6 +29,7 @@ from rollstack.errors import InternalError, InvalidRequest, RollstackError, Unau
 from rollstack.contract.models import (
     CreateGroupResponse,
     ForkRequest,
+    PauseRequest,
     NetworkRequest,
     Snapshot,
     SnapshotInfo,
@@ -166,9 +167,10 @@ def create_app(
         return CreateGroupResponse(environments=await call("fork", service.fork, env_id, req.count, req.lease, **options))
 
     @route(R.PAUSE, dependencies=auth, response_model=EnvironmentInfo)
-    async def pause(env_id: str) -> EnvironmentInfo:
-        """Freeze its processes and give its quotas back to admission (docs/fork.md)."""
-        return await call("pause", service.pause, env_id)
+    async def pause(env_id: str, req: PauseRequest | None = Body(None)) -> EnvironmentInfo:
+        """Freeze its processes (or checkpoint them to disk) and give its quotas back to
+        admission (docs/fork.md)."""
+        return await call("pause", service.pause, env_id, (req or PauseRequest()).mode)
 
     @route(R.RESUME, dependencies=auth, response_model=EnvironmentInfo)
     async def resume(env_id: str) -> EnvironmentInfo:

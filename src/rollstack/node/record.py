@@ -45,6 +45,9 @@ class EnvRecord:
     """An evaluator environment the node created for itself (not listed)."""
     paused: bool = False
     """Its processes are frozen and its quotas given back to admission (`NodeService.pause`)."""
+    checkpointed: bool = False
+    """Paused by a CRIU checkpoint (`pause(mode="checkpoint")`): its processes are dumped to disk
+    and ended, not frozen in memory (rollstack.run.checkpoint)."""
     on_timeout: str = "destroy"
     """What the reaper does at the end of its lifetime: `destroy`, or `pause` (it then stays
     paused `NodeConfig.paused_ttl` more, until resumed with a new timeout, or destroyed)."""
@@ -112,6 +115,8 @@ class EnvRecord:
             doc["destroying"] = True  # a restart finishes the destroy instead of adopting
         if self.paused:
             doc["paused"] = True  # frozen in the kernel: adopted as paused
+        if self.checkpointed:
+            doc["checkpointed"] = True  # dumped to disk: adopted without a container
         if self.on_timeout != "destroy":
             doc["on_timeout"] = self.on_timeout
         if self.timeout_paused:
@@ -134,4 +139,5 @@ class EnvRecord:
             lease=self.lease,
             lease_remaining=None if self.lease_until is None
             else round(max(0.0, self.lease_until - time.monotonic()), 3),
+            pause_mode=("checkpoint" if self.checkpointed else "freeze") if self.paused else None,
         )

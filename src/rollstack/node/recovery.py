@@ -117,7 +117,10 @@ def adopt_or_clean(runtime, records: dict[str, dict], can_adopt: bool) -> tuple[
                 continue
             try:
                 env = runtime.open(env_id)
-                running = env.status() == "running" and overlay.is_mounted(env.rootfs)
+                mounted = overlay.is_mounted(env.rootfs)
+                # a checkpointed one has no container: its processes are on disk (run.checkpoint)
+                running = mounted and (env.status() == "running" or (
+                    bool(doc.get("checkpointed")) and (env.dir / "checkpoint").is_dir()))
             except Exception:  # noqa: BLE001 - half built or half destroyed when the agent died:
                 # cleaned up below like any other leftover; one environment never stops a start
                 log.warning("environment %s cannot be re-adopted; cleaning it up", env_id, exc_info=True)

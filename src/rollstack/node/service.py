@@ -143,6 +143,7 @@ class NodeService:
                         started_mono=time.monotonic() - age, fork_layers=env.fork_layers)
         rec.renew(doc.get("lease"))  # a full lease from now: the client gets to renew it
         rec.paused = bool(doc.get("paused"))
+        rec.checkpointed = rec.paused and bool(doc.get("checkpointed"))
         rec.on_timeout = "pause" if doc.get("on_timeout") == "pause" else "destroy"
         rec.timeout_paused = bool(doc.get("timeout_paused"))
         rec.event("adopted")
@@ -595,17 +596,25 @@ class NodeService:
             raise EnvironmentPaused(f"environment {env_id} is paused: resume it first")
         return rec
 
-    def pause(self, env_id: str) -> EnvironmentInfo:
-        """Freeze the environment's processes (the cgroup freezer) and give its quotas back to
-        admission; files stay readable and writable. Idempotent."""
+    def pause(self, env_id: str, mode: str = "freeze") -> EnvironmentInfo:
+        """Freeze the environment's processes (the cgroup freezer), or with `mode="checkpoint"`
+        dump them to disk with CRIU and end them (rollstack.run.checkpoint), and give its quotas
+        back to admission; files stay readable and writable. Idempotent for the same mode."""
+        from rollstack.contract.models import PAUSE_MODES
+
+        if mode not in PAUSE_MODES:
+            raise InvalidRequest(f"pause mode must be one of {', '.join(PAUSE_MODES)}, not {mode!r}")
         rec = self._get(env_id)
         stages = self._stages()
         with rec.lock:
             self._live(rec)
+            if rec.paused and rec.checkpointed != (mode == "checkpoint"):
+                held = "checkpointed" if rec.checkpointed else "frozen"
+                raise InvalidRequest(f"environment {env_id} is paused ({held}): resume it before a {mode}")
             if not rec.paused:
-                stages.pause(rec)
-                rec.paused = True
-                rec.event("paused")
+                done = stages.pause(rec, mode)
+                rec.paused, rec.checkpointed = True, mode == "checkpoint"
+                rec.event("paused", mode=mode, **done)
                 if not rec.internal:
                     recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
         return rec.info(self._quotas(rec))
@@ -618,9 +627,9 @@ class NodeService:
         with rec.lock:
             self._live(rec)
             if rec.paused:
-                stages.resume(rec)
-                rec.paused = False
-                rec.event("resumed")
+                done = stages.resume(rec)
+                rec.paused = rec.checkpointed = False
+                rec.event("resumed", **done)
                 if not rec.internal:
                     recovery.save_record(self.config.root, rec.id, rec.recovery_doc())
         return rec.info(self._quotas(rec))

@@ -546,29 +546,64 @@ class Stages:
             _try([], self.provisioner.unregister, rec.id)
         if rec.runtime is not None:
             _try([], rec.runtime.kill_init)
-            if rec.paused:  # a frozen process dies of its SIGKILL once thawed
+            if rec.paused and not rec.checkpointed:  # a frozen process dies of its SIGKILL once thawed
                 _try([], rec.runtime.resume)
 
-    def pause(self, rec: EnvRecord) -> None:
-        """Freeze `rec`'s processes, then give its quotas back to admission."""
+    def pause(self, rec: EnvRecord, mode: str = "freeze") -> dict[str, float]:
+        """Freeze `rec`'s processes (or checkpoint them: rollstack.run.checkpoint), then give its
+        quotas back to admission. A checkpoint leaves the provisioner first (its cgroup goes
+        with the processes) and rejoins it if CRIU refuses (the environment runs on)."""
         assert rec.runtime is not None
-        rec.runtime.pause()
+        if mode != "checkpoint":
+            rec.runtime.pause()
+            if self.provisioner is not None:
+                self.provisioner.unregister(rec.id)
+            return {}
+        from rollstack.run.checkpoint import checkpoint
+
+        criu = self._criu()
         if self.provisioner is not None:
             self.provisioner.unregister(rec.id)
+        try:
+            return checkpoint(rec.runtime, criu)
+        except BaseException:
+            if self.provisioner is not None:
+                self._register(rec, check_admission=False)
+            raise
 
-    def resume(self, rec: EnvRecord) -> None:
-        """Take `rec`'s quotas back through admission (InsufficientCapacity: it stays frozen),
-        then thaw it."""
+    def resume(self, rec: EnvRecord) -> dict[str, float]:
+        """Take `rec`'s quotas back through admission (InsufficientCapacity: it stays paused),
+        then thaw it (or restore its checkpoint)."""
         assert rec.runtime is not None
         if self.provisioner is not None:
-            r = rec.plan.resources
-            self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory)
+            self._register(rec)
         try:
-            rec.runtime.resume()
+            if not rec.checkpointed:
+                rec.runtime.resume()
+                return {}
+            from rollstack.run.checkpoint import restore
+
+            return restore(rec.runtime, self._criu())
         except BaseException:
             if self.provisioner is not None:
                 self.provisioner.unregister(rec.id)
             raise
+
+    def _register(self, rec: EnvRecord, check_admission: bool = True) -> None:
+        assert self.provisioner is not None
+        r = rec.plan.resources
+        self.provisioner.register(rec.id, f"{CGROUP_PARENT}/{rec.id}", r.cpu, r.memory, r.max_cpu, r.max_memory,
+                                  check_admission=check_admission)
+
+    @staticmethod
+    def _criu() -> str:
+        from rollstack.run.checkpoint import find_criu
+
+        criu = find_criu()
+        if criu is None:
+            raise InvalidRequest("checkpoints need CRIU, which this node lacks (`make setup` builds it: "
+                                 "third_party/criu/build.sh)")
+        return criu
 
     def teardown(self, rec: EnvRecord) -> None:
         """Undo whatever part of `build` happened. Raises if something could not be reclaimed."""

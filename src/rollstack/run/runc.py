@@ -159,6 +159,39 @@ class Runc:
     def resume(self, container_id: str) -> None:
         self._run("resume", container_id)
 
+    def checkpoint(self, container_id: str, images: Path, work: Path, criu: str, timeout: float = 300.0) -> None:
+        """`runc checkpoint`: CRIU dumps the container's processes into `images` and runc
+        deletes the container (its mounts and network namespace stay the caller's)."""
+        self._criu(criu, timeout, work, "dump.log", "checkpoint", "--image-path", str(images),
+                   "--work-path", str(work), container_id)
+
+    def restore(self, container_id: str, bundle: Path, images: Path, work: Path, criu: str,
+                timeout: float = 300.0) -> int:
+        """`runc restore -d` of a checkpoint: the same processes back in a container of the same
+        id and bundle; returns its init's host pid (written to `<bundle>/init.pid` as at run)."""
+        pid_file = Path(bundle) / "init.pid"
+        pid_file.unlink(missing_ok=True)
+        self._criu(criu, timeout, work, "restore.log", "restore", "-d", "--image-path", str(images),
+                   "--work-path", str(work), "--pid-file", str(pid_file), "--bundle", str(bundle), container_id)
+        return int(pid_file.read_text().strip())
+
+    def _criu(self, criu: str, timeout: float, work: Path, log_name: str, *args: str) -> None:
+        """runc with `--criu`; a failure names CRIU's own last errors (from its log in `work`)."""
+        cmd = [self.binary, "--root", str(self.root), "--criu", criu, *args]
+        try:
+            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeFailure(f"runc {args[0]} timed out after {timeout}s") from e
+        if proc.returncode != 0:
+            try:
+                log = (Path(work) / log_name).read_text(errors="replace")
+            except OSError:
+                log = ""
+            errors = [ln.strip() for ln in log.splitlines() if "Error" in ln][-3:]
+            err = proc.stderr.decode(errors="replace").strip()
+            raise RuntimeFailure(f"runc {args[0]} failed: {'; '.join(errors) or _message(err)}",
+                                 returncode=proc.returncode, stderr=err[-2000:], criu_log=log[-4000:])
+
     def delete(self, container_id: str, force: bool = False) -> None:
         self._run("delete", *(["--force"] if force else []), container_id)
 

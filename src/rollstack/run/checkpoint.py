@@ -1,0 +1,127 @@
+"""CRIU checkpoints of a runc environment: `pause(mode="checkpoint")` (docs/fork.md).
+
+`checkpoint(env, criu)` dumps every process of the environment into `<env dir>/checkpoint` with
+CRIU (`runc checkpoint`) and ends them: the environment keeps its files, mounts and network
+namespace, and holds no memory, CPU or pid until `restore(env, criu)` (`runc restore`) brings the
+same processes back on this node (their memory, pids inside, open files, cwd; a background
+server goes on where it was). A checkpointed environment is marked in its meta.json
+(`is_checkpointed`), so a restarted node agent re-adopts it without a container.
+
+The exec agent (rollstack-execd, PID 1) stops listening for good first (SIGUSR1): its listening
+socket was made by the node in the host's network namespace, which CRIU cannot dump (`Unix
+socket ... not found`). Execs of the environment go through `runc exec` from then on (the
+socket file is removed, so the exec path falls back at once).
+
+What CRIU refuses is raised as RuntimeFailure with CRIU's own last errors (e.g. an exec in
+flight: its pipes and connection lead out of the environment); CRIU thaws the processes then,
+and the environment runs on (without its agent). gVisor sandboxes are not checkpointed here.
+
+CRIU itself is built by `make setup` (third_party/criu/build.sh: Debian 12's criu cannot start
+on this kernel); `find_criu` finds it ($ROLLSTACK_CRIU, then /usr/local/libexec/rollstack/criu).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.run import agent, teardown
+
+if TYPE_CHECKING:
+    from rollstack.run.handle import Environment
+
+IMAGES_DIR = "checkpoint"
+WORK_DIR = "checkpoint-work"
+CRIU_PATHS = ("/usr/local/libexec/rollstack/criu",)
+AGENT_STOP_TIMEOUT = 10.0
+LISTEN_FD = 3
+"""rollstack-execd's listening socket (native/execd/execd.c LISTEN_FD)."""
+
+
+def find_criu() -> str | None:
+    """The CRIU binary checkpoints use, or None (then `pause(mode="checkpoint")` answers
+    `invalid_request` saying so)."""
+    for path in (os.environ.get("ROLLSTACK_CRIU"), *CRIU_PATHS):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def is_checkpointed(env: "Environment") -> bool:
+    return bool(env.meta().get("checkpointed"))
+
+
+def checkpoint(env: "Environment", criu: str) -> dict[str, float]:
+    """Dump and end `env`'s processes (see the module doc); {"seconds", "bytes"} of the dump."""
+    if env.runtime_name != "runc":
+        raise InvalidRequest(f"environment {env.id} runs on {env.runtime_name}: checkpoints need runc")
+    t0 = time.perf_counter()
+    _stop_agent(env)
+    images, work = env.dir / IMAGES_DIR, env.dir / WORK_DIR
+    for d in (images, work):
+        shutil.rmtree(d, ignore_errors=True)
+    images.mkdir(mode=0o755)  # a user-namespaced restore reads it as the container's root
+    images.chmod(0o755)
+    init = env._init_pid()
+    try:
+        env.engine.checkpoint(env.id, images, work, criu)
+    except BaseException:
+        shutil.rmtree(images, ignore_errors=True)
+        raise
+    if init is not None:
+        teardown.reap(init)  # the node is its subreaper: the ended init is our zombie
+    (env.bundle / "init.pid").unlink(missing_ok=True)  # that pid is no longer ours
+    meta = env.meta()
+    meta["checkpointed"] = True
+    env._write_meta(meta)
+    size = sum(p.stat().st_size for p in images.iterdir() if p.is_file())
+    return {"seconds": round(time.perf_counter() - t0, 6), "bytes": float(size)}
+
+
+def restore(env: "Environment", criu: str) -> dict[str, float]:
+    """The checkpointed processes back (`runc restore`); the dump is removed after."""
+    t0 = time.perf_counter()
+    images, work = env.dir / IMAGES_DIR, env.dir / WORK_DIR
+    if not images.is_dir():
+        raise RuntimeFailure(f"environment {env.id} has no checkpoint to restore", path=str(images))
+    shutil.rmtree(work, ignore_errors=True)
+    env.pid = env.engine.restore(env.id, env.bundle, images, work, criu)
+    meta = env.meta()
+    meta.pop("checkpointed", None)
+    env._write_meta(meta)
+    shutil.rmtree(images, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return {"seconds": round(time.perf_counter() - t0, 6)}
+
+
+def _stop_agent(env: "Environment") -> None:
+    """rollstack-execd closes its listener (SIGUSR1; it is its fd 3); returns once that fd is
+    gone, then removes the socket file. No-op without an agent (no socket)."""
+    path = agent.socket_path(env.dir)
+    if not path.exists():
+        return
+    pid = env._init_pid()
+    if pid is None or not env.init_alive():
+        raise RuntimeFailure(f"environment {env.id} has no running init to checkpoint")
+    listener = _fd_target(pid, LISTEN_FD)
+    if listener.startswith("socket:"):
+        os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + AGENT_STOP_TIMEOUT
+        while _fd_target(pid, LISTEN_FD) == listener:
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"the exec agent of {env.id} still listens {AGENT_STOP_TIMEOUT:.0f} s "
+                                     "after it was asked to stop")
+            time.sleep(0.002)
+    path.unlink(missing_ok=True)
+
+
+def _fd_target(pid: int, fd: int) -> str:
+    """What /proc/PID/fd/FD points at ("" when it is not open)."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return ""

@@ -1,0 +1,180 @@
+"""Checkpointed pauses (`pause(mode="checkpoint")`, rollstack.run.checkpoint), as root on real
+runc, CRIU (built by `make setup`), overlayfs and the lazy store: the processes are dumped and
+ended, files stay usable, `resume` brings the same processes back where they were; a restarted
+agent re-adopts a checkpointed environment; what CRIU refuses leaves the environment running."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from node_helpers import leftovers, plan, remember, serve_node
+from rollstack import Client, errors
+from rollstack.node.config import NodeConfig
+from rollstack.node.service import NodeService
+from rollstack.run import checkpoint as ckpt
+
+pytestmark = pytest.mark.integration
+TOKEN = "checkpoint-token"
+COUNTER = ("setsid sh -c 'echo $$ > /tmp/pid; i=0; while true; do i=$((i+1)); echo $i > /tmp/count; "
+           "sleep 0.05; done' </dev/null >/dev/null 2>&1 & while [ ! -s /tmp/count ]; do sleep 0.01; done")
+
+
+@pytest.fixture(scope="module")
+def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
+    assert ckpt.find_criu() is not None, "CRIU is not built: `make setup` (third_party/criu/build.sh)"
+    root = tmp_path_factory.mktemp("checkpoint-root")
+    with serve_node(root, corpus, TOKEN, max_environments=8, reap_interval=0.5) as (service, server):
+        with Client(server.url, token=TOKEN, lease=None) as client:
+            yield root, service, client
+
+
+def _processes_of(env_id: str) -> list[int]:
+    """Host pids whose cgroup names the environment (its processes, wherever they are)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if env_id in Path(f"/proc/{pid}/cgroup").read_text():
+                pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def _count(env) -> int:
+    return int(env.read_file("/tmp/count").decode().strip() or 0)
+
+
+def _grows(env, above: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (n := _count(env)) <= above:
+        assert time.monotonic() < deadline, f"the counter stayed at {n}"
+        time.sleep(0.05)
+    return n
+
+
+@pytest.mark.parametrize("userns", [False, True])
+def test_checkpoint_ends_the_processes_and_resume_brings_them_back(node, userns: bool) -> None:
+    root, service, client = node
+    env = client.create(plan(security={"userns": userns}))
+    remember(root, env.id)
+    try:
+        assert env.exec(["/bin/sh", "-c", COUNTER]).exit_code == 0
+        pid = env.read_file("/tmp/pid")
+        info = env.pause("checkpoint")
+        assert (info.state, info.pause_mode) == ("paused", "checkpoint")
+        assert _processes_of(env.id) == []  # on disk, not in memory
+        frozen = _count(env)
+        time.sleep(0.3)
+        assert _count(env) == frozen
+        env.write_file("/tmp/note", "written while checkpointed\n")  # files stay usable
+        with pytest.raises(errors.EnvironmentPaused):
+            env.exec(["true"])
+        with pytest.raises(errors.EnvironmentPaused):
+            env.fork()
+        with pytest.raises(errors.InvalidRequest):
+            env.pause()  # frozen is another mode: resume first
+        assert env.pause("checkpoint").pause_mode == "checkpoint"  # idempotent
+        info = env.resume()
+        assert (info.state, info.pause_mode) == ("running", None)
+        _grows(env, frozen)  # the same loop goes on where it was
+        assert env.read_file("/tmp/pid") == pid
+        r = env.exec(["/bin/sh", "-c", "cat /tmp/note; kill -0 $(cat /tmp/pid) && echo alive"])
+        assert r.stdout == "written while checkpointed\nalive\n", r
+        again = env.pause("checkpoint")  # a second cycle, the agent already gone
+        assert again.pause_mode == "checkpoint" and env.resume().state == "running"
+        _grows(env, _count(env))
+    finally:
+        env.destroy()
+
+
+def test_destroying_a_checkpointed_environment_leaves_nothing(node) -> None:
+    root, service, client = node
+    env = client.create(plan())
+    remember(root, env.id)
+    env.exec(["/bin/sh", "-c", COUNTER])
+    env.pause("checkpoint")
+    env.destroy()
+    service.wait_destroyed(60)
+    assert not (root / "envs" / env.id).exists() and _processes_of(env.id) == []
+
+
+def test_what_criu_refuses_leaves_it_running(node) -> None:
+    """An exec in flight (its connection and pipes lead to the node): CRIU refuses, the error is
+    typed, the environment runs on (execs now through runc exec) and can be checkpointed later."""
+    root, service, client = node
+    env = client.create(plan())
+    remember(root, env.id)
+    try:
+        env.exec(["/bin/sh", "-c", COUNTER])
+        result: list = []
+        busy = threading.Thread(target=lambda: result.append(env.exec(["/bin/sh", "-c", "sleep 3; echo done"])))
+        busy.start()
+        time.sleep(0.5)
+        with pytest.raises(errors.RuntimeFailure):
+            env.pause("checkpoint")
+        busy.join(30)
+        assert result and result[0].stdout == "done\n"
+        assert env.info().state == "running" and service.stages.provisioner.quotas(env.id)
+        _grows(env, _count(env))
+        assert env.exec(["echo", "runc exec"]).stdout == "runc exec\n"
+        assert env.pause("checkpoint").pause_mode == "checkpoint"
+        env.resume()
+        _grows(env, _count(env))
+    finally:
+        env.destroy()
+
+
+def test_bad_modes_and_a_node_without_criu(node, monkeypatch) -> None:
+    root, service, client = node
+    env = client.create(plan())
+    remember(root, env.id)
+    try:
+        with pytest.raises(errors.InvalidRequest):
+            service.pause(env.id, "hibernate")
+        monkeypatch.setattr(ckpt, "find_criu", lambda: None)
+        with pytest.raises(errors.InvalidRequest, match="CRIU"):
+            env.pause("checkpoint")
+        assert env.info().state == "running" and env.exec(["true"]).exit_code == 0
+    finally:
+        env.destroy()
+
+
+def test_a_restarted_agent_readopts_a_checkpointed_environment(corpus: str, tmp_path: Path) -> None:
+    root = tmp_path / "restart"
+    first = NodeService(NodeConfig(root=root, store=corpus))
+    first.start()
+    env_id = first.create(plan()).id
+    remember(root, env_id)
+    first.exec(env_id, _req(COUNTER))
+    first.pause(env_id, "checkpoint")
+    frozen = int(first.read_file(env_id, "/tmp/count").decode())
+    first._stopping.set()  # a crash: no teardown (the reaper and provisioner die with it)
+    if first.stages is not None and first.stages.provisioner is not None:
+        first.stages.provisioner.stop()
+    if first.stages is not None and first.stages.lowers.erofs is not None:
+        first.stages.lowers.erofs.wait_idle(60)
+    second = NodeService(NodeConfig(root=root, store=corpus))
+    second.start()
+    try:
+        info = second.info(env_id)
+        assert (info.state, info.pause_mode) == ("paused", "checkpoint")
+        second.resume(env_id)
+        deadline = time.monotonic() + 30
+        while int(second.read_file(env_id, "/tmp/count").decode()) <= frozen:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert second.exec(env_id, _req("echo back")).stdout == "back\n"
+    finally:
+        second.stop()
+    assert not any(leftovers(root).values()), leftovers(root)
+
+
+def _req(command: str):
+    from rollstack.contract.models import ExecRequest
+
+    return ExecRequest(command=command)
