@@ -11,7 +11,8 @@ An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busy
 - `--cycles` fork/destroy cycles, then what is left under the node root (must be nothing);
 - the parent's `exec true` p50 while nothing else runs, right after the cuts (the children's
   teardowns still running beside it) and once they are done (what the cuts left on the parent);
-- `pause()` / `resume()` p50 through the SDK (in-process node);
+- `pause()` / `resume()` p50 through the SDK (in-process node), and `pause("checkpoint")` /
+  `resume()` with a process running in the parent (CRIU; its dump size; that it goes on);
 - `snapshot()` of the parent with both diffs, then a second node with an empty root over the same
   store creating from it (cold) and running a first exec;
 - a task whose setup burns `--setup-seconds` of CPU: its group of `--group` with the setup run
@@ -77,6 +78,31 @@ def _exec_p50(env: Any, n: int = 20) -> float:
         env.exec(["true"])
         xs.append(time.perf_counter() - t)
     return _p50(xs)
+
+
+def _checkpoints(node: Any, parent: Any, reps: int) -> dict[str, Any]:
+    """`pause("checkpoint")` / `resume()` of the parent with a process running in it (CRIU dumps
+    and restores it; the parent's execs go through runc exec from the first one on)."""
+    from rollstack.run.checkpoint import find_criu
+
+    if find_criu() is None:
+        return {"skipped": "no CRIU (make setup builds it)"}
+    parent.exec(["/bin/sh", "-c", "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/bench-count; "
+                 "sleep 0.05; done' </dev/null >/dev/null 2>&1 &"])
+    pauses, resumes, sizes = [], [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        parent.pause("checkpoint")
+        t1 = time.perf_counter()
+        sizes.append(next(e.get("bytes", 0.0) for e in reversed(node.service._get(parent.id).events)
+                          if e["type"] == "paused"))
+        parent.resume()
+        pauses.append(t1 - t)
+        resumes.append(time.perf_counter() - t1)
+    alive = parent.exec(["/bin/sh", "-c", "a=$(cat /tmp/bench-count); sleep 0.3; b=$(cat /tmp/bench-count); "
+                         "[ $b -gt $a ] && echo yes"]).stdout.strip() == "yes"
+    return {"pause_p50_s": _p50(pauses), "resume_p50_s": _p50(resumes), "dump_bytes_p50": _p50(sizes),
+            "reps": reps, "process_goes_on": alive}
 
 
 def _snapshot_and_restore(parent: Any, store: str, root2: Path, log: Any) -> dict[str, Any]:
@@ -207,6 +233,7 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
                 pauses.append(t1 - t)
                 resumes.append(time.perf_counter() - t1)
             doc["pause_resume"] = {"pause_p50_s": _p50(pauses), "resume_p50_s": _p50(resumes), "reps": reps}
+            doc["checkpoint"] = _checkpoints(node, parent, max(2, reps // 3))
         finally:
             parent.destroy()
         one, eight = [], []
@@ -260,6 +287,10 @@ def _human(doc: dict[str, Any]) -> None:
           f"{doc['parent_exec_after_cuts_quiet_p50_s'] * 1e3:.1f} ms")
     pr = doc["pause_resume"]
     print(f"pause p50 {pr['pause_p50_s'] * 1e3:.1f} ms, resume p50 {pr['resume_p50_s'] * 1e3:.1f} ms (through the SDK)")
+    ck = doc["checkpoint"]
+    if "skipped" not in ck:
+        print(f"checkpoint (CRIU) p50 {ck['pause_p50_s'] * 1e3:.0f} ms ({ck['dump_bytes_p50'] / 2**20:.1f} MiB dumped), "
+              f"restore p50 {ck['resume_p50_s'] * 1e3:.0f} ms; its process goes on: {ck['process_goes_on']}")
     if "setup" in doc:
         su = doc["setup"]
         print(f"group of {su['group']} with a {su['setup_seconds']} s CPU setup: once + fork {su['setup_once_then_fork_s']} s, "
