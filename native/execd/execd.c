@@ -4,9 +4,10 @@
  * Started by runc as the container's init (`/.rollstack/init`), with fd 3 a listening unix
  * socket that the node bound in the environment's host state dir (`runc run --preserve-fds 1`).
  * The socket is never visible inside the container's filesystem. Without such an fd execd is a
- * plain zombie reaper (like `catatonit -P`). SIGUSR1 closes the listener for good (before a
- * CRIU checkpoint, which cannot dump a socket the node made in its own network namespace): from
- * then on the node runs commands with `runc exec`.
+ * plain zombie reaper (like `catatonit -P`). SIGUSR1 from outside the environment's pid
+ * namespace closes the listener for good (before a CRIU checkpoint, which cannot dump a socket
+ * the node made in its own network namespace): from then on the node runs commands with
+ * `runc exec`.
  *
  * Every exec is one connection. execd forks a "shim" per connection (a child subreaper, so the
  * command's whole tree, double-forked daemons included, stays below it); the shim reads the
@@ -423,7 +424,9 @@ int main(int argc, char **argv) {
             struct signalfd_siginfo si;
             while (read(sigfd, &si, sizeof si) == sizeof si) {
                 if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) return 0;
-                if (si.ssi_signo == SIGUSR1 && lfd >= 0) { /* checkpoint ahead: stop listening */
+                /* checkpoint ahead: stop listening; only the node's word counts (a sender outside
+                 * this pid namespace reads as pid 0; the environment's own processes cannot) */
+                if (si.ssi_signo == SIGUSR1 && si.ssi_pid == 0 && lfd >= 0) {
                     close(lfd);
                     lfd = -1;
                 }

@@ -10,9 +10,14 @@
  * (trusted.overlay.* included) and hard links inside the tree. Nothing is ever followed: the
  * walk goes by directory descriptors with O_NOFOLLOW, so a symlink in SRC is copied as a link.
  *
- * Exit status: 0 done; 1 a failure (stderr: "rollstack-treecp: PATH: strerror", so "No space
- * left on device" reads as such); 2 bad usage; 3 a tree this tool does not take (deeper than its
- * descriptors allow, a hard link whose path is too long): the caller copies with cp -a instead.
+ * The source may be a live upper (a diff of a running environment): a regular file is opened
+ * non-blocking and must still be the inode it was stat'ed as (a file swapped for a device node or
+ * a fifo meanwhile fails the copy instead of reading the device or blocking).
+ *
+ * Exit status: 0 done; 1 a failure (stderr: "rollstack-treecp: PATH: strerror"); 2 bad usage;
+ * 3 a tree this tool does not take (deeper than its descriptors or its stack allow, a hard link
+ * whose path is too long): the caller copies with cp -a instead; 4 the destination is full
+ * (ENOSPC, EDQUOT).
  * On failure DST is left for the caller to remove (it copies into a temporary name).
  */
 #define _GNU_SOURCE
@@ -34,6 +39,9 @@
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 #define EXIT_UNSUPPORTED 3
+#define EXIT_FULL 4
+#define STACK_PER_LEVEL 1024 /* bytes of stack a level may take (~300 measured), with margin */
+#define MAX_DEPTH 65536
 #define BUF_SIZE (256 * 1024)
 #define XATTR_LIST_MAX_ 65536
 #define XATTR_SIZE_MAX_ 65536
@@ -49,7 +57,7 @@ static char buf[BUF_SIZE];
 static void fail(const char *what, int err) {
     fprintf(stderr, "rollstack-treecp: %s%s%s: %s\n", rel_len ? rel : ".", what[0] ? ": " : "", what,
             strerror(err));
-    exit(err == ENAMETOOLONG ? EXIT_UNSUPPORTED : EXIT_FAIL);
+    exit(err == ENAMETOOLONG ? EXIT_UNSUPPORTED : err == ENOSPC || err == EDQUOT ? EXIT_FULL : EXIT_FAIL);
 }
 
 static void unsupported(const char *why) {
@@ -133,7 +141,7 @@ static void copy_xattrs(int sfd, int dfd, int sdir, const char *sname, int ddir,
             fail(k, errno);
         }
         int r = dfd >= 0 ? fsetxattr(dfd, k, value, n, 0) : lsetxattr(dpath, k, value, n, 0);
-        if (r < 0) fail(k, errno);
+        if (r < 0 && errno != ENOTSUP) fail(k, errno); /* a namespace the target lacks: as cp -a */
     }
 }
 
@@ -219,9 +227,17 @@ static void copy_entry(int sdir, const char *sname, int ddir, const char *dname,
         close(s);
         close(d);
     } else if (S_ISREG(st.st_mode)) {
-        int s = openat(sdir, sname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOATIME);
-        if (s < 0 && errno == EPERM) s = openat(sdir, sname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        int s = openat(sdir, sname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOATIME);
+        if (s < 0 && errno == EPERM) s = openat(sdir, sname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
         if (s < 0) fail("open", errno);
+        struct stat opened;
+        if (fstat(s, &opened) < 0) fail("stat", errno);
+        if (!S_ISREG(opened.st_mode) || opened.st_ino != st.st_ino || opened.st_dev != st.st_dev) {
+            errno = 0;
+            fail("replaced while being copied", EAGAIN);
+        }
+        st.st_size = opened.st_size;
+        st.st_blocks = opened.st_blocks;
         mode_t made = st.st_mode & 0777;
         int d = openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, made);
         if (d < 0) fail("create", errno); /* writable whatever `made` says: O_CREAT made it */
@@ -294,6 +310,11 @@ int main(int argc, char **argv) {
     }
     getrlimit(RLIMIT_NOFILE, &rl);
     max_depth = rl.rlim_cur > 64 ? (int)((rl.rlim_cur - 32) / 2) : 16; /* two fds per level */
+    if (max_depth > MAX_DEPTH) max_depth = MAX_DEPTH;
+    struct rlimit stack; /* and the stack's room for the recursion (a deeper tree: exit 3) */
+    if (getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY &&
+        (rlim_t)max_depth > stack.rlim_cur / STACK_PER_LEVEL)
+        max_depth = (int)(stack.rlim_cur / STACK_PER_LEVEL);
     umask(0);
     euid = geteuid();
     egid = getegid();

@@ -314,8 +314,10 @@ class ThreadedService:
         options = {k: v for k, v in (("lease", lease), ("idempotency_key", idempotency_key)) if v is not None}
         return await self._run(self.service.create_many, plan, count, **options)
 
-    async def fork(self, env_id: str, count: int = 1, lease: float | None = None) -> list[CreateResponse]:
-        return await self._run(self.service.fork, env_id, count, lease)
+    async def fork(self, env_id: str, count: int = 1, lease: float | None = None,
+                   idempotency_key: str | None = None) -> list[CreateResponse]:
+        options = {"idempotency_key": idempotency_key} if idempotency_key is not None else {}
+        return await self._run(self.service.fork, env_id, count, lease, **options)
 
     async def pause(self, env_id: str, mode: str = "freeze") -> EnvironmentInfo:
         return await self._run(self.service.pause, env_id, mode)

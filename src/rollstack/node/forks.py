@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -36,6 +35,7 @@ from typing import Any, Callable, Iterable
 from rollstack.errors import DiskFull
 from rollstack.host import libc
 from rollstack.host.mountinfo import is_mounted
+from rollstack.host.tree import remove_tree
 from rollstack.run.snapshot import copy_upper, tree_size
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class ForkLayers:
             t3 = time.perf_counter()
         except BaseException:
             self.settle(layer)
-            shutil.rmtree(layer, ignore_errors=True)
+            remove_tree(layer)
             raise
         with self._lock:
             self.made += 1
@@ -191,7 +191,7 @@ class ForkLayers:
                     base = child.with_name(child.name.removesuffix(".tmp"))
                     if child == self.mem or child in keep or (child.name.endswith(".tmp") and base in self._pending):
                         continue
-                    shutil.rmtree(child, ignore_errors=True)
+                    remove_tree(child)
                     gone.append(child)
             self.removed += len(gone)
         if gone:

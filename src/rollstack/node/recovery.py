@@ -100,6 +100,31 @@ def load_records(root: Path) -> dict[str, dict]:
     return out
 
 
+def _as_found(env, doc: dict) -> dict | None:
+    """The record of a mounted environment corrected by what is on the machine (its container's
+    state and checkpoint), or None when there is nothing to adopt. The agent may have died at any
+    step: in a fork's cut (the container frozen, the record not paused: thawed here), between a
+    checkpoint and its record (the images and meta.json say so), or between a restore and its
+    record (the processes run again: adopted running, the images removed)."""
+    from rollstack.host.tree import remove_tree
+    from rollstack.run import checkpoint
+
+    status = env.status()
+    if status == "paused" and not doc.get("paused"):
+        env.resume()  # frozen by a cut the crash interrupted
+        status = "running"
+    if status in ("running", "paused"):
+        if doc.get("checkpointed") or checkpoint.is_checkpointed(env):
+            checkpoint.forget(env)
+            remove_tree(env.dir / checkpoint.IMAGES_DIR)
+            doc = {**doc, "paused": status == "paused"}
+            doc.pop("checkpointed", None)
+        return doc
+    if (env.dir / checkpoint.IMAGES_DIR).is_dir() and (doc.get("checkpointed") or checkpoint.is_checkpointed(env)):
+        return {**doc, "paused": True, "checkpointed": True}  # its processes are on disk
+    return None
+
+
 def adopt_or_clean(runtime, records: dict[str, dict], can_adopt: bool) -> tuple[list, object]:
     """Re-open the running environments that have a record (if `can_adopt`), destroy the rest.
 
@@ -117,15 +142,12 @@ def adopt_or_clean(runtime, records: dict[str, dict], can_adopt: bool) -> tuple[
                 continue
             try:
                 env = runtime.open(env_id)
-                mounted = overlay.is_mounted(env.rootfs)
-                # a checkpointed one has no container: its processes are on disk (run.checkpoint)
-                running = mounted and (env.status() == "running" or (
-                    bool(doc.get("checkpointed")) and (env.dir / "checkpoint").is_dir()))
+                doc = _as_found(env, doc) if overlay.is_mounted(env.rootfs) else None
             except Exception:  # noqa: BLE001 - half built or half destroyed when the agent died:
                 # cleaned up below like any other leftover; one environment never stops a start
                 log.warning("environment %s cannot be re-adopted; cleaning it up", env_id, exc_info=True)
                 continue
-            if running:
+            if doc is not None:
                 adopted.append((env, doc))
     keep = {env.id for env, _ in adopted}
     for env_id in sorted((set(left.envs) | set(left.containers)) - keep):

@@ -160,7 +160,8 @@ class NodeService:
         the caller destroys it like any expired environment."""
         log.info("environment %s reached its timeout; pausing (on_timeout: pause)", rec.id)
         try:
-            self.pause(rec.id)
+            if not rec.paused:  # paused already (frozen or checkpointed by its client): kept so
+                self.pause(rec.id)
         except Exception as exc:  # noqa: BLE001 - counted; the reaper goes on
             rec.pause_failures += 1
             log.warning("pausing %s at its timeout failed (%d of %d): %s", rec.id, rec.pause_failures,

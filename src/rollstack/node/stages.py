@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from rollstack.errors import (EnvironmentGone, EnvironmentNotFound, InsufficientCapacity, InvalidRequest, NodeUnavailable,
+from rollstack.errors import (EnvironmentGone, EnvironmentNotFound, EnvironmentPaused, InsufficientCapacity, InvalidRequest,
+                              NodeUnavailable,
                               UnsafePath)
 from rollstack.node.config import NodeConfig
 from rollstack.host.cgroups import CGROUP_PARENT, oom_counter_file, oom_kill_count
@@ -416,6 +417,8 @@ class Stages:
         with rec.lock:
             if rec.state != st.RUNNING or rec.runtime is None:
                 raise EnvironmentGone(f"environment {rec.id} is {rec.state}: it cannot be forked")
+            if rec.paused:  # paused since the caller looked: a cut would thaw (or miss) it
+                raise EnvironmentPaused(f"environment {rec.id} is paused: resume it first")
             env = rec.runtime
             layer, cut = self.forks.freeze(env)
             lowers, forks = env.lowers, env.fork_layers

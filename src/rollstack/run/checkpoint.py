@@ -23,16 +23,19 @@ on this kernel); `find_criu` finds it ($ROLLSTACK_CRIU, then /usr/local/libexec/
 from __future__ import annotations
 
 import os
-import shutil
+import logging
 import signal
 import time
 from typing import TYPE_CHECKING
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.host.tree import remove_tree
 from rollstack.run import agent, teardown
 
 if TYPE_CHECKING:
     from rollstack.run.handle import Environment
+
+log = logging.getLogger(__name__)
 
 IMAGES_DIR = "checkpoint"
 WORK_DIR = "checkpoint-work"
@@ -63,23 +66,35 @@ def checkpoint(env: "Environment", criu: str) -> dict[str, float]:
     _stop_agent(env)
     images, work = env.dir / IMAGES_DIR, env.dir / WORK_DIR
     for d in (images, work):
-        shutil.rmtree(d, ignore_errors=True)
+        remove_tree(d)
     images.mkdir(mode=0o755)  # a user-namespaced restore reads it as the container's root
     images.chmod(0o755)
     init = env._init_pid()
     try:
         env.engine.checkpoint(env.id, images, work, criu)
     except BaseException:
-        shutil.rmtree(images, ignore_errors=True)
+        remove_tree(images)
         raise
+    # dumped and ended: from here on nothing may fail (the caller marks it checkpointed)
     if init is not None:
         teardown.reap(init)  # the node is its subreaper: the ended init is our zombie
     (env.bundle / "init.pid").unlink(missing_ok=True)  # that pid is no longer ours
-    meta = env.meta()
-    meta["checkpointed"] = True
-    env._write_meta(meta)
-    size = sum(p.stat().st_size for p in images.iterdir() if p.is_file())
+    try:
+        meta = env.meta()
+        meta["checkpointed"] = True
+        env._write_meta(meta)
+        size = sum(p.stat().st_size for p in images.iterdir() if p.is_file())
+    except OSError:  # a full disk: the node's record says checkpointed as well (node.recovery)
+        log.exception("recording the checkpoint of %s in its meta.json failed", env.id)
+        size = 0
     return {"seconds": round(time.perf_counter() - t0, 6), "bytes": float(size)}
+
+
+def forget(env: "Environment") -> None:
+    """Drop the checkpointed mark from meta.json (its processes run again)."""
+    meta = env.meta()
+    if meta.pop("checkpointed", None) is not None:
+        env._write_meta(meta)
 
 
 def restore(env: "Environment", criu: str) -> dict[str, float]:
@@ -88,13 +103,11 @@ def restore(env: "Environment", criu: str) -> dict[str, float]:
     images, work = env.dir / IMAGES_DIR, env.dir / WORK_DIR
     if not images.is_dir():
         raise RuntimeFailure(f"environment {env.id} has no checkpoint to restore", path=str(images))
-    shutil.rmtree(work, ignore_errors=True)
+    remove_tree(work)
     env.pid = env.engine.restore(env.id, env.bundle, images, work, criu)
-    meta = env.meta()
-    meta.pop("checkpointed", None)
-    env._write_meta(meta)
-    shutil.rmtree(images, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
+    forget(env)
+    remove_tree(images)
+    remove_tree(work)
     return {"seconds": round(time.perf_counter() - t0, 6)}
 
 
@@ -109,7 +122,8 @@ def _stop_agent(env: "Environment") -> None:
         raise RuntimeFailure(f"environment {env.id} has no running init to checkpoint")
     listener = _fd_target(pid, LISTEN_FD)
     if listener.startswith("socket:"):
-        os.kill(pid, signal.SIGUSR1)
+        if not teardown.signal_init(env, signal.SIGUSR1):
+            raise RuntimeFailure(f"environment {env.id}'s init is gone: nothing to checkpoint")
         deadline = time.monotonic() + AGENT_STOP_TIMEOUT
         while _fd_target(pid, LISTEN_FD) == listener:
             if time.monotonic() > deadline:

@@ -178,10 +178,16 @@ class Runc:
     def _criu(self, criu: str, timeout: float, work: Path, log_name: str, *args: str) -> None:
         """runc with `--criu`; a failure names CRIU's own last errors (from its log in `work`)."""
         cmd = [self.binary, "--root", str(self.root), "--criu", criu, *args]
-        try:
-            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            raise RuntimeFailure(f"runc {args[0]} timed out after {timeout}s") from e
+        # a session of its own: a timeout ends runc and its `criu swrk` child together
+        with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True) as child:
+            try:
+                out, errb = child.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired as e:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.communicate()
+                raise RuntimeFailure(f"runc {args[0]} timed out after {timeout}s") from e
+        proc = subprocess.CompletedProcess(cmd, child.returncode, out, errb)
         if proc.returncode != 0:
             try:
                 log = (Path(work) / log_name).read_text(errors="replace")

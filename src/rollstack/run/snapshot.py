@@ -27,6 +27,7 @@ import subprocess
 from pathlib import Path
 
 from rollstack.errors import DiskFull, RuntimeFailure
+from rollstack.host.tree import remove_tree
 from rollstack.run.initbin import find_native
 from rollstack.run.lowerview import OPAQUE_XATTR
 
@@ -35,42 +36,45 @@ log = logging.getLogger(__name__)
 COPY_TIMEOUT = 600.0
 TREECP_NAME = "rollstack-treecp"
 _TREECP_UNSUPPORTED = 3
+_TREECP_FULL = 4
 
 
 def copy_upper(upper: Path, dst: Path) -> None:
     """Copy `upper` to `dst` (which must not exist); its size is `tree_size(dst)` (not taken
     here: the caller holds the environment frozen for the copy alone)."""
     tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_tree(tmp)
     try:
         _cp(upper, tmp)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
     os.rename(tmp, dst)
 
 
 def tree_size(root: Path) -> dict[str, int]:
-    files = size = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            files += 1
-            try:
-                size += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
-    return {"files": files, "bytes": size}
+    """{"files", "bytes"}: the entries under `root` that are not directories, and their sizes.
+    GNU find walks it (any depth: os.walk recurses per level and an environment's upper can be
+    deeper than Python's recursion limit)."""
+    proc = subprocess.run(["find", str(root), "-mindepth", "1", "!", "-type", "d", "-printf", "%s\\n"],
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=COPY_TIMEOUT)
+    sizes = proc.stdout.split()
+    return {"files": len(sizes), "bytes": sum(int(s) for s in sizes)}
 
 
 def merge_uppers(layers: list[Path], dst: Path) -> None:
-    """`layers` (upper dirs, top first) merged into `dst` (must not exist) with overlay rules."""
+    """`layers` (upper dirs, top first) merged into `dst` (must not exist) with overlay rules.
+    A tree deeper than Python's recursion limit is a RuntimeFailure."""
     if not layers:
         dst.mkdir()
         return
     *above, bottom = layers
     _cp(bottom, dst)
-    for layer in reversed(above):
-        _apply(layer, dst)
+    try:
+        for layer in reversed(above):
+            _apply(layer, dst)
+    except RecursionError:
+        raise RuntimeFailure(f"the changes in {layers[0]} are nested too deep to merge", path=str(layers[0])) from None
 
 
 def _is_whiteout(st: os.stat_result) -> bool:
@@ -86,7 +90,7 @@ def _opaque(path: Path) -> bool:
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        remove_tree(path)
     elif os.path.lexists(path):
         path.unlink()
 
@@ -124,9 +128,9 @@ def _cp(src: Path, dst: Path) -> None:
     if treecp is not None:
         proc = _run([treecp, str(src), str(dst)], src)
         if proc.returncode != _TREECP_UNSUPPORTED:
-            return _check(proc, src)
+            return _check(proc, src, treecp=True)
         log.info("%s: %s; copying with cp -a", TREECP_NAME, proc.stderr.decode(errors="replace").strip())
-        shutil.rmtree(dst, ignore_errors=True)
+        _remove(dst)
     _check(_run(["cp", "-a", "--no-target-directory", str(src), str(dst)], src), src)
 
 
@@ -137,18 +141,24 @@ def _run(argv: list[str], src: Path) -> subprocess.CompletedProcess[bytes]:
         raise RuntimeFailure(f"copying {src} took over {COPY_TIMEOUT:.0f} s", path=str(src)) from None
 
 
-def _check(proc: subprocess.CompletedProcess[bytes], src: Path) -> None:
+def _check(proc: subprocess.CompletedProcess[bytes], src: Path, treecp: bool = False) -> None:
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace")[-500:]
-        if "No space left on device" in err or "Disk quota exceeded" in err:
+        full = proc.returncode == _TREECP_FULL if treecp else ("No space left on device" in err or
+                                                               "Disk quota exceeded" in err)
+        if full:
             raise DiskFull(f"copying {src}: the node's disk is full")
         raise RuntimeFailure(f"copying {src} failed: {err}", path=str(src))
 
 
 def unshift_tree(root: Path, base: int) -> int:
     """Owners inside a user-namespaced environment's id range (host `base`..) back to what the
-    environment sees (0..), in place; the entries changed."""
-    paths = [str(root)] + [os.path.join(d, n) for d, dirs, files in os.walk(root) for n in (*dirs, *files)]
+    environment sees (0..), in place; the entries changed. A tree deeper than Python's
+    recursion limit is a RuntimeFailure."""
+    try:
+        paths = [str(root)] + [os.path.join(d, n) for d, dirs, files in os.walk(root) for n in (*dirs, *files)]
+    except RecursionError:
+        raise RuntimeFailure(f"{root} is nested too deep to shift its owners", path=str(root)) from None
     changed = 0
     for path in paths:
         st = os.lstat(path)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollstack.errors import RuntimeFailure
+from rollstack.host.tree import remove_tree
 from rollstack.host import fdwait
 from rollstack.run import cgroupfs, overlay, procs
 from rollstack.run import userns as uns
@@ -25,8 +26,13 @@ if TYPE_CHECKING:
 
 def kill_init(env: "Environment") -> bool:
     """SIGKILL the environment's PID 1 without runc (the kernel then ends its whole pid
-    namespace); cheap, for asynchronous destroys. Only a process that is still in this
-    environment's cgroup is signalled (through a pidfd: no pid-reuse race). True if sent."""
+    namespace); cheap, for asynchronous destroys. True if sent."""
+    return signal_init(env, signal.SIGKILL)
+
+
+def signal_init(env: "Environment", sig: int) -> bool:
+    """Send `sig` to the environment's PID 1, only if that process is still in this
+    environment's cgroup (through a pidfd: no pid-reuse race). True if sent."""
     pid = env._init_pid()
     if pid is None:
         return False
@@ -38,7 +44,7 @@ def kill_init(env: "Environment") -> bool:
         if f"/{env.runtime.config.cgroup_parent.strip('/')}/{env.id}" not in \
                 Path(f"/proc/{pid}/cgroup").read_text():
             return False
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        signal.pidfd_send_signal(fd, sig)
         return True
     except OSError:
         return False
@@ -102,7 +108,7 @@ def destroy(env: "Environment") -> None:
     if any(overlay.is_mounted(d) for d in idmaps):
         net_left = True  # never rmtree through a mount
     if env.dir.exists() and not overlay.is_mounted(env.rootfs) and not net_left:
-        shutil.rmtree(env.dir, ignore_errors=True)
+        remove_tree(env.dir)  # any depth: an environment's upper can be deeper than rmtree goes
     if env.dir.exists() or errors:
         raise RuntimeFailure(f"destroy of {env.id} incomplete: {'; '.join(errors)}",
                              errors=errors)

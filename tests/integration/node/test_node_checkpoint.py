@@ -112,12 +112,17 @@ def test_what_criu_refuses_leaves_it_running(node) -> None:
     try:
         env.exec(["/bin/sh", "-c", COUNTER])
         result: list = []
-        busy = threading.Thread(target=lambda: result.append(env.exec(["/bin/sh", "-c", "sleep 3; echo done"])))
+        busy = threading.Thread(target=lambda: result.append(env.exec(
+            ["/bin/sh", "-c", "touch /tmp/busy; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo done"], timeout=120)))
         busy.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while not env.exec(["/bin/sh", "-c", "test -e /tmp/busy && echo y || true"]).stdout:
+            assert time.monotonic() < deadline, "the busy exec never started"
+            time.sleep(0.05)
         with pytest.raises(errors.RuntimeFailure):
-            env.pause("checkpoint")
-        busy.join(30)
+            env.pause("checkpoint")  # the busy exec is connected to the node all along
+        env.write_file("/tmp/go", "")
+        busy.join(120)
         assert result and result[0].stdout == "done\n"
         assert env.info().state == "running" and service.stages.provisioner.quotas(env.id)
         _grows(env, _count(env))
@@ -144,26 +149,40 @@ def test_bad_modes_and_a_node_without_criu(node, monkeypatch) -> None:
         env.destroy()
 
 
-def test_a_restarted_agent_readopts_a_checkpointed_environment(corpus: str, tmp_path: Path) -> None:
+def _crash(service: NodeService) -> None:
+    """What an agent crash leaves: no teardown (its reaper and provisioner die with it)."""
+    service._stopping.set()
+    if service.stages is not None and service.stages.provisioner is not None:
+        service.stages.provisioner.stop()
+    if service.stages is not None and service.stages.lowers.erofs is not None:
+        service.stages.lowers.erofs.wait_idle(60)
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "freeze", "cut"])
+def test_a_restarted_agent_readopts_a_paused_environment(corpus: str, tmp_path: Path, mode: str) -> None:
+    """Checkpointed or frozen, it is adopted paused and resumes; frozen by a fork's cut that the
+    crash interrupted (the record not paused), it is thawed at adoption."""
     root = tmp_path / "restart"
     first = NodeService(NodeConfig(root=root, store=corpus))
     first.start()
     env_id = first.create(plan()).id
     remember(root, env_id)
     first.exec(env_id, _req(COUNTER))
-    first.pause(env_id, "checkpoint")
+    if mode == "cut":
+        first._get(env_id).runtime.pause()  # the freezer written, the agent dies before the thaw
+    else:
+        first.pause(env_id, mode)
     frozen = int(first.read_file(env_id, "/tmp/count").decode())
-    first._stopping.set()  # a crash: no teardown (the reaper and provisioner die with it)
-    if first.stages is not None and first.stages.provisioner is not None:
-        first.stages.provisioner.stop()
-    if first.stages is not None and first.stages.lowers.erofs is not None:
-        first.stages.lowers.erofs.wait_idle(60)
+    _crash(first)
     second = NodeService(NodeConfig(root=root, store=corpus))
     second.start()
     try:
         info = second.info(env_id)
-        assert (info.state, info.pause_mode) == ("paused", "checkpoint")
-        second.resume(env_id)
+        if mode == "cut":
+            assert (info.state, info.pause_mode) == ("running", None)
+        else:
+            assert (info.state, info.pause_mode) == ("paused", mode)
+            second.resume(env_id)
         deadline = time.monotonic() + 30
         while int(second.read_file(env_id, "/tmp/count").decode()) <= frozen:
             assert time.monotonic() < deadline

@@ -125,6 +125,45 @@ def test_fork_destroy_cycles_leave_nothing(node) -> None:
     assert _forks(root) == [] and not any(leftovers(root).values()), leftovers(root)
 
 
+def _read_deep(root: Path, parts: list[str]) -> bytes:
+    """A file below a path longer than PATH_MAX, one directory descriptor at a time."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+        try:
+            return os.read(leaf, 100)
+        finally:
+            os.close(leaf)
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_deeper_than_the_copy_and_rmtree_go_forks_and_leaves_nothing(node) -> None:
+    """5,000 nested directories (an environment can make them): rollstack-treecp hands such a tree
+    to cp -a, and shutil.rmtree's recursion limit to rm -rf (host.tree), so the fork works and
+    destroying both leaves nothing."""
+    root, service, client = node
+    parent = client.create(plan())
+    remember(root, parent.id)
+    try:  # five 1,000-deep trees moved into one another (each path stays under PATH_MAX)
+        _sh(parent, "p=$(i=0; while [ $i -lt 1000 ]; do printf d/; i=$((i+1)); done); "
+                    "for t in 1 2 3 4 5; do mkdir -p t$t/$p || exit 1; done; echo bottom > t5/${p}f; "
+                    "for t in 5 4 3 2; do mv t$t t$((t-1))/$p || exit 1; done")
+        kid = parent.fork()[0]
+        remember(root, kid.id)
+        parts = [p for t in range(1, 6) for p in [f"t{t}", *["d"] * 1000]] + ["f"]
+        assert _read_deep(service._get(kid.id).runtime.rootfs / "work" / "app", parts) == b"bottom\n"
+        kid.destroy()
+    finally:
+        parent.destroy()
+    service.wait_destroyed(120)
+    assert _forks(root) == [] and not any(leftovers(root).values()), leftovers(root)
+
+
 def test_a_retried_fork_with_its_key_returns_the_same_children(node) -> None:
     """A fork whose answer was lost is retried with its Idempotency-Key (over HTTP): the same
     children, no second cut; the same key for another request is a conflict; no key, new ones."""
