@@ -7,6 +7,7 @@ and in runc. Teardown is rollstack.run.teardown.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import tempfile
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Mapping, S
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.host import atomic, cgroups
+from rollstack.host.tree import remove_tree
 from rollstack.run import agent, cgroupfs, overlay, teardown
 from rollstack.run import userns as uns
 from rollstack.run.diff import DEFAULT_EXCLUDES, LowerView, upper_diff
@@ -310,15 +312,25 @@ class Environment:
         if not self.upper.is_dir():
             raise EnvironmentGone(f"environment {self.id} has no upper dir")
         forks = self.fork_layers
-        if not forks:
-            return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes,
-                              binary=binary)
-        # forked: its changes are its upper over the uppers it was forked from, against the base
-        with tempfile.TemporaryDirectory(dir=self.dir, prefix="diff-") as tmp:
-            merged = Path(tmp) / "upper"
-            merge_uppers([self.upper, *forks], merged)
-            base_lowers = self.lowers[len(forks):]
-            return upper_diff(merged, LowerView(base_lowers), base=base, excludes=excludes, binary=binary)
+        try:
+            if not forks:
+                return upper_diff(self.upper, LowerView(self.lowers), base=base, excludes=excludes,
+                                  binary=binary)
+            # forked: its changes are its upper over the uppers it was forked from, against the base
+            tmp = Path(tempfile.mkdtemp(dir=self.dir, prefix="diff-"))
+            try:
+                merged = tmp / "upper"
+                merge_uppers([self.upper, *forks], merged)
+                base_lowers = self.lowers[len(forks):]
+                return upper_diff(merged, LowerView(base_lowers), base=base, excludes=excludes, binary=binary)
+            finally:
+                remove_tree(tmp)  # any depth (tempfile's cleanup is shutil.rmtree)
+        except RecursionError:  # an environment can nest directories deeper than the walk goes
+            raise RuntimeFailure(f"the changes of {self.id} are nested too deep to diff") from None
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+            raise RuntimeFailure(f"the changes of {self.id} are nested too deep to diff: {e}") from None
 
     def update(self, cpu: float | None = None, memory: int | None = None) -> None:
         self.engine.update(self.id, cpu=cpu, memory=memory)

@@ -157,6 +157,10 @@ def test_a_tree_deeper_than_the_copy_and_rmtree_go_forks_and_leaves_nothing(node
         remember(root, kid.id)
         parts = [p for t in range(1, 6) for p in [f"t{t}", *["d"] * 1000]] + ["f"]
         assert _read_deep(service._get(kid.id).runtime.rootfs / "work" / "app", parts) == b"bottom\n"
+        for env in (parent, kid):  # deeper than the diff's walk goes: a typed error, nothing left
+            with pytest.raises(errors.RuntimeFailure, match="too deep"):
+                env.diff()
+        assert [p.name for p in (root / "envs" / kid.id).iterdir() if p.name.startswith("diff-")] == []
         kid.destroy()
     finally:
         parent.destroy()

@@ -32,6 +32,7 @@ class FakeService(OffloadedExec):
         self.last_exec: ExecRequest | None = None
         self.leases: dict[str, float] = {}
         self.paused: set[str] = set()
+        self.pause_modes: dict[str, str] = {}
         self.snapshots: dict[str, dict[str, bytes]] = {}
         self.renewals: list[list[str]] = []
         self.keys: dict[str, CreateResponse] = {}
@@ -76,9 +77,10 @@ class FakeService(OffloadedExec):
             self.envs[c.id] = dict(files)
         return made
 
-    def pause(self, env_id: str) -> EnvironmentInfo:
+    def pause(self, env_id: str, mode: str = "freeze") -> EnvironmentInfo:
         self._env(env_id)
         self.paused.add(env_id)
+        self.pause_modes[env_id] = mode
         return self.info(env_id)
 
     def resume(self, env_id: str) -> EnvironmentInfo:

@@ -106,6 +106,8 @@ def test_fork(node: FakeService, plan_file, capsys) -> None:
 def test_pause_resume(node: FakeService, plan_file, capsys) -> None:
     env_id = json.loads(run(capsys, "env", "create", str(plan_file), "--json")[1])["id"]
     code, out, _ = run(capsys, "env", "pause", env_id)
-    assert code == 0 and out.split() == [env_id, "paused"]
+    assert code == 0 and out.split() == [env_id, "paused"] and node.pause_modes[env_id] == "freeze"
     code, out, _ = run(capsys, "env", "resume", env_id, "--json")
     assert code == 0 and json.loads(out)["state"] == "running"
+    code, out, _ = run(capsys, "env", "pause", env_id, "--checkpoint")
+    assert code == 0 and node.pause_modes[env_id] == "checkpoint"
