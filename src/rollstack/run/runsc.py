@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -94,9 +95,8 @@ class Runsc(Runc):
             cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE_SYSCTL_NET, "sh", *cmd]
         err_path = Path(bundle) / "runsc.stderr"  # a file: the sandbox inherits it (a pipe would never close)
         try:
-            with open(err_path, "wb") as err_file:
-                proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=err_file, timeout=timeout)
+            with open(err_path, "wb") as err_file, open(_private_null(Path(bundle)), "r+b", buffering=0) as null:
+                proc = subprocess.run(cmd, stdin=null, stdout=null, stderr=err_file, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             raise RuntimeFailure(f"runsc run {container_id} timed out after {timeout}s") from e
         except FileNotFoundError as e:
@@ -172,8 +172,9 @@ class Runsc(Runc):
         # forwarding signals to the command's process group (-g); its not-PID-1 warning muted.
         args += ["-env", "TINI_VERBOSITY=0", container_id, EXEC_WRAPPER_PATH, "-g", "--", *argv]
         t0 = time.monotonic()
-        proc = subprocess.Popen(self._cmd(*args), stdin=subprocess.PIPE if stdin is not None
-                                else subprocess.DEVNULL, stdout=subprocess.PIPE,
+        # stdin is always a pipe of ours (closed at once without input): runsc hands the command's
+        # stdio to the sandbox's user with fchown, which must never meet the host's /dev/null
+        proc = subprocess.Popen(self._cmd(*args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         return _pump(proc, stdin, timeout, output_limit, on_output, t0)
 
@@ -181,9 +182,10 @@ class Runsc(Runc):
 def _pump(proc: subprocess.Popen, stdin: bytes | None, timeout: float | None, limit: int,
           on_output: OnOutput | None, t0: float) -> ExecResult:
     """Feed stdin, collect stdout/stderr (each capped at `limit`), enforce the timeout."""
-    if stdin is not None and proc.stdin is not None:
+    if proc.stdin is not None:
         try:
-            proc.stdin.write(stdin)
+            if stdin is not None:
+                proc.stdin.write(stdin)
         except BrokenPipeError:
             pass
         proc.stdin.close()
@@ -225,3 +227,14 @@ def _stop(proc: subprocess.Popen, grace: float = 1.0) -> None:
         proc.wait(grace)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _private_null(bundle: Path) -> Path:
+    """A null device node of the environment's own (`<bundle>/null`, 1:3, 0666): the sandbox's
+    stdio. runsc hands its stdio to the sandbox's user (nobody) with fchown, so given the host's
+    /dev/null it would chown the host's /dev/null; this node goes with the bundle."""
+    null = bundle / "null"
+    if not null.exists():
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(null, 0o666)
+    return null

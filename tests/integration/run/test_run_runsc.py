@@ -42,6 +42,19 @@ def test_runs_under_gvisor_with_the_same_api(gvisor_env):
     assert env.exec("cat /work/from-host").stdout == b"hi"
 
 
+def test_the_hosts_dev_null_stays_as_it_was(gvisor_env):
+    """runsc hands its stdio to the sandbox's user: it must not be the host's /dev/null (it was:
+    gVisor environments chowned it to nobody)."""
+    import os
+
+    before = os.stat("/dev/null")
+    env = gvisor_env()
+    assert env.exec("echo ok").stdout == b"ok\n"
+    after = os.stat("/dev/null")
+    assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+    assert (after.st_uid, after.st_gid) == (0, 0)
+
+
 def test_quotas_are_the_sandbox_cgroup(gvisor_env):
     env = gvisor_env(memory=256 << 20, cpu=1)
     dirs = cgroupfs.env_cgroup_dirs(env.id, env.runtime.config.cgroup_parent)
