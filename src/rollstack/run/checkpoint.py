@@ -67,8 +67,8 @@ def checkpoint(env: "Environment", criu: str) -> dict[str, float]:
     images, work = env.dir / IMAGES_DIR, env.dir / WORK_DIR
     for d in (images, work):
         remove_tree(d)
-    images.mkdir(mode=0o755)  # a user-namespaced restore reads it as the container's root
-    images.chmod(0o755)
+    images.mkdir()
+    images.chmod(0o755)  # whatever the umask: a user-namespaced restore reads it as the container's root
     init = env._init_pid()
     try:
         env.engine.checkpoint(env.id, images, work, criu)

@@ -182,21 +182,20 @@ class Runc:
         with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               start_new_session=True) as child:
             try:
-                out, errb = child.communicate(timeout=timeout)
+                _, errb = child.communicate(timeout=timeout)
             except subprocess.TimeoutExpired as e:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.communicate()
                 raise RuntimeFailure(f"runc {args[0]} timed out after {timeout}s") from e
-        proc = subprocess.CompletedProcess(cmd, child.returncode, out, errb)
-        if proc.returncode != 0:
+        if child.returncode != 0:
             try:
                 log = (Path(work) / log_name).read_text(errors="replace")
             except OSError:
                 log = ""
             errors = [ln.strip() for ln in log.splitlines() if "Error" in ln][-3:]
-            err = proc.stderr.decode(errors="replace").strip()
+            err = errb.decode(errors="replace").strip()
             raise RuntimeFailure(f"runc {args[0]} failed: {'; '.join(errors) or _message(err)}",
-                                 returncode=proc.returncode, stderr=err[-2000:], criu_log=log[-4000:])
+                                 returncode=child.returncode, stderr=err[-2000:], criu_log=log[-4000:])
 
     def delete(self, container_id: str, force: bool = False) -> None:
         self._run("delete", *(["--force"] if force else []), container_id)
