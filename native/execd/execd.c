@@ -5,9 +5,13 @@
  * socket that the node bound in the environment's host state dir (`runc run --preserve-fds 1`).
  * The socket is never visible inside the container's filesystem. Without such an fd execd is a
  * plain zombie reaper (like `catatonit -P`). SIGUSR1 from outside the environment's pid
- * namespace closes the listener for good (before a CRIU checkpoint, which cannot dump a socket
- * the node made in its own network namespace): from then on the node runs commands with
- * `runc exec`.
+ * namespace moves the listener into the environment (before a CRIU checkpoint, which cannot dump
+ * a socket the node made in its own network namespace): fd 3 becomes, in one dup3, a listening
+ * socket execd makes itself, at the abstract address "\0rollstack-execd" of the environment's
+ * network namespace, which CRIU dumps and restores with the processes. The node connects to it
+ * from a thread that joined that namespace, and checks that the peer is this PID 1
+ * (SO_PEERCRED). If the address is taken (by the environment's own processes), execd has no
+ * listener from then on and the node runs commands with `runc exec`.
  *
  * Every exec is one connection. execd forks a "shim" per connection (a child subreaper, so the
  * command's whole tree, double-forked daemons included, stays below it); the shim reads the
@@ -35,6 +39,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +54,7 @@
 #include <unistd.h>
 
 #define LISTEN_FD 3
+#define NETNS_ADDRESS "rollstack-execd" /* abstract: sun_path[0] is NUL */
 #define MAX_BODY (8u << 20)
 #define MAX_ARGS 65536
 #define KILL_ROUNDS 500
@@ -404,13 +410,32 @@ static void shim(int conn) {
 
 /* ---- PID 1 -------------------------------------------------------------------------------- */
 
+/* Replace the listener at fd LISTEN_FD with one at NETNS_ADDRESS in this network namespace,
+ * made whole (bound, listening, non-blocking, close-on-exec) before dup3 swaps it in, so the node
+ * sees fd LISTEN_FD go from its socket to this one at once; or close it when the address is
+ * taken (by the environment's own processes). Returns the new listener or -1. */
+static int listen_in_netns(void) {
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path + 1, NETNS_ADDRESS, sizeof NETNS_ADDRESS - 1);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + sizeof NETNS_ADDRESS - 1);
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, len) == 0 && listen(s, 512) == 0 &&
+        dup3(s, LISTEN_FD, O_CLOEXEC) == LISTEN_FD) {
+        close(s);
+        return LISTEN_FD;
+    }
+    if (s >= 0) close(s);
+    close(LISTEN_FD);
+    return -1;
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
     int sigfd = sigfd_for(SIGCHLD, SIGTERM, SIGINT, SIGUSR1);
     if (sigfd < 0) return 1;
     struct stat sb;
-    int lfd = -1;
+    int lfd = -1, in_netns = 0;
     if (fstat(LISTEN_FD, &sb) == 0 && S_ISSOCK(sb.st_mode)) {
         lfd = LISTEN_FD;
         fcntl(lfd, F_SETFD, FD_CLOEXEC);
@@ -424,11 +449,12 @@ int main(int argc, char **argv) {
             struct signalfd_siginfo si;
             while (read(sigfd, &si, sizeof si) == sizeof si) {
                 if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) return 0;
-                /* checkpoint ahead: stop listening; only the node's word counts (a sender outside
-                 * this pid namespace reads as pid 0; the environment's own processes cannot) */
-                if (si.ssi_signo == SIGUSR1 && si.ssi_pid == 0 && lfd >= 0) {
-                    close(lfd);
-                    lfd = -1;
+                /* checkpoint ahead: listen inside the environment instead; only the node's word
+                 * counts (a sender outside this pid namespace reads as pid 0; the environment's
+                 * own processes cannot) */
+                if (si.ssi_signo == SIGUSR1 && si.ssi_pid == 0 && lfd == LISTEN_FD && !in_netns) {
+                    lfd = listen_in_netns();
+                    in_netns = 1;
                 }
             }
             while (waitpid(-1, NULL, WNOHANG) > 0) {}

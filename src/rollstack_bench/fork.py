@@ -82,13 +82,14 @@ def _exec_p50(env: Any, n: int = 20) -> float:
 
 def _checkpoints(node: Any, parent: Any, reps: int) -> dict[str, Any]:
     """`pause("checkpoint")` / `resume()` of the parent with a process running in it (CRIU dumps
-    and restores it; the parent's execs go through runc exec from the first one on)."""
+    and restores it, and the exec agent with it); the parent's `exec true` before and after."""
     from rollstack.run.checkpoint import find_criu
 
     if find_criu() is None:
         return {"skipped": "no CRIU (make setup builds it)"}
     parent.exec(["/bin/sh", "-c", "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/bench-count; "
                  "sleep 0.05; done' </dev/null >/dev/null 2>&1 &"])
+    before = _exec_p50(parent)
     pauses, resumes, sizes = [], [], []
     for _ in range(reps):
         t = time.perf_counter()
@@ -102,7 +103,8 @@ def _checkpoints(node: Any, parent: Any, reps: int) -> dict[str, Any]:
     alive = parent.exec(["/bin/sh", "-c", "a=$(cat /tmp/bench-count); sleep 0.3; b=$(cat /tmp/bench-count); "
                          "[ $b -gt $a ] && echo yes"]).stdout.strip() == "yes"
     return {"pause_p50_s": _p50(pauses), "resume_p50_s": _p50(resumes), "dump_bytes_p50": _p50(sizes),
-            "reps": reps, "process_goes_on": alive}
+            "reps": reps, "process_goes_on": alive,
+            "exec_p50_before_s": before, "exec_p50_after_restore_s": _exec_p50(parent)}
 
 
 def _snapshot_and_restore(parent: Any, store: str, root2: Path, log: Any) -> dict[str, Any]:
@@ -290,7 +292,9 @@ def _human(doc: dict[str, Any]) -> None:
     ck = doc["checkpoint"]
     if "skipped" not in ck:
         print(f"checkpoint (CRIU) p50 {ck['pause_p50_s'] * 1e3:.0f} ms ({ck['dump_bytes_p50'] / 2**20:.1f} MiB dumped), "
-              f"restore p50 {ck['resume_p50_s'] * 1e3:.0f} ms; its process goes on: {ck['process_goes_on']}")
+              f"restore p50 {ck['resume_p50_s'] * 1e3:.0f} ms; its process goes on: {ck['process_goes_on']}; "
+              f"exec true p50 {ck['exec_p50_before_s'] * 1e3:.1f} ms before, "
+              f"{ck['exec_p50_after_restore_s'] * 1e3:.1f} ms after (the agent restored with it)")
     if "setup" in doc:
         su = doc["setup"]
         print(f"group of {su['group']} with a {su['setup_seconds']} s CPU setup: once + fork {su['setup_once_then_fork_s']} s, "

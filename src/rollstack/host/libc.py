@@ -1,5 +1,5 @@
 """The C library, loaded once through ctypes, with the prototypes of the calls the node makes
-itself: mount(2), umount2(2), syncfs(2), prctl(2) and syscall(2) (the new mount API, open_tree,
+itself: mount(2), umount2(2), syncfs(2), setns(2), prctl(2) and syscall(2) (the new mount API, open_tree,
 mount_setattr). Each caller turns an errno into its own error."""
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes
 libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.syscall.restype = ctypes.c_long
 libc.syncfs.argtypes = [ctypes.c_int]
+libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND = 1, 2, 4, 4096
 """mount(2) flags the node passes (<sys/mount.h>)."""
 MNT_DETACH = 2
 """umount2(2): detach the mount now, free it once no longer busy."""
+CLONE_NEWNET = 0x40000000
+"""setns(2): the namespace is a network namespace (<sched.h>)."""
 
 
 def mount(source: bytes | None, target: str | os.PathLike[str], fstype: bytes | None,
@@ -44,6 +47,13 @@ def syncfs(path: str | os.PathLike[str]) -> None:
             raise OSError(err, os.strerror(err))
     finally:
         os.close(fd)
+
+
+def setns(fd: int, nstype: int) -> int:
+    """setns(2) of the calling thread into the namespace open at `fd`: 0, or the errno."""
+    if libc.setns(fd, nstype) == 0:
+        return 0
+    return ctypes.get_errno()
 
 
 def syscall(nr: int, *args: object) -> int:

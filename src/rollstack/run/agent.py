@@ -12,6 +12,12 @@ we send 'K' and the shim, a child subreaper, SIGKILLs the command's whole tree (
 and setsid'd processes included). Closing the connection early (we were interrupted, the node
 died) ends the tree the same way.
 
+After a checkpoint (rollstack.run.checkpoint) the listener is execd's own, at the abstract
+address `NETNS_ADDRESS` of the environment's network namespace (CRIU dumps and restores it with
+the processes): `NetnsAgent(pid)` names it, a connection is made by a short-lived thread that
+joins the namespace of PID 1 `pid` (a socket keeps the namespace it was made in), and a peer
+other than that PID 1 (SO_PEERCRED) is refused as `AgentUnavailable`.
+
 `AgentUnavailable` (no socket, nobody listening) means "use runc exec": environments created
 before the agent existed, or whose init is catatonit, keep working. A shim that dies mid-exec
 is a `RuntimeFailure`; the environment's next exec gets a fresh shim.
@@ -28,10 +34,12 @@ import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.host import libc
 from rollstack.host.fd import Fd
 from rollstack.run.execpump import (TIMEOUT_EXIT_CODE, ExecControl, ExecResult, OnOutput,
                                      capture, write_pending)
@@ -44,6 +52,8 @@ _MAX_REPLY = 65536
 _ASYNC_MAX_REQUEST = 32768
 """Largest request `run_async` sends from the loop (a fresh unix socket buffers ~200 KiB)."""
 _BACKLOG = 512
+NETNS_ADDRESS = b"\0rollstack-execd"
+"""execd's listener after a checkpoint: abstract, in the environment's network namespace."""
 
 
 class AgentUnavailable(Exception):
@@ -56,6 +66,52 @@ class AgentBusy(Exception):
 
 def socket_path(env_dir: Path) -> Path:
     return Path(env_dir) / AGENT_DIR / SOCKET_NAME
+
+
+@dataclass(frozen=True)
+class NetnsAgent:
+    """The exec agent listening inside the environment (after a checkpoint): `pid` is its PID 1's
+    host pid, whose network namespace holds `NETNS_ADDRESS`."""
+
+    pid: int
+
+    def socket(self, flags: int) -> socket.socket:
+        """A unix socket made in PID 1's network namespace (by a thread that joins it and ends);
+        AgentUnavailable when that namespace cannot be joined (PID 1 is gone)."""
+        try:
+            nsfd = os.open(f"/proc/{self.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise AgentUnavailable(f"no network namespace of pid {self.pid}: {e}") from e
+        made: list[socket.socket | BaseException] = []
+
+        def make() -> None:
+            try:
+                err = libc.setns(nsfd, libc.CLONE_NEWNET)
+                if err:
+                    raise OSError(err, os.strerror(err))
+                made.append(socket.socket(socket.AF_UNIX, flags))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                made.append(e)
+
+        try:
+            worker = threading.Thread(target=make, name="agent-netns", daemon=True)
+            worker.start()
+            worker.join()
+        finally:
+            os.close(nsfd)
+        if isinstance(made[0], BaseException):
+            raise AgentUnavailable(f"joining the network namespace of pid {self.pid}: {made[0]}") from made[0]
+        return made[0]
+
+    def check_peer(self, conn: socket.socket) -> None:
+        """AgentUnavailable unless the listener `conn` reached is PID 1's own."""
+        pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if pid != self.pid:
+            raise AgentUnavailable(f"the exec address is held by pid {pid}, not the environment's init {self.pid}")
+
+
+AgentAddress = Path | NetnsAgent
+"""Where an environment's exec agent listens: the node's socket file, or inside the environment."""
 
 
 def _short(path: Path, fn: Callable[[str], None]) -> None:
@@ -119,13 +175,13 @@ def exit_code(wstatus: int) -> int:
 class AgentPump:
     """One exec over the agent socket: connect, send, pump pipes, wait for the status."""
 
-    def __init__(self, sock_path: Path, argv: Sequence[str], cwd: str | None,
+    def __init__(self, address: AgentAddress, argv: Sequence[str], cwd: str | None,
                  env: Mapping[str, str] | None, stdin: bytes | None, timeout: float | None,
                  limit: int, on_output: OnOutput | None, drain_grace: float,
                  container_id: str, control: ExecControl | None = None) -> None:
         if control is not None:
             control.check(stdin)
-        self.sock_path, self.request = sock_path, encode_request(argv, cwd, env)
+        self.address, self.request = address, encode_request(argv, cwd, env)
         self.stdin, self.timeout, self.limit = stdin, timeout, limit
         self.on_output, self.drain_grace, self.container_id = on_output, drain_grace, container_id
         self.control = control
@@ -136,9 +192,14 @@ class AgentPump:
 
     def _connect(self, blocking: bool = True) -> socket.socket:
         flags = socket.SOCK_STREAM | socket.SOCK_CLOEXEC | (0 if blocking else socket.SOCK_NONBLOCK)
-        conn = socket.socket(socket.AF_UNIX, flags)
+        address = self.address
+        conn = address.socket(flags) if isinstance(address, NetnsAgent) else socket.socket(socket.AF_UNIX, flags)
         try:
-            _short(self.sock_path, conn.connect)
+            if isinstance(address, NetnsAgent):
+                conn.connect(NETNS_ADDRESS)
+                address.check_peer(conn)
+            else:
+                _short(address, conn.connect)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as e:
             conn.close()
             raise AgentUnavailable(str(e)) from e

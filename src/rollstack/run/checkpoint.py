@@ -7,14 +7,17 @@ same processes back on this node (their memory, pids inside, open files, cwd; a 
 server goes on where it was). A checkpointed environment is marked in its meta.json
 (`is_checkpointed`), so a restarted node agent re-adopts it without a container.
 
-The exec agent (rollstack-execd, PID 1) stops listening for good first (SIGUSR1): its listening
-socket was made by the node in the host's network namespace, which CRIU cannot dump (`Unix
-socket ... not found`). Execs of the environment go through `runc exec` from then on (the
-socket file is removed, so the exec path falls back at once).
+The exec agent (rollstack-execd, PID 1) moves its listener into the environment first
+(SIGUSR1): the node made its listening socket in the host's network namespace, which CRIU cannot
+dump (`Unix socket ... not found`); execd swaps it for one of its own at an abstract address of
+the environment's network namespace, which CRIU dumps and restores with the processes. meta.json
+says so (`"agent": "netns"`) and execs reach it there from then on (rollstack.run.agent.
+NetnsAgent), before and after the restore, as fast as before. Only where execd could not make
+it (its address taken by the environment's own processes) do execs go through `runc exec`.
 
 What CRIU refuses is raised as RuntimeFailure with CRIU's own last errors (e.g. an exec in
 flight: its pipes and connection lead out of the environment); CRIU thaws the processes then,
-and the environment runs on (without its agent). gVisor sandboxes are not checkpointed here.
+and the environment runs on. gVisor sandboxes are not checkpointed here.
 
 CRIU itself is built by `make setup` (third_party/criu/build.sh: Debian 12's criu cannot start
 on this kernel); `find_criu` finds it ($ROLLSTACK_CRIU, then /usr/local/libexec/rollstack/criu).
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from rollstack.errors import InvalidRequest, RuntimeFailure
 from rollstack.host.tree import remove_tree
-from rollstack.run import agent, teardown
+from rollstack.run import agent, handle, teardown
 
 if TYPE_CHECKING:
     from rollstack.run.handle import Environment
@@ -63,7 +66,7 @@ def checkpoint(env: "Environment", criu: str) -> dict[str, float]:
     if env.runtime_name != "runc":
         raise InvalidRequest(f"environment {env.id} runs on {env.runtime_name}: checkpoints need runc")
     t0 = time.perf_counter()
-    _stop_agent(env)
+    _move_agent(env)
     images, work = env.dir / IMAGES_DIR, env.dir / WORK_DIR
     for d in (images, work):
         remove_tree(d)
@@ -111,25 +114,30 @@ def restore(env: "Environment", criu: str) -> dict[str, float]:
     return {"seconds": round(time.perf_counter() - t0, 6)}
 
 
-def _stop_agent(env: "Environment") -> None:
-    """rollstack-execd closes its listener (SIGUSR1; it is its fd 3); returns once that fd is
-    gone, then removes the socket file. No-op without an agent (no socket)."""
+def _move_agent(env: "Environment") -> None:
+    """rollstack-execd listens inside the environment (SIGUSR1; its fd 3 turns from the node's
+    socket into its own in one step, or closes when it cannot make one); returns once it did,
+    with meta.json saying where execs find it and the node's socket file removed. No-op when
+    there is no such file (no agent, or moved by an earlier checkpoint)."""
     path = agent.socket_path(env.dir)
     if not path.exists():
         return
     pid = env._init_pid()
     if pid is None or not env.init_alive():
         raise RuntimeFailure(f"environment {env.id} has no running init to checkpoint")
-    listener = _fd_target(pid, LISTEN_FD)
+    listener = now = _fd_target(pid, LISTEN_FD)
     if listener.startswith("socket:"):
         if not teardown.signal_init(env, signal.SIGUSR1):
             raise RuntimeFailure(f"environment {env.id}'s init is gone: nothing to checkpoint")
         deadline = time.monotonic() + AGENT_STOP_TIMEOUT
-        while _fd_target(pid, LISTEN_FD) == listener:
+        while (now := _fd_target(pid, LISTEN_FD)) == listener:
             if time.monotonic() > deadline:
-                raise RuntimeFailure(f"the exec agent of {env.id} still listens {AGENT_STOP_TIMEOUT:.0f} s "
-                                     "after it was asked to stop")
+                raise RuntimeFailure(f"the exec agent of {env.id} still listens on the node's socket "
+                                     f"{AGENT_STOP_TIMEOUT:.0f} s after it was asked to move")
             time.sleep(0.002)
+    meta = env.meta()
+    meta["agent"] = handle.AGENT_IN_NETNS if now.startswith("socket:") else "runc"
+    env._write_meta(meta)
     path.unlink(missing_ok=True)
 
 

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from rollstack.run.runtime import EnvironmentRuntime
 
 
+AGENT_IN_NETNS = "netns"
+"""meta.json "agent": the exec agent listens inside the environment (after a checkpoint)."""
+
 Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
 """Runs a blocking call off the event loop: `await offload(fn)` -> fn()'s result."""
 
@@ -54,7 +57,7 @@ class Environment:
         self.meta_path = self.dir / "meta.json"
         self.timings: dict[str, float] = {}
         self.pid: int | None = None
-        self._exec_meta: tuple[str, str | None, dict[str, str]] | None = None
+        self._exec_meta: tuple[str, str | None, dict[str, str], bool] | None = None
         self._written: dict | None = None  # meta.json as this handle last wrote it
 
     def _write_meta(self, meta: dict) -> None:
@@ -74,13 +77,14 @@ class Environment:
         make each command see what a spec built from the plan would have given it."""
         self._write_meta({**self.meta(), "exec_cwd": cwd, "exec_env": dict(env)})
 
-    def _exec_info(self) -> tuple[str, str | None, dict[str, str]]:
-        """(runtime name, default cwd, default env) from meta.json, read once per handle."""
+    def _exec_info(self) -> tuple[str, str | None, dict[str, str], bool]:
+        """(runtime name, default cwd, default env, the agent listens inside the environment)
+        from meta.json, read once per handle."""
         if self._exec_meta is None:
             try:
                 doc = json.loads(self.meta_path.read_text())
             except (OSError, ValueError):
-                return self.runtime_name, None, {}
+                return self.runtime_name, None, {}, False
             self._exec_meta = _exec_defaults(doc)
         return self._exec_meta
 
@@ -266,14 +270,20 @@ class Environment:
                    ) -> tuple[list[str], str | None, Mapping[str, str] | None, agent.AgentPump | None]:
         """(argv, cwd, env with the exec defaults, the agent exec or None for `runc exec`)."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        engine, default_cwd, default_env = self._exec_info()
+        engine, default_cwd, default_env, in_netns = self._exec_info()
         cwd = cwd or default_cwd
         if default_env:
             env = {**default_env, **(env or {})}
         if not (self.runtime.config.exec_agent and engine == "runc"):
             return argv, cwd, env, None
         check_request(argv, cwd, env, timeout, output_limit)
-        return argv, cwd, env, agent.AgentPump(agent.socket_path(self.dir), argv, cwd, env, stdin, timeout,
+        address: agent.AgentAddress = agent.socket_path(self.dir)
+        if in_netns:  # moved there for a checkpoint (rollstack.run.checkpoint)
+            pid = self._init_pid()
+            if pid is None:
+                return argv, cwd, env, None
+            address = agent.NetnsAgent(pid)
+        return argv, cwd, env, agent.AgentPump(address, argv, cwd, env, stdin, timeout,
                                                output_limit, on_output, 0.2, self.id, control)
 
     def _agent_unavailable(self, e: agent.AgentUnavailable) -> None:
@@ -357,6 +367,7 @@ class Environment:
         teardown.destroy(self)
 
 
-def _exec_defaults(meta: dict) -> tuple[str, str | None, dict[str, str]]:
-    """(runtime name, default cwd, default env) of a meta.json document."""
-    return str(meta.get("runtime") or "runc"), meta.get("exec_cwd"), dict(meta.get("exec_env") or {})
+def _exec_defaults(meta: dict) -> tuple[str, str | None, dict[str, str], bool]:
+    """(runtime name, default cwd, default env, agent in the environment) of a meta.json."""
+    return (str(meta.get("runtime") or "runc"), meta.get("exec_cwd"), dict(meta.get("exec_env") or {}),
+            meta.get("agent") == AGENT_IN_NETNS)

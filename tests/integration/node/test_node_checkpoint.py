@@ -6,6 +6,7 @@ agent re-adopts a checkpointed environment; what CRIU refuses leaves the environ
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,22 @@ def _processes_of(env_id: str) -> list[int]:
     return pids
 
 
+@pytest.fixture
+def runc_execs(node, monkeypatch) -> list[str]:
+    """The container ids `runc exec` ran in from here on (execs the agent did not serve)."""
+    _, service, _ = node
+    runc = service.stages.runtime.runc
+    seen: list[str] = []
+    real = runc.exec
+
+    def counted(container_id, *args, **kwargs):
+        seen.append(container_id)
+        return real(container_id, *args, **kwargs)
+
+    monkeypatch.setattr(runc, "exec", counted)
+    return seen
+
+
 def _count(env) -> int:
     return int(env.read_file("/tmp/count").decode().strip() or 0)
 
@@ -57,10 +74,12 @@ def _grows(env, above: int, timeout: float = 30.0) -> int:
     return n
 
 
-@pytest.mark.parametrize("userns", [False, True])
-def test_checkpoint_ends_the_processes_and_resume_brings_them_back(node, userns: bool) -> None:
+@pytest.mark.parametrize("userns, network", [(False, "none"), (True, "none"), (False, "outbound"), (True, "outbound")],
+                         ids=["plain", "userns", "network", "userns-network"])
+def test_checkpoint_ends_the_processes_and_resume_brings_them_back(node, runc_execs, userns: bool,
+                                                                    network: str) -> None:
     root, service, client = node
-    env = client.create(plan(security={"userns": userns}))
+    env = client.create(plan(security={"userns": userns}, network=network))
     remember(root, env.id)
     try:
         assert env.exec(["/bin/sh", "-c", COUNTER]).exit_code == 0
@@ -85,9 +104,49 @@ def test_checkpoint_ends_the_processes_and_resume_brings_them_back(node, userns:
         assert env.read_file("/tmp/pid") == pid
         r = env.exec(["/bin/sh", "-c", "cat /tmp/note; kill -0 $(cat /tmp/pid) && echo alive"])
         assert r.stdout == "written while checkpointed\nalive\n", r
-        again = env.pause("checkpoint")  # a second cycle, the agent already gone
+        again = env.pause("checkpoint")  # a second cycle, the agent inside the environment already
         assert again.pause_mode == "checkpoint" and env.resume().state == "running"
         _grows(env, _count(env))
+        assert env.exec(["/bin/sh", "-c", "echo $$"]).stdout.strip().isdigit()
+        assert runc_execs == []  # every exec went through the restored agent, none through runc
+        assert not (root / "envs" / env.id / "agent" / "execd.sock").exists()
+    finally:
+        env.destroy()
+
+
+SQUAT_C = r"""
+#include <stddef.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+int main(void) {
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path + 1, "rollstack-execd", 15);
+    if (bind(s, (struct sockaddr *)&a, offsetof(struct sockaddr_un, sun_path) + 16) || listen(s, 1)) return 1;
+    for (;;) pause();
+}
+"""
+
+
+def test_an_agent_address_taken_inside_leaves_execs_to_runc(node, runc_execs, tmp_path: Path) -> None:
+    """A process of the environment holds the agent's address in its network namespace before
+    the checkpoint: execd cannot listen there, so execs go through `runc exec`, and still work."""
+    root, service, client = node
+    (tmp_path / "squat.c").write_text(SQUAT_C)
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(tmp_path / "squat"), str(tmp_path / "squat.c")], check=True)
+    env = client.create(plan())
+    remember(root, env.id)
+    try:
+        env.write_file("/tmp/squat", (tmp_path / "squat").read_bytes())
+        assert env.exec(["/bin/sh", "-c", "chmod +x /tmp/squat; setsid /tmp/squat </dev/null >/dev/null 2>&1 & "
+                         "while ! grep -q '@rollstack-execd' /proc/net/unix; do sleep 0.01; done"],
+                        timeout=60).exit_code == 0
+        env.pause("checkpoint")
+        env.resume()
+        assert env.exec(["echo", "via runc"]).stdout == "via runc\n"
+        assert env.id in runc_execs
     finally:
         env.destroy()
 
@@ -105,7 +164,7 @@ def test_destroying_a_checkpointed_environment_leaves_nothing(node) -> None:
 
 def test_what_criu_refuses_leaves_it_running(node) -> None:
     """An exec in flight (its connection and pipes lead to the node): CRIU refuses, the error is
-    typed, the environment runs on (execs now through runc exec) and can be checkpointed later."""
+    typed, the environment runs on (its agent now inside it) and can be checkpointed later."""
     root, service, client = node
     env = client.create(plan())
     remember(root, env.id)
@@ -126,7 +185,7 @@ def test_what_criu_refuses_leaves_it_running(node) -> None:
         assert result and result[0].stdout == "done\n"
         assert env.info().state == "running" and service.stages.provisioner.quotas(env.id)
         _grows(env, _count(env))
-        assert env.exec(["echo", "runc exec"]).stdout == "runc exec\n"
+        assert env.exec(["echo", "still served"]).stdout == "still served\n"
         assert env.pause("checkpoint").pause_mode == "checkpoint"
         env.resume()
         _grows(env, _count(env))
