@@ -77,6 +77,9 @@ VOLUME_DELETE_WAIT = 60.0
 """Seconds a volume delete waits for the teardowns of environments being destroyed that mount it."""
 BUILD_WAIT = 600.0
 """Seconds a destroy waits for the create still building its environment."""
+PAUSE_SETTLE_S = 330.0
+"""Seconds a failed exec waits for a pause in progress to be recorded (a checkpoint's CRIU call
+times out after 300 s) before it reports its own error."""
 _TOMBSTONES = 4096
 """Destroyed ids remembered so that a repeated destroy is a no-op, not a 404."""
 _RETRY_FIRST = 1.0
@@ -734,8 +737,8 @@ class NodeService:
         kills = self._exec_begin(rec, stages)
         try:
             result = await stages.exec_async(rec, request, offload)
-        except (EnvironmentGone, RuntimeFailure):
-            await offload(partial(self._exec_end, rec, stages, kills))
+        except (EnvironmentGone, RuntimeFailure) as e:
+            await offload(partial(self._exec_failed, rec, stages, kills, e))
             raise
         finally:
             with self._lock:
@@ -750,9 +753,8 @@ class NodeService:
         kills = self._exec_begin(rec, stages)
         try:
             result = stages.exec(rec, request, on_output, control)
-        except (EnvironmentGone, RuntimeFailure):
-            # runc cannot start a process in an environment being ended for lack of memory
-            self._exec_end(rec, stages, kills)
+        except (EnvironmentGone, RuntimeFailure) as e:
+            self._exec_failed(rec, stages, kills, e)
             raise
         finally:
             with self._lock:
@@ -766,6 +768,18 @@ class NodeService:
         with self._lock:  # parallel execs in one environment
             rec.execs += 1
         return kills
+
+    def _exec_failed(self, rec: EnvRecord, stages: Stages, kills: int, error: BaseException) -> None:
+        """Why an exec that failed failed, when it is ours to say: an OOM ending (runc cannot
+        start a process in an environment being ended for lack of memory), or a checkpoint that
+        ended the processes after the exec was let in (`environment_paused`, as if it had come a
+        moment later; the pause holds the record's lock until it is recorded)."""
+        self._exec_end(rec, stages, kills)
+        if rec.lock.acquire(timeout=PAUSE_SETTLE_S):
+            rec.lock.release()
+        if rec.paused:
+            raise EnvironmentPaused(f"environment {rec.id} was paused while the command started: "
+                                    "resume it first") from error
 
     def _exec_end(self, rec: EnvRecord, stages: Stages, kills: int) -> None:
         """An OOM ending during the exec (provisioner or kernel) raises OomTerminated."""

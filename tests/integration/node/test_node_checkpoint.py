@@ -256,3 +256,39 @@ def _req(command: str):
     from rollstack.contract.models import ExecRequest
 
     return ExecRequest(command=command)
+
+
+@pytest.mark.parametrize("path", ["sync", "api"])
+def test_an_exec_let_in_before_a_checkpoint_is_environment_paused(node, monkeypatch, path: str) -> None:
+    """The exec passed the paused check, then a checkpoint ended the processes before it ran:
+    the caller gets `environment_paused` (retry after resume), not a runtime error."""
+    root, service, client = node
+    env = client.create(plan())
+    remember(root, env.id)
+    stages = service.stages
+    real_sync, real_async = stages.exec, stages.exec_async
+
+    def late(rec, *args, **kwargs):
+        service.pause(env.id, "checkpoint")
+        return real_sync(rec, *args, **kwargs)
+
+    async def late_async(rec, request, offload):
+        await offload(lambda: service.pause(env.id, "checkpoint"))
+        return await real_async(rec, request, offload)
+
+    try:
+        monkeypatch.setattr(stages, "exec", late)
+        monkeypatch.setattr(stages, "exec_async", late_async)
+        with pytest.raises(errors.EnvironmentPaused):
+            if path == "sync":
+                from rollstack.contract.models import ExecRequest
+
+                service.exec(env.id, ExecRequest(argv=["true"]))
+            else:
+                env.exec(["true"])
+        monkeypatch.undo()
+        assert env.info().pause_mode == "checkpoint"
+        env.resume()
+        assert env.exec(["echo", "ok"]).stdout == "ok\n"
+    finally:
+        env.destroy()
