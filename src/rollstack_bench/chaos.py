@@ -5,7 +5,8 @@ busybox corpus (and `--image`, imported as a group) from a real registry. `--wor
 run rollouts through the SDK for `--seconds`: create (a group of `--fanout` now and then),
 write a random file, read it back through `cat` and `read_file`, pipe it through `cat` on stdin,
 branch it now and then (`--branch`: a fork of 1 or 2 with an idempotency key, each child must
-see the file and keep its own writes; a pause and resume after which the file is still there;
+see the file and keep its own writes; a pause (a freeze, or a CRIU checkpoint one time in three)
+and resume after which the file is still there;
 rarely a snapshot, an environment created from it that must see the file, and its deletion),
 fix the task, evaluate (a clean environment scores the diff), destroy. An E2B worker does the
 same through the unmodified `e2b` SDK. Retryable errors (`retryable` on the wire) are retried
@@ -148,6 +149,12 @@ class Traffic:
             delay = min(2 * delay, 3.0)
 
 
+def _criu() -> bool:
+    from rollstack.run.checkpoint import find_criu
+
+    return find_criu() is not None
+
+
 def _branch(traffic: Traffic, client: Any, env: Any, payload: str, rng: random.Random, rec: Rollout,
             envs: list[Any]) -> None:
     """Fork `env` (and now and then pause/resume or snapshot it), checking that `payload` (its
@@ -166,8 +173,9 @@ def _branch(traffic: Traffic, client: Any, env: Any, payload: str, rng: random.R
         check(f"{kid.id} fork of {env.id}", traffic.step("read_file", kid.read_file, DATA).decode())
         traffic.step("write_file", kid.write_file, DATA, "the child's own")
     check(f"{env.id} after its children wrote", traffic.step("read_file", env.read_file, DATA).decode())
-    if rng.random() < 0.5:
-        traffic.step("pause", env.pause)
+    if rng.random() < 0.5:  # a third of them checkpoints (CRIU), the rest freezes
+        mode = "checkpoint" if rng.random() < 1 / 3 and _criu() else "freeze"
+        traffic.step("checkpoint" if mode == "checkpoint" else "pause", env.pause, mode)
         traffic.step("resume", env.resume)
         check(f"{env.id} paused and resumed", _ok(traffic.step("exec", env.exec, ["cat", DATA], timeout=60)))
     if rng.random() < 0.05:

@@ -5,7 +5,9 @@ An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busy
 10 MB in 1,000 files by default, then one `--big-mib` MiB file), and is forked:
 - `fork(1)` and `fork(8)` latency as the caller sees it (p50 over `--reps`), with the node's own
   split: the parent's pause (the cut), the copy of its upper, and the slowest child's start
-  (its `runc run`);
+  (its `runc run`); each fork right after the previous one's children were destroyed (their
+  teardowns running beside it, as in an RL loop), and again on a quiet node (waiting for them);
+- bare `runc run -d` of a static init, 1 and 8 at once (the floor of cold starts on this node);
 - the same with the big diff;
 - `create(count=8)` beside `create()` of the same plan, the cost a fork replaces;
 - `--cycles` fork/destroy cycles, then what is left under the node root (must be nothing);
@@ -40,9 +42,13 @@ def _p50(xs: list[float]) -> float:
     return round(median(xs), 4) if xs else 0.0
 
 
-def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
+def _fork_times(parent: Any, count: int, reps: int, quiet: Any = None) -> dict[str, Any]:
+    """`parent.fork(count)` `reps` times, the children checked and destroyed after each; with
+    `quiet` (the node), each fork waits until the previous children's teardowns are done."""
     wall, pause, copy, memory, start = [], [], [], [], []
     for _ in range(reps):
+        if quiet is not None:
+            quiet.service.wait_destroyed(300)
         t = time.perf_counter()
         kids = parent.fork(count)
         wall.append(time.perf_counter() - t)
@@ -58,6 +64,56 @@ def _fork_times(parent: Any, count: int, reps: int) -> dict[str, Any]:
     return {"count": count, "reps": reps, "p50_s": _p50(wall), "max_s": round(max(wall), 4),
             "pause_p50_s": _p50(pause), "copy_p50_s": _p50(copy), "child_start_p50_s": _p50(start),
             "layers_in_memory": f"{sum(m > 0 for m in memory)}/{len(memory)}"}
+
+
+def _runc_floor(work: Path, reps: int) -> dict[str, Any]:
+    """What cold starts alone cost: bare `runc run -d` of a container holding nothing but a
+    static init (rollstack-execd without its socket: a zombie reaper), 1 and 8 at once, with
+    none of rollstack around it (no overlay, no user namespace, no quotas). A fork's children are
+    such starts plus rollstack's own steps, so fork(8) / fork(1) cannot go below this ratio by
+    much with cold starts."""
+    import json
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rollstack.run.initbin import find_execd
+
+    init = find_execd()
+    if init is None or shutil.which("runc") is None:
+        return {"skipped": "no runc or rollstack-execd"}
+    bundle, state = work / "floor", work / "floor-state"
+    (bundle / "rootfs").mkdir(parents=True)
+    shutil.copy(init, bundle / "rootfs" / "init")
+    subprocess.run(["runc", "spec"], cwd=bundle, check=True)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"].update(args=["/init"], terminal=False)
+    spec["root"]["readonly"] = True
+    (bundle / "config.json").write_text(json.dumps(spec))
+
+    def runc(*args: str) -> None:
+        subprocess.run(["runc", "--root", str(state), *args], check=True, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    out: dict[str, Any] = {}
+    with ThreadPoolExecutor(8) as pool:
+        for n in (1, 8):
+            walls = []
+            for r in range(reps):
+                names = [f"rollstack-floor-{n}-{r}-{i}" for i in range(n)]
+                t = time.perf_counter()
+                try:
+                    list(pool.map(lambda name: runc("run", "-d", "--bundle", str(bundle), name), names))
+                    walls.append(time.perf_counter() - t)
+                finally:
+                    for name in names:
+                        subprocess.run(["runc", "--root", str(state), "delete", "-f", name],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(0.2)
+            out[f"run_{n}_p50_s"] = _p50(walls)
+    out["run_8_over_run_1"] = round(out["run_8_p50_s"] / out["run_1_p50_s"], 2)
+    out["left"] = sorted(p.name for p in state.iterdir()) if state.is_dir() else []
+    return out
 
 
 @contextlib.contextmanager
@@ -209,6 +265,8 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
                          f"head -c {file_kib * 1024} /dev/urandom > d/f$i; i=$((i+1)); done"], timeout=600)
             log(f"[bench fork] parent wrote {files} x {file_kib} KiB")
             doc["small"] = {"fork_1": _fork_times(parent, 1, reps), "fork_8": _fork_times(parent, 8, max(2, reps // 3))}
+            doc["small_quiet"] = {"fork_1": _fork_times(parent, 1, reps, quiet=node),
+                                  "fork_8": _fork_times(parent, 8, max(2, reps // 3), quiet=node)}
             with _on_disk(node):  # the same cuts with the fork store's tmpfs off, side by side
                 doc["small_on_disk"] = {"fork_1": _fork_times(parent, 1, reps),
                                         "fork_8": _fork_times(parent, 8, max(2, reps // 3))}
@@ -253,9 +311,13 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
             doc["setup"] = _setup_iteration(node, plan, setup_seconds, group)
         node.service.wait_destroyed(300)
         doc["left_after_cycles"] = layer_names(root / "forks")
+    doc["runc_floor"] = _runc_floor(work, max(3, reps))
     small, big = doc["small"], doc["big"]
     ratio = small["fork_8"]["p50_s"] / small["fork_1"]["p50_s"] if small["fork_1"]["p50_s"] else 0.0
     doc["fork_8_over_fork_1"] = round(ratio, 2)
+    quiet = doc["small_quiet"]
+    doc["fork_8_over_fork_1_quiet"] = round(quiet["fork_8"]["p50_s"] / quiet["fork_1"]["p50_s"], 2) \
+        if quiet["fork_1"]["p50_s"] else 0.0
     doc["goals"] = {
         "fork_1_small_le_100ms": small["fork_1"]["p50_s"] <= 0.1,
         "fork_1_big_le_1s": big["fork_1"]["p50_s"] <= 1.0,
@@ -274,6 +336,13 @@ def _human(doc: dict[str, Any]) -> None:
     print(f"diff {d['files']} x {d['file_kib']} KiB: fork(1) p50 {s['fork_1']['p50_s'] * 1e3:.0f} ms "
           f"(pause {s['fork_1']['pause_p50_s'] * 1e3:.0f} ms, copy {s['fork_1']['copy_p50_s'] * 1e3:.0f} ms), "
           f"fork(8) p50 {s['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1']}x)")
+    q = doc["small_quiet"]
+    print(f"on a quiet node (the previous children's teardowns done): fork(1) p50 {q['fork_1']['p50_s'] * 1e3:.0f} ms, "
+          f"fork(8) p50 {q['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1_quiet']}x)")
+    fl = doc["runc_floor"]
+    if "skipped" not in fl:
+        print(f"bare runc run -d of a static init: 1 p50 {fl['run_1_p50_s'] * 1e3:.0f} ms, 8 at once "
+              f"{fl['run_8_p50_s'] * 1e3:.0f} ms ({fl['run_8_over_run_1']}x: the cold starts' own floor)")
     print(f"+{d['big_mib']} MiB: fork(1) p50 {b['fork_1']['p50_s'] * 1e3:.0f} ms (copy {b['fork_1']['copy_p50_s'] * 1e3:.0f} ms)")
     sd, bd = doc["small_on_disk"], doc["big_on_disk"]
     print(f"layers on disk instead of the tmpfs: fork(1) p50 {sd['fork_1']['p50_s'] * 1e3:.0f} ms "
