@@ -92,8 +92,9 @@ def _runc_floor(work: Path, reps: int) -> dict[str, Any]:
     (bundle / "config.json").write_text(json.dumps(spec))
 
     def runc(*args: str) -> None:
-        subprocess.run(["runc", "--root", str(state), *args], check=True, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # no pipe of ours: the container's init inherits runc's stdio and would hold it open
+        subprocess.run(["runc", "--root", str(state), "--log", str(work / "floor.log"), *args], check=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     out: dict[str, Any] = {}
     with ThreadPoolExecutor(8) as pool:
