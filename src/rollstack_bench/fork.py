@@ -157,8 +157,17 @@ def _checkpoints(node: Any, parent: Any, reps: int) -> dict[str, Any]:
         parent.resume()
         pauses.append(t1 - t)
         resumes.append(time.perf_counter() - t1)
-    alive = parent.exec(["/bin/sh", "-c", "a=$(cat /tmp/bench-count); sleep 0.3; b=$(cat /tmp/bench-count); "
-                         "[ $b -gt $a ] && echo yes"]).stdout.strip() == "yes"
+    def count() -> int:  # the loop truncates and rewrites the file: an empty read is retried
+        for _ in range(100):
+            if text := parent.read_file("/tmp/bench-count").decode().strip():
+                return int(text)
+            time.sleep(0.01)
+        return -1
+
+    first, deadline = count(), time.monotonic() + 10
+    while (now := count()) <= first and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = now > first
     return {"pause_p50_s": _p50(pauses), "resume_p50_s": _p50(resumes), "dump_bytes_p50": _p50(sizes),
             "reps": reps, "process_goes_on": alive,
             "exec_p50_before_s": before, "exec_p50_after_restore_s": _exec_p50(parent)}
