@@ -97,6 +97,8 @@ class NetnsAgent:
             worker = threading.Thread(target=make, name="agent-netns", daemon=True)
             worker.start()
             worker.join()
+        except RuntimeError as e:  # no thread to be had (the node's pid limit): runc exec then
+            raise AgentUnavailable(f"no thread to join the network namespace of pid {self.pid}: {e}") from e
         finally:
             os.close(nsfd)
         if isinstance(made[0], BaseException):

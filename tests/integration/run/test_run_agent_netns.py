@@ -58,3 +58,12 @@ def test_a_gone_pid_or_nobody_listening_is_unavailable() -> None:
         _pump(agent.NetnsAgent(gone.pid))._connect()
     with pytest.raises(agent.AgentUnavailable):  # nobody at the address in our namespace
         _pump(agent.NetnsAgent(os.getpid()))._connect()
+
+
+def test_no_thread_to_be_had_is_unavailable(listener, monkeypatch) -> None:
+    def refuse(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(agent.threading.Thread, "start", refuse)
+    with pytest.raises(agent.AgentUnavailable, match="no thread"):
+        _pump(agent.NetnsAgent(os.getpid()))._connect()
