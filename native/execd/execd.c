@@ -11,7 +11,9 @@
  * network namespace, which CRIU dumps and restores with the processes. The node connects to it
  * from a thread that joined that namespace, and checks that the peer is this PID 1
  * (SO_PEERCRED). If the address is taken (by the environment's own processes), execd has no
- * listener from then on and the node runs commands with `runc exec`.
+ * listener from then on and the node runs commands with `runc exec`. Since the environment's
+ * processes can reach that address, execd serves only peers outside its pid namespace (their
+ * SO_PEERCRED pid reads 0: the node), on either listener, and closes the rest unserved.
  *
  * Every exec is one connection. execd forks a "shim" per connection (a child subreaper, so the
  * command's whole tree, double-forked daemons included, stays below it); the shim reads the
@@ -429,6 +431,35 @@ static int listen_in_netns(void) {
     return -1;
 }
 
+/* Whether the peer of `conn` is outside this pid namespace (SO_PEERCRED reads its pid as 0):
+ * the node. Processes of the environment (any uid, nested pid namespaces included) see a pid. */
+static int peer_is_node(int conn) {
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    return getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid == 0;
+}
+
+/* Serve every connection waiting on `lfd` (non-blocking): a shim per connection from the node;
+ * any other peer is closed unserved (after a checkpoint the listener is reachable from inside). */
+static void accept_all(int lfd, int sigfd) {
+    for (;;) {
+        int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (conn < 0) return;
+        if (!peer_is_node(conn)) {
+            close(conn);
+            continue;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(lfd);
+            close(sigfd);
+            shim(conn);
+        }
+        if (pid < 0) reply_error(conn, "cannot fork: %s", strerror(errno));
+        close(conn);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -453,25 +484,13 @@ int main(int argc, char **argv) {
                  * counts (a sender outside this pid namespace reads as pid 0; the environment's
                  * own processes cannot) */
                 if (si.ssi_signo == SIGUSR1 && si.ssi_pid == 0 && lfd == LISTEN_FD && !in_netns) {
+                    accept_all(lfd, sigfd); /* an exec already queued runs (and CRIU refuses) */
                     lfd = listen_in_netns();
                     in_netns = 1;
                 }
             }
             while (waitpid(-1, NULL, WNOHANG) > 0) {}
         }
-        if (lfd >= 0 && (p[1].revents & POLLIN)) {
-            for (;;) {
-                int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-                if (conn < 0) break;
-                pid_t pid = fork();
-                if (pid == 0) {
-                    close(lfd);
-                    close(sigfd);
-                    shim(conn);
-                }
-                if (pid < 0) reply_error(conn, "cannot fork: %s", strerror(errno));
-                close(conn);
-            }
-        }
+        if (lfd >= 0 && (p[1].revents & POLLIN)) accept_all(lfd, sigfd);
     }
 }

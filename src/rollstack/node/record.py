@@ -48,6 +48,8 @@ class EnvRecord:
     checkpointed: bool = False
     """Paused by a CRIU checkpoint (`pause(mode="checkpoint")`): its processes are dumped to disk
     and ended, not frozen in memory (rollstack.run.checkpoint)."""
+    checkpointing: bool = False
+    """A checkpoint is being taken now (under `lock`): an exec that fails meanwhile waits for it."""
     on_timeout: str = "destroy"
     """What the reaper does at the end of its lifetime: `destroy`, or `pause` (it then stays
     paused `NodeConfig.paused_ttl` more, until resumed with a new timeout, or destroyed)."""

@@ -113,15 +113,17 @@ def _as_found(env, doc: dict) -> dict | None:
     if status == "paused" and not doc.get("paused"):
         env.resume()  # frozen by a cut the crash interrupted
         status = "running"
-    checkpointed = bool(doc.get("checkpointed")) or checkpoint.is_checkpointed(env)
+    def checkpointed() -> bool:  # meta.json is read only where it is needed, once per path
+        return bool(doc.get("checkpointed")) or checkpoint.is_checkpointed(env)
+
     if status in ("running", "paused"):
-        if checkpointed:
+        if checkpointed():
             checkpoint.forget(env)
             remove_tree(env.dir / checkpoint.IMAGES_DIR)
             doc = {**doc, "paused": status == "paused"}
             doc.pop("checkpointed", None)
         return doc
-    if checkpointed and (env.dir / checkpoint.IMAGES_DIR).is_dir():
+    if (env.dir / checkpoint.IMAGES_DIR).is_dir() and checkpointed():
         return {**doc, "paused": True, "checkpointed": True}  # its processes are on disk
     return None
 

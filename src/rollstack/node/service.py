@@ -616,7 +616,11 @@ class NodeService:
                 held = "checkpointed" if rec.checkpointed else "frozen"
                 raise InvalidRequest(f"environment {env_id} is paused ({held}): resume it before a {mode}")
             if not rec.paused:
-                done = stages.pause(rec, mode)
+                rec.checkpointing = mode == "checkpoint"
+                try:
+                    done = stages.pause(rec, mode)
+                finally:
+                    rec.checkpointing = False
                 rec.paused, rec.checkpointed = True, mode == "checkpoint"
                 rec.event("paused", mode=mode, **done)
                 if not rec.internal:
@@ -773,12 +777,13 @@ class NodeService:
         """Why an exec that failed failed, when it is ours to say: an OOM ending (runc cannot
         start a process in an environment being ended for lack of memory), or a checkpoint that
         ended the processes after the exec was let in (`environment_paused`, as if it had come a
-        moment later; the pause holds the record's lock until it is recorded)."""
+        moment later). Only while a checkpoint is being taken does it wait (for the pause's lock,
+        held until the pause is recorded); a freeze never ends a command."""
         self._exec_end(rec, stages, kills)
-        if rec.lock.acquire(timeout=PAUSE_SETTLE_S):
+        if rec.checkpointing and rec.lock.acquire(timeout=PAUSE_SETTLE_S):
             rec.lock.release()
-        if rec.paused:
-            raise EnvironmentPaused(f"environment {rec.id} was paused while the command started: "
+        if rec.state == st.RUNNING and rec.paused and rec.checkpointed:
+            raise EnvironmentPaused(f"environment {rec.id} was checkpointed while the command started: "
                                     "resume it first") from error
 
     def _exec_end(self, rec: EnvRecord, stages: Stages, kills: int) -> None:

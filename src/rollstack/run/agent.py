@@ -71,17 +71,40 @@ def socket_path(env_dir: Path) -> Path:
 @dataclass(frozen=True)
 class NetnsAgent:
     """The exec agent listening inside the environment (after a checkpoint): `pid` is its PID 1's
-    host pid, whose network namespace holds `NETNS_ADDRESS`."""
+    host pid, whose network namespace holds `NETNS_ADDRESS`; `cgroup` names the environment's
+    cgroup (a line of /proc/PID/cgroup contains it), so a pid reused by another process is never
+    taken for PID 1."""
 
     pid: int
+    cgroup: str
+
+    def _netns(self) -> int:
+        """An fd of PID 1's network namespace, pinned: the pid is held by a pidfd while its cgroup
+        is checked and the namespace opened, and is still that process after."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except OSError as e:
+            raise AgentUnavailable(f"no process {self.pid}: {e}") from e
+        try:
+            with open(f"/proc/{self.pid}/cgroup") as f:
+                if not any(line.rstrip("\n").endswith(self.cgroup) for line in f):
+                    raise AgentUnavailable(f"pid {self.pid} is not the environment's init")
+            nsfd = os.open(f"/proc/{self.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                signal.pidfd_send_signal(pidfd, 0)  # alive still: the reads above were its own
+            except OSError:
+                os.close(nsfd)
+                raise
+            return nsfd
+        except OSError as e:
+            raise AgentUnavailable(f"no network namespace of pid {self.pid}: {e}") from e
+        finally:
+            os.close(pidfd)
 
     def socket(self, flags: int) -> socket.socket:
         """A unix socket made in PID 1's network namespace (by a thread that joins it and ends);
         AgentUnavailable when that namespace cannot be joined (PID 1 is gone)."""
-        try:
-            nsfd = os.open(f"/proc/{self.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise AgentUnavailable(f"no network namespace of pid {self.pid}: {e}") from e
+        nsfd = self._netns()
         made: list[socket.socket | BaseException] = []
 
         def make() -> None:
@@ -268,6 +291,8 @@ class AgentPump:
         A cancelled caller (its client went away) ends the command's tree, as `run` does."""
         if len(self.request) > _ASYNC_MAX_REQUEST:  # may not fit the socket buffer at once
             raise AgentBusy(f"a {len(self.request)}-byte request is sent from a thread")
+        if isinstance(self.address, NetnsAgent):  # its connect joins a namespace in a thread
+            raise AgentBusy("an agent inside the environment is reached from a thread")
         loop = asyncio.get_running_loop()
         start = time.monotonic()
         conn = self._connect(blocking=False)

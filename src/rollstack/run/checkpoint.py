@@ -126,7 +126,7 @@ def _move_agent(env: "Environment") -> None:
     if pid is None or not env.init_alive():
         raise RuntimeFailure(f"environment {env.id} has no running init to checkpoint")
     listener = now = _fd_target(pid, LISTEN_FD)
-    if listener.startswith("socket:"):
+    if listener.startswith("socket:") and not _listens_inside(pid, listener):
         if not teardown.signal_init(env, signal.SIGUSR1):
             raise RuntimeFailure(f"environment {env.id}'s init is gone: nothing to checkpoint")
         deadline = time.monotonic() + AGENT_STOP_TIMEOUT
@@ -139,6 +139,19 @@ def _move_agent(env: "Environment") -> None:
     meta["agent"] = handle.AGENT_IN_NETNS if now.startswith("socket:") else "runc"
     env._write_meta(meta)
     path.unlink(missing_ok=True)
+
+
+def _listens_inside(pid: int, target: str) -> bool:
+    """Whether `target` ("socket:[INODE]") is execd's own listener at `agent.NETNS_ADDRESS` in
+    PID 1's network namespace: moved already (a move that outlasted an earlier timeout)."""
+    address = "@" + agent.NETNS_ADDRESS[1:].decode()
+    inode = target.removeprefix("socket:[").removesuffix("]")
+    try:
+        with open(f"/proc/{pid}/net/unix") as f:
+            return any(len(row) >= 8 and row[6] == inode and row[7] == address
+                       for row in (line.split() for line in f))
+    except OSError:
+        return False
 
 
 def _fd_target(pid: int, fd: int) -> str:

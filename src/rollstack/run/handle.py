@@ -98,8 +98,11 @@ class Environment:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             return False
-        return state not in ("Z", "X") and \
-            f"/{self.runtime.config.cgroup_parent.strip('/')}/{self.id}" in cgroup
+        return state not in ("Z", "X") and self._cgroup_suffix() in cgroup
+
+    def _cgroup_suffix(self) -> str:
+        """What a line of /proc/PID/cgroup of the environment's processes contains."""
+        return f"/{self.runtime.config.cgroup_parent.strip('/')}/{self.id}"
 
     def _init_pid(self) -> int | None:
         try:
@@ -282,7 +285,7 @@ class Environment:
             pid = self._init_pid()
             if pid is None:
                 return argv, cwd, env, None
-            address = agent.NetnsAgent(pid)
+            address = agent.NetnsAgent(pid, self._cgroup_suffix())
         return argv, cwd, env, agent.AgentPump(address, argv, cwd, env, stdin, timeout,
                                                output_limit, on_output, 0.2, self.id, control)
 

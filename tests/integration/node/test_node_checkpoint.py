@@ -6,6 +6,7 @@ agent re-adopts a checkpointed environment; what CRIU refuses leaves the environ
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -18,6 +19,7 @@ from rollstack import Client, errors
 from rollstack.node.config import NodeConfig
 from rollstack.node.service import NodeService
 from rollstack.run import checkpoint as ckpt
+from rollstack.run import teardown
 
 pytestmark = pytest.mark.integration
 TOKEN = "checkpoint-token"
@@ -130,16 +132,83 @@ int main(void) {
 """
 
 
+KNOCK_C = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+int main(void) {  /* what a process of the environment gets from the agent's address */
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path + 1, "rollstack-execd", 15);
+    if (connect(s, (struct sockaddr *)&a, offsetof(struct sockaddr_un, sun_path) + 16)) { puts("no listener"); return 3; }
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char c;
+    if (read(s, &c, 1) == 0) { puts("closed unserved"); return 0; }
+    puts("served");  /* a shim waiting for our request */
+    return 2;
+}
+"""
+
+
+def _static(tmp_path: Path, name: str, source: str) -> bytes:
+    (tmp_path / f"{name}.c").write_text(source)
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(tmp_path / name), str(tmp_path / f"{name}.c")], check=True)
+    return (tmp_path / name).read_bytes()
+
+
+def test_the_agent_inside_serves_only_the_node(node, tmp_path: Path) -> None:
+    """After a checkpoint the agent's address is reachable from inside the environment: a process
+    there that connects is closed unserved (it would otherwise run commands as PID 1)."""
+    root, service, client = node
+    env = client.create(plan(security={"userns": True}))
+    remember(root, env.id)
+    try:
+        env.write_file("/tmp/knock", _static(tmp_path, "knock", KNOCK_C))
+        env.pause("checkpoint")
+        env.resume()
+        r = env.exec(["/bin/sh", "-c", "chmod +x /tmp/knock && /tmp/knock"], timeout=60)
+        assert (r.exit_code, r.stdout) == (0, "closed unserved\n"), r
+        assert env.exec(["echo", "the node still is"]).stdout == "the node still is\n"
+    finally:
+        env.destroy()
+
+
+def test_a_move_recorded_late_is_found_by_the_next_checkpoint(node, runc_execs) -> None:
+    """execd moved its listener but the node never recorded it (its wait timed out): the next
+    checkpoint sees the listener inside already instead of waiting for a move that happened."""
+    root, service, client = node
+    env = client.create(plan())
+    remember(root, env.id)
+    try:
+        handle = service._get(env.id).runtime
+        pid = handle._init_pid()
+        before = os.readlink(f"/proc/{pid}/fd/3")
+        assert teardown.signal_init(handle, signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while os.readlink(f"/proc/{pid}/fd/3") == before:
+            assert time.monotonic() < deadline, "execd never moved its listener"
+            time.sleep(0.01)
+        assert env.pause("checkpoint").pause_mode == "checkpoint"
+        env.resume()
+        assert env.exec(["echo", "ok"]).stdout == "ok\n" and runc_execs == []
+    finally:
+        env.destroy()
+
+
 def test_an_agent_address_taken_inside_leaves_execs_to_runc(node, runc_execs, tmp_path: Path) -> None:
     """A process of the environment holds the agent's address in its network namespace before
     the checkpoint: execd cannot listen there, so execs go through `runc exec`, and still work."""
     root, service, client = node
-    (tmp_path / "squat.c").write_text(SQUAT_C)
-    subprocess.run(["gcc", "-static", "-O2", "-o", str(tmp_path / "squat"), str(tmp_path / "squat.c")], check=True)
+    squat = _static(tmp_path, "squat", SQUAT_C)
     env = client.create(plan())
     remember(root, env.id)
     try:
-        env.write_file("/tmp/squat", (tmp_path / "squat").read_bytes())
+        env.write_file("/tmp/squat", squat)
         assert env.exec(["/bin/sh", "-c", "chmod +x /tmp/squat; setsid /tmp/squat </dev/null >/dev/null 2>&1 & "
                          "while ! grep -q '@rollstack-execd' /proc/net/unix; do sleep 0.01; done"],
                         timeout=60).exit_code == 0
