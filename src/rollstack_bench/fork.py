@@ -73,9 +73,7 @@ def _runc_floor(work: Path, reps: int) -> dict[str, Any]:
     none of rollstack around it (no overlay, no user namespace, no quotas). A fork's children are
     such starts plus rollstack's own steps, so fork(8) / fork(1) cannot go below this ratio by
     much with cold starts."""
-    import json
     import shutil
-    import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
     from rollstack.run.initbin import find_execd

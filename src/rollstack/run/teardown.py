@@ -41,8 +41,7 @@ def signal_init(env: "Environment", sig: int) -> bool:
     except OSError:
         return False
     try:
-        if f"/{env.runtime.config.cgroup_parent.strip('/')}/{env.id}" not in \
-                Path(f"/proc/{pid}/cgroup").read_text():
+        if env._cgroup_suffix() not in Path(f"/proc/{pid}/cgroup").read_text():
             return False
         signal.pidfd_send_signal(fd, sig)
         return True
