@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXECD := native/build/rollstack-execd
 TREECP := native/build/rollstack-treecp
+ROOTSWITCH := native/build/rollstack-rootswitch
 CRIU := /usr/local/libexec/rollstack/criu
 # Harbor needs Python >= 3.12 (the project's venv is 3.11): its provider runs in a venv of its
 # own with this package's source on its path (docs/harbor.md)
@@ -14,7 +15,7 @@ HARBOR_STAMP := $(HARBOR_VENV)/.installed
 
 .PHONY: setup demo test lint test-unit test-integration bench-quick clean
 
-setup: $(STAMP) $(EXECD) $(TREECP) $(CRIU) $(HARBOR_STAMP)
+setup: $(STAMP) $(EXECD) $(TREECP) $(ROOTSWITCH) $(CRIU) $(HARBOR_STAMP)
 
 $(HARBOR_STAMP): requirements/harbor.txt
 	test -n "$(HARBOR_PY)" || { echo "setup: Harbor needs a Python 3.12 (pyenv install 3.12 or apt-get install python3.12)" >&2; exit 1; }
@@ -24,9 +25,9 @@ $(HARBOR_STAMP): requirements/harbor.txt
 	$(HARBOR_VENV)/bin/python -c 'import harbor, rollstack.integrations.harbor'
 	touch $(HARBOR_STAMP)
 
-# the static in-sandbox exec agent / PID 1 (docs/runtime.md) and the fork's tree copy
-# (docs/fork.md); Debian's gcc + libc6-dev
-$(EXECD) $(TREECP) &: native/execd/execd.c native/treecp/treecp.c native/build.sh scripts/setup-system.sh
+# the static in-sandbox exec agent / PID 1 (docs/runtime.md), the fork's tree copy and the
+# late-bound sandboxes' root switch (docs/fork.md); Debian's gcc + libc6-dev
+$(EXECD) $(TREECP) $(ROOTSWITCH) &: native/execd/execd.c native/treecp/treecp.c native/rootswitch/rootswitch.c native/build.sh scripts/setup-system.sh
 	bash scripts/setup-system.sh
 	bash native/build.sh
 

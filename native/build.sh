@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds rollstack's static in-sandbox helpers with Debian's gcc and glibc (libc6-dev's libc.a).
 # Output: native/build/rollstack-execd (run in every environment, found by rollstack.run.initbin)
-# and native/build/rollstack-treecp (the fork's copy of a frozen upper, rollstack.run.snapshot).
+# native/build/rollstack-treecp (the fork's copy of a frozen upper, rollstack.run.snapshot) and
+# native/build/rollstack-rootswitch (a late-bound sandbox's switch to its root, rollstack.run.lateroot).
 # Idempotent.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -11,4 +12,6 @@ ${CC:-gcc} -static -O2 -Wall -Wextra -Werror -o "$out/rollstack-execd.tmp" "$her
 mv "$out/rollstack-execd.tmp" "$out/rollstack-execd"
 ${CC:-gcc} -static -O2 -Wall -Wextra -Werror -o "$out/rollstack-treecp.tmp" "$here/treecp/treecp.c"
 mv "$out/rollstack-treecp.tmp" "$out/rollstack-treecp"
-echo "built $out/rollstack-execd and $out/rollstack-treecp" >&2
+${CC:-gcc} -static -O2 -Wall -Wextra -Werror -o "$out/rollstack-rootswitch.tmp" "$here/rootswitch/rootswitch.c"
+mv "$out/rollstack-rootswitch.tmp" "$out/rollstack-rootswitch"
+echo "built $out/rollstack-execd, rollstack-treecp and rollstack-rootswitch" >&2

@@ -58,18 +58,33 @@ def remember(root: Path, env_id: str) -> None:
     _IDS.setdefault(str(root), set()).add(env_id)
 
 
-def leftovers(root: Path) -> dict[str, list[str]]:
+def pooled(service: Any, timeout: float = 120) -> set[str]:
+    """The ids of the sandboxes `service`'s pools hold (the create warm pool's and the forks'
+    late-bound one), once both are settled (nothing starting or being destroyed)."""
+    ids: set[str] = set()
+    for pool in (service.stages.warm, service.stages.late):
+        if pool is not None:
+            assert pool.wait_full(timeout), pool.stats()
+            with pool._cond:
+                ids |= {e.id for s in pool._pools.values() for e in s.ready + s.stale}
+    return ids
+
+
+def leftovers(root: Path, service: Any = None) -> dict[str, list[str]]:
     """Everything a node could leave under `root`: mounts, env dirs, runc state, and the cgroups
-    of the environments the tests remembered (other tests share the host's rollstack/ parent)."""
+    of the environments the tests remembered (other tests share the host's rollstack/ parent).
+    `service`: a running node's; its pools' sandboxes (`pooled`) are not leftovers."""
+    keep = pooled(service) if service is not None else set()
     mounts = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             mp = line.split(" ")[4]
-            if mp.startswith(str(root / "envs")):
+            if mp.startswith(str(root / "envs")) and Path(mp).relative_to(root / "envs").parts[0] not in keep:
                 mounts.append(mp)
-    envs = sorted(p.name for p in (root / "envs").iterdir()) if (root / "envs").is_dir() else []
+    envs = sorted(p.name for p in (root / "envs").iterdir() if p.name not in keep) if (root / "envs").is_dir() else []
     runc_dir = root / "runc"
-    runc = sorted(p.name for p in runc_dir.iterdir() if p.is_dir() and not p.name.startswith("rs-exec-")) \
+    runc = sorted(p.name for p in runc_dir.iterdir()
+                  if p.is_dir() and not p.name.startswith("rs-exec-") and p.name not in keep) \
         if runc_dir.is_dir() else []
     ids = _IDS.get(str(root), set())
     cgroups = []
@@ -78,7 +93,8 @@ def leftovers(root: Path) -> dict[str, list[str]]:
         if parent.is_dir():
             cgroups += [str(p) for p in parent.iterdir() if p.is_dir() and p.name in ids]
     records_dir = root / "node-envs"  # node.recovery.RECORDS_DIR: records and reserved tmps
-    records = sorted(p.name for p in records_dir.iterdir()) if records_dir.is_dir() else []
+    records = sorted(p.name for p in records_dir.iterdir() if not any(k in p.name for k in keep)) \
+        if records_dir.is_dir() else []
     forks = layer_names(root / "forks")
     return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "records": records,
             "forks": forks}

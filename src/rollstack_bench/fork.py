@@ -5,8 +5,11 @@ An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busy
 10 MB in 1,000 files by default, then one `--big-mib` MiB file), and is forked:
 - `fork(1)` and `fork(8)` latency as the caller sees it (p50 over `--reps`), with the node's own
   split: the parent's pause (the cut), the copy of its upper, and the slowest child's start
-  (its `runc run`); each fork right after the previous one's children were destroyed (their
-  teardowns running beside it, as in an RL loop), and again on a quiet node (waiting for them);
+  (its root switch on a late-bound sandbox, else its `runc run`) and how many children took a
+  late-bound sandbox; each fork right after the previous one's children were destroyed (their
+  teardowns running beside it and the pool refilling, as in an RL loop), again on a quiet node
+  (waiting for them and for the pool), and again with every child a cold start (the pool set
+  aside), side by side;
 - bare `runc run -d` of a static init, 1 and 8 at once (the floor of cold starts on this node);
 - the same with the big diff;
 - `create(count=8)` beside `create()` of the same plan, the cost a fork replaces;
@@ -46,10 +49,13 @@ def _p50(xs: list[float]) -> float:
 def _fork_times(parent: Any, count: int, reps: int, quiet: Any = None) -> dict[str, Any]:
     """`parent.fork(count)` `reps` times, the children checked and destroyed after each; with
     `quiet` (the node), each fork waits until the previous children's teardowns are done."""
-    wall, pause, copy, memory, start = [], [], [], [], []
+    wall, pause, copy, memory, start, warm = [], [], [], [], [], []
     for _ in range(reps):
         if quiet is not None:
             quiet.service.wait_destroyed(300)
+            late = quiet.service.stages.late
+            if late is not None:
+                late.wait_full(120)  # and the late-bound sandboxes refilled
         t = time.perf_counter()
         kids = parent.fork(count)
         wall.append(time.perf_counter() - t)
@@ -59,12 +65,14 @@ def _fork_times(parent: Any, count: int, reps: int, quiet: Any = None) -> dict[s
         pause.append(float(group.get("fork_pause_s", 0.0)))
         copy.append(float(group.get("fork_copy_s", 0.0)))
         memory.append(float(group.get("fork_in_memory", 0.0)))
+        warm.append(sum(bool(k.created and k.created.timings.warm) for k in kids))
         for k in kids:
             assert k.exec(["cat", "marker"]).stdout == "cut\n", "a child lost the parent's state"
             k.destroy()
     return {"count": count, "reps": reps, "p50_s": _p50(wall), "max_s": round(max(wall), 4),
             "pause_p50_s": _p50(pause), "copy_p50_s": _p50(copy), "child_start_p50_s": _p50(start),
-            "layers_in_memory": f"{sum(m > 0 for m in memory)}/{len(memory)}"}
+            "layers_in_memory": f"{sum(m > 0 for m in memory)}/{len(memory)}",
+            "late_bound_children": f"{sum(warm)}/{count * reps}"}
 
 
 def _runc_floor(work: Path, reps: int) -> dict[str, Any]:
@@ -125,6 +133,17 @@ def _on_disk(node: Any) -> Iterator[None]:
         yield
     finally:
         forks.memory = memory
+
+
+@contextlib.contextmanager
+def _cold_children(node: Any) -> Iterator[None]:
+    """Forks' children start cold meanwhile (the late-bound pool set aside, still refilling)."""
+    stages = node.service.stages
+    late, stages.late = stages.late, None
+    try:
+        yield
+    finally:
+        stages.late = late
 
 
 def _exec_p50(env: Any, n: int = 20) -> float:
@@ -276,6 +295,9 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
             doc["small"] = {"fork_1": _fork_times(parent, 1, reps), "fork_8": _fork_times(parent, 8, max(2, reps // 3))}
             doc["small_quiet"] = {"fork_1": _fork_times(parent, 1, reps, quiet=node),
                                   "fork_8": _fork_times(parent, 8, max(2, reps // 3), quiet=node)}
+            with _cold_children(node):  # the same forks with every child a cold start, side by side
+                doc["small_cold"] = {"fork_1": _fork_times(parent, 1, reps, quiet=node),
+                                     "fork_8": _fork_times(parent, 8, max(2, reps // 3), quiet=node)}
             with _on_disk(node):  # the same cuts with the fork store's tmpfs off, side by side
                 doc["small_on_disk"] = {"fork_1": _fork_times(parent, 1, reps),
                                         "fork_8": _fork_times(parent, 8, max(2, reps // 3))}
@@ -330,10 +352,14 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
     quiet = doc["small_quiet"]
     doc["fork_8_over_fork_1_quiet"] = round(quiet["fork_8"]["p50_s"] / quiet["fork_1"]["p50_s"], 2) \
         if quiet["fork_1"]["p50_s"] else 0.0
+    cold = doc["small_cold"]
+    doc["fork_8_over_fork_1_cold"] = round(cold["fork_8"]["p50_s"] / cold["fork_1"]["p50_s"], 2) \
+        if cold["fork_1"]["p50_s"] else 0.0
     doc["goals"] = {
         "fork_1_small_le_100ms": small["fork_1"]["p50_s"] <= 0.1,
         "fork_1_big_le_1s": big["fork_1"]["p50_s"] <= 1.0,
         "fork_8_le_1_5x_fork_1": ratio <= 1.5,
+        "fork_8_le_1_5x_fork_1_quiet": doc["fork_8_over_fork_1_quiet"] <= 1.5,
         "cycles_leave_nothing": doc["left_after_cycles"] == [],
         "resume_le_50ms": doc["pause_resume"]["resume_p50_s"] <= 0.05,
         "snapshot_publish_le_2s": doc["snapshot"]["publish_s"] <= 2.0,
@@ -347,10 +373,13 @@ def _human(doc: dict[str, Any]) -> None:
     d = doc["diff"]
     print(f"diff {d['files']} x {d['file_kib']} KiB: fork(1) p50 {s['fork_1']['p50_s'] * 1e3:.0f} ms "
           f"(pause {s['fork_1']['pause_p50_s'] * 1e3:.0f} ms, copy {s['fork_1']['copy_p50_s'] * 1e3:.0f} ms), "
-          f"fork(8) p50 {s['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1']}x)")
-    q = doc["small_quiet"]
-    print(f"on a quiet node (the previous children's teardowns done): fork(1) p50 {q['fork_1']['p50_s'] * 1e3:.0f} ms, "
-          f"fork(8) p50 {q['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1_quiet']}x)")
+          f"fork(8) p50 {s['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1']}x); children on late-bound "
+          f"sandboxes {s['fork_1']['late_bound_children']} and {s['fork_8']['late_bound_children']}")
+    q, cd = doc["small_quiet"], doc["small_cold"]
+    print(f"on a quiet node (the previous children's teardowns done, the pool refilled): fork(1) p50 "
+          f"{q['fork_1']['p50_s'] * 1e3:.0f} ms, fork(8) p50 {q['fork_8']['p50_s'] * 1e3:.0f} ms "
+          f"({doc['fork_8_over_fork_1_quiet']}x); every child cold: {cd['fork_1']['p50_s'] * 1e3:.0f} ms, "
+          f"{cd['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1_cold']}x)")
     fl = doc["runc_floor"]
     if "skipped" not in fl:
         print(f"bare runc run -d of a static init: 1 p50 {fl['run_1_p50_s'] * 1e3:.0f} ms, 8 at once "

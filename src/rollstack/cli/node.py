@@ -39,6 +39,8 @@ def start(
     token_file: Annotated[Optional[Path], typer.Option("--token-file", help="bearer token file [default: ROOT/token]")] = None,
     max_environments: Annotated[Optional[int], typer.Option("--max-environments", help="admission limit")] = None,
     warm_pool: Annotated[Optional[int], typer.Option("--warm-pool", help="started sandboxes kept per stack [default: 0, off]")] = None,
+    fork_warm: Annotated[Optional[int], typer.Option(
+        "--fork-warm", help="late-bound sandboxes kept for forks' children once the node forked [default: 8; 0: off]")] = None,
     uplink: Annotated[Optional[list[str]], typer.Option(
         "--uplink", help="host interface whose forwarding egress may switch on (repeatable) [default: those the routes to each destination use]")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", help="stay attached")] = False,
@@ -54,6 +56,7 @@ def start(
         token_file=token_file.absolute() if token_file else None,
         max_environments=max_environments,
         warm_pool=warm_pool,
+        fork_warm=fork_warm,
         network_uplinks=uplink or None,
     )
     if foreground:

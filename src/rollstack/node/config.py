@@ -93,6 +93,10 @@ class NodeConfig(BaseModel):
     warm_pool: int = Field(default=0, ge=0)
     """Started sandboxes kept per layer stack and handed out at create (rollstack.node.warm;
     docs/node.md, "Warm pool"); 0: off, every create starts its container."""
+    fork_warm: int = Field(default=8, ge=0)
+    """Late-bound sandboxes kept for forks' children once the node has forked (rollstack.node.
+    warm, rollstack.run.lateroot; docs/fork.md): a child takes one and gets its root switched in
+    instead of a cold start; 0: off, every child starts its container."""
     warm_pool_max: int = Field(default=64, ge=1)
     """Warm sandboxes on the node in all (never more than max_environments minus live ones)."""
     warm_stacks: int = Field(default=4, ge=1)

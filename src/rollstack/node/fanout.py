@@ -91,7 +91,7 @@ def create_group(service: "NodeService", plan: Any, count: int,
                  source: Callable[[], Any] | None = None) -> list[CreateResponse]:
     """`count` environments of `plan`, all or none. `source`: a fork's shared work instead of
     `Stages.prepare` (the parent's frozen layer on its lowers: `Stages.fork_source`), called
-    once all are admitted; a fork takes no warm sandboxes."""
+    once all are admitted; a fork's children take late-bound sandboxes (`_take_late`)."""
     if not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
         raise InvalidRequest(f"count must be 1..{MAX_COUNT}, not {count!r}")
     stages = service._stages()
@@ -117,6 +117,7 @@ def create_group(service: "NodeService", plan: Any, count: int,
         else:
             prepared = replace(source(), group=group)
             group.times.update({f"fork_{k}": v for k, v in prepared.fork.items()})
+            _take_late(stages, service, recs, group)
         _begin_all(stages, recs, prepared, group)
     except BaseException:
         _release(service, recs)
@@ -148,15 +149,32 @@ def create_group(service: "NodeService", plan: Any, count: int,
 
 def _take_warm(stages: "Stages", service: "NodeService", recs: list[Any], prepared: Any, group: Group) -> None:
     """Up to len(recs) warm sandboxes in one step; each taken one's record takes its id."""
+    if stages.warm is None or not _eligible(stages, group.plan):
+        return
+    t = time.perf_counter()
+    envs = stages.warm.take_many([r.digest for r in prepared.refs], prepared.lowers, len(recs),
+                                 group.plan.workdir)
+    _hand(service, recs, envs, group, t)
+
+
+def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], group: Group) -> None:
+    """Up to len(recs) late-bound sandboxes (a fork's children: `Stages.build` binds each one's
+    root); each taken one's record takes its id."""
+    if stages.late is None or not _eligible(stages, group.plan):
+        return
+    t = time.perf_counter()
+    _hand(service, recs, stages.late.take_late(len(recs)), group, t)
+
+
+def _eligible(stages: "Stages", plan: Any) -> bool:
     from rollstack.node.netplan import network_spec
     from rollstack.node.warm import eligible
 
-    plan = group.plan
-    if stages.warm is None or not eligible(plan, network_spec(plan, reserved_node_ports=(
-            stages.config.host_port()[1],))):
-        return
-    t = time.perf_counter()
-    envs = stages.warm.take_many([r.digest for r in prepared.refs], prepared.lowers, len(recs), plan.workdir)
+    return eligible(plan, network_spec(plan, reserved_node_ports=(stages.config.host_port()[1],)))
+
+
+def _hand(service: "NodeService", recs: list[Any], envs: list[Any], group: Group, t: float) -> None:
+    """The taken sandboxes go to the first records, which take their ids."""
     for rec, env in zip(recs, envs):
         service.rekey(rec, env.id)
         rec.runtime = env  # a failing build (or release) tears it down with the record

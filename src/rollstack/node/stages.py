@@ -37,6 +37,7 @@ from rollstack.node import recovery
 from rollstack.node.forks import ForkLayers
 from rollstack.node.volumes import Volumes
 from rollstack.node.recovery import end_orphan_daemon
+from rollstack.run import lateroot
 from rollstack.fetch.traces import trace_keys
 
 if TYPE_CHECKING:
@@ -115,6 +116,8 @@ class Stages:
         self.adopted: list[tuple[Environment, dict[str, Any]]] = []
         self.warm: WarmPool | None = None
         """Started sandboxes handed out at create (rollstack.node.warm.attach sets it)."""
+        self.late: WarmPool | None = None
+        """Late-bound sandboxes a fork's children take (rollstack.node.warm.attach sets it)."""
         self.rekey: Callable[[EnvRecord, str], None] | None = None
         """Renames an admitted record to a warm sandbox's id (the service's map is keyed by it)."""
 
@@ -286,9 +289,10 @@ class Stages:
         return provisioner.start()
 
     def stop(self) -> None:
-        if self.warm is not None:  # its sandboxes stack the lazy store's dirs: before it stops
-            self.warm.stop()
-            self.warm = None
+        for pool in (self.warm, self.late):  # sandboxes stack the lazy store's dirs: before it stops
+            if pool is not None:
+                pool.stop()
+        self.warm = self.late = None
         adopted_daemon = self.lazy is not None and self.lazy.process is None
         for name in ("provisioner", "lowers", "lazy"):
             part = getattr(self, name)
@@ -372,12 +376,19 @@ class Stages:
             memory=plan.resources.memory,
             volumes=tuple((str(self.volumes.data(m.name)), m.path, m.read_only) for m in plan.volumes),
         )
-        if warm is not None:
+        if warm is not None and lateroot.unbound(warm):
+            warm = self._bind_late(rec, warm, lowers, shared.fork_layers, mutate)
+            if warm is not None:
+                from rollstack.node.warm import handout
+
+                handout(warm, plan, dict(params.env), mutated=True)  # workdir, exec defaults
+        elif warm is not None:
             from rollstack.node.warm import handout
 
+            warm.timings = {"mutation": handout(warm, plan, dict(params.env), mutate)}  # mount, start: before
+        if warm is not None:
             env = warm
             timings.warm = True
-            env.timings = {"mutation": handout(env, plan, dict(params.env), mutate)}  # mount, start: before
             if self.provisioner is None:  # register below applies them otherwise
                 env.update(cpu=plan.resources.cpu, memory=plan.resources.memory)
         else:
@@ -407,6 +418,22 @@ class Stages:
             "expose": list(net.expose)}
         return Built(runtime=env, refs=refs, stack_digest=stack.stack_digest, fetch=fetch,
                      network=network)
+
+    def _bind_late(self, rec: EnvRecord, env: Environment, lowers: list[Path], fork_layers: list[Path],
+                   mutate: Callable[[Path], None] | None) -> Environment | None:
+        """A late-bound sandbox given its root (rollstack.run.lateroot.bind); None when that
+        failed: the sandbox is destroyed and the record is built cold under the same id."""
+        try:
+            lateroot.bind(env, lowers, fork_layers, before_start=mutate)
+            return env
+        except Exception:  # noqa: BLE001 - the environment is created cold instead
+            log.warning("late-bound sandbox %s: binding its root failed; creating it cold", env.id,
+                        exc_info=True)
+            if self.late is not None:
+                self.late.count("bind_failures")
+        rec.runtime = None
+        env.destroy()  # raises when it cannot finish: the create fails, typed, nothing reused
+        return None
 
     def fork_source(self, rec: EnvRecord) -> Prepared:
         """What a fork's children share: the parent's upper frozen into a layer (the parent
@@ -771,8 +798,9 @@ class Stages:
             out.update(flatten(stats, "lazy"))
         if self.lowers is not None:
             out.update(self.lowers.metrics())
-        if self.warm is not None:
-            out.update(self.warm.stats())
+        for pool in (self.warm, self.late):
+            if pool is not None:
+                out.update(pool.stats())
         out["agent_rss_bytes"] = float(_rss())
         return out
 

@@ -37,6 +37,13 @@ Refill: one background thread starts one sandbox at a time, then sleeps so that 
 most `warm_cpu_share` of the time (and never while `room()` says the node has no space for
 another container, nor within `REFILL_GRACE` of the last handout). A create that finds the pool empty is a cold create and wakes the refill.
 
+Late-bound sandboxes (`NodeConfig.fork_warm`, on by default): a second pool of this class
+(`late=True`) keeps sandboxes started on no root at all (rollstack.run.lateroot): they serve
+any stack, and a fork's children take them, each getting the overlay of the parent's frozen
+changes mounted and switched in at handout (`lateroot.bind`, ~3-8 ms) instead of a `runc run`
+(~35-50 ms; 8 at once 3-3.5x one). It fills only after the node's first fork (a node that never
+forks holds none), to `fork_warm`; a child whose switch fails is created cold.
+
 Accounting: a warm sandbox is a container but not an environment: it is not admitted, holds no
 provisioner quota and is not listed. It uses ~1 MiB (execd's RSS, kernel objects) and no CPU
 while it waits. The pool never starts one while live environments + warm sandboxes would exceed
@@ -89,15 +96,21 @@ class _Stack:
     workdir: str | None = None  # the last handout's plan workdir: copied up in new sandboxes
 
 
+LATE = ("late-bound",)
+"""The one stack key of a late-bound pool (its sandboxes have no lowers until handout)."""
+
+
 class WarmPool:
-    """Per-stack pools of started sandboxes with one refill thread."""
+    """Per-stack pools of started sandboxes with one refill thread. `late`: one pool of
+    late-bound sandboxes (rollstack.run.lateroot), taken with `take_late`."""
 
     def __init__(self, runtime: "EnvironmentRuntime", size: int, max_total: int = 64,
                  stacks: int = 4, cpu_share: float = 0.5,
                  room: Callable[[], int] | None = None, records: Path | None = None,
-                 fast: Callable[[Sequence[str]], bool] | None = None) -> None:
+                 fast: Callable[[Sequence[str]], bool] | None = None, late: bool = False) -> None:
         if size < 1 or max_total < 1 or stacks < 1 or not 0 < cpu_share <= 1:
             raise ValueError("warm pool: size, max_total, stacks >= 1 and 0 < cpu_share <= 1")
+        self.late = late
         self.runtime, self.size, self.max_total = runtime, size, max_total
         self.stacks, self.cpu_share = stacks, cpu_share
         self.room = room or (lambda: 1 << 30)  # containers the node allows besides live envs
@@ -110,7 +123,7 @@ class WarmPool:
         self._stopped = False
         self._quiet_until = 0.0  # no sandbox is started before (REFILL_GRACE after a handout)
         self.counters = {"hits": 0, "misses": 0, "started": 0, "start_failures": 0,
-                         "discarded": 0, "dead": 0}
+                         "discarded": 0, "dead": 0, **({"bind_failures": 0} if late else {})}
         self._thread = threading.Thread(target=self._loop, name="rollstack-warm", daemon=True)
         self._thread.start()
 
@@ -157,6 +170,23 @@ class WarmPool:
             self._quiet_until = time.monotonic() + REFILL_GRACE
             self._cond.notify_all()
         return got
+
+    def take_late(self, n: int) -> "list[Environment]":
+        """Up to `n` started late-bound sandboxes (a late pool's; `lateroot.bind` gives each
+        its root)."""
+        assert self.late, "take_late on a pool of stacks"
+        return self.take_many(LATE, (), n)
+
+    def count(self, name: str) -> None:
+        """One more of counter `name` (e.g. a late sandbox's failed `bind`, counted by its taker)."""
+        with self._cond:
+            self.counters[name] = self.counters.get(name, 0) + 1
+
+    def total(self) -> int:
+        """Sandboxes this pool holds or is starting, read without its lock (another pool's
+        refill asks while holding its own: no lock order to get wrong; `list` copies the dict's
+        values in one step under the GIL)."""
+        return sum(len(s.ready) + len(s.stale) + s.starting for s in list(self._pools.values()))
 
     def ready(self) -> int:
         with self._cond:
@@ -205,9 +235,13 @@ class WarmPool:
         return False
 
     def stats(self) -> dict[str, float]:
+        """Counters and levels, named `warm_*` (a late pool's `fork_warm_*`)."""
+        p = "fork_warm" if self.late else "warm"
         with self._cond:
-            out = {f"warm_{k}_total": float(v) for k, v in self.counters.items()}
-            out["warm_ready"] = float(sum(len(s.ready) for s in self._pools.values()))
+            out = {f"{p}_{k}_total": float(v) for k, v in self.counters.items()}
+            out[f"{p}_ready"] = float(sum(len(s.ready) for s in self._pools.values()))
+            if self.late:
+                return out
             out["warm_stale"] = float(sum(len(s.stale) for s in self._pools.values()))
             out["warm_stacks"] = float(len(self._pools))
             last = next(reversed(self._pools.values()), None)
@@ -321,10 +355,14 @@ class WarmPool:
         from rollstack.run.ocispec import SpecParams
 
         env_id = new_env_id()
+        params = SpecParams(env_id=env_id, cwd="/", cpu=WARM_CPU, memory=WARM_MEMORY)
         try:
-            env = self.runtime.create(env_id, [Path(p) for p in stack.lowers],
-                                      SpecParams(env_id=env_id, cwd="/", cpu=WARM_CPU,
-                                                 memory=WARM_MEMORY))
+            if self.late:
+                from rollstack.run import lateroot
+
+                env = lateroot.start(self.runtime, env_id, params)
+            else:
+                env = self.runtime.create(env_id, [Path(p) for p in stack.lowers], params)
         except Exception:  # noqa: BLE001 - a create that needs it goes cold; logged, counted
             log.exception("starting a warm sandbox on %s failed", stack.lowers)
             with self._cond:
@@ -348,7 +386,7 @@ class WarmPool:
             env.reserve_meta()
             if self.records is not None:
                 recovery.reserve_record(self.records, env.id)
-            if workdir:
+            if workdir and not self.late:  # a late one's root is not there yet
                 from rollstack.run.files import SafeRoot
 
                 SafeRoot(env.rootfs).copy_up_dirs(workdir)
@@ -368,10 +406,11 @@ class WarmPool:
 
 
 def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
-            mutate: Callable[[Path], None] | None = None) -> float:
+            mutate: Callable[[Path], None] | None = None, mutated: bool = False) -> float:
     """Make a taken sandbox the plan's environment (quotas are the caller's: the provisioner's
     register): mutation through the merged view (`mutate(root)`, a GRPO group's planned once,
-    else the plan's applied here), the workdir, exec defaults. Returns the mutation's seconds."""
+    else the plan's applied here; `mutated`: already written, as `lateroot.bind` does), the
+    workdir, exec defaults. Returns the mutation's seconds."""
     from rollstack.errors import UnsafePath
     from rollstack.run.files import SafeRoot
     from rollstack.run.ocispec import SpecParams, build_spec
@@ -381,7 +420,7 @@ def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
     build_spec(str(env.rootfs), SpecParams(env_id=env.id, cwd=plan.workdir, env=exec_env))
     shifted = bool(env.meta().get("userns"))
     t = time.monotonic()
-    if plan.mutation_text:
+    if plan.mutation_text and not mutated:
         if mutate is None:
             from rollstack.plan.mutation import apply_mutation
 
@@ -412,7 +451,7 @@ def attach(service: Any) -> None:
     """Give a started `NodeService` a warm pool when its config asks for one."""
     cfg = service.config
     stages = service.stages
-    if cfg.warm_pool <= 0 or stages is None or stages.runtime is None:
+    if (cfg.warm_pool <= 0 and cfg.fork_warm <= 0) or stages is None or stages.runtime is None:
         return
     if not stages.runtime.uses_agent:  # a sandbox's exec defaults work on both paths, but
         log.info("warm pool off: no exec agent")  # catatonit has no agent to keep ready
@@ -421,7 +460,23 @@ def attach(service: Any) -> None:
     def room() -> int:  # containers the node allows besides its live environments
         return cfg.max_environments - service.live_count()
 
+    def room_beside(other: str) -> Callable[[], int]:  # each pool leaves the other's sandboxes their room
+        def left() -> int:
+            pool = getattr(stages, other)  # read once: stop() may clear it meanwhile
+            return room() - (pool.total() if pool is not None else 0)
+        return left
+
     stages.rekey = service.rekey
-    stages.warm = WarmPool(stages.runtime, cfg.warm_pool, max_total=cfg.warm_pool_max,
-                           stacks=cfg.warm_stacks, cpu_share=cfg.warm_cpu_share, room=room,
-                           records=cfg.root, fast=stages.fast_lowers)
+    if cfg.warm_pool > 0:
+        stages.warm = WarmPool(stages.runtime, cfg.warm_pool, max_total=cfg.warm_pool_max,
+                               stacks=cfg.warm_stacks, cpu_share=cfg.warm_cpu_share,
+                               room=room_beside("late"), records=cfg.root, fast=stages.fast_lowers)
+    if cfg.fork_warm > 0:
+        from rollstack.run import lateroot
+
+        if lateroot.available(stages.runtime):
+            stages.late = WarmPool(stages.runtime, cfg.fork_warm, max_total=cfg.fork_warm, stacks=1,
+                                   cpu_share=cfg.warm_cpu_share, room=room_beside("warm"),
+                                   records=cfg.root, late=True)
+        else:
+            log.info("late-bound fork sandboxes off: %s not built", lateroot.ROOTSWITCH_NAME)

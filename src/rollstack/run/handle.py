@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
 import tempfile
 from contextlib import contextmanager
 from functools import partial
@@ -99,6 +100,27 @@ class Environment:
         except (OSError, IndexError):
             return False
         return state not in ("Z", "X") and self._cgroup_suffix() in cgroup
+
+    @contextmanager
+    def pinned_init(self) -> Iterator[tuple[int, int] | None]:
+        """PID 1 pinned by a pidfd: `(pid, pidfd)` while the block runs, if that process is still
+        in this environment's cgroup (no reused pid is ever taken for it), else None."""
+        pid = self._init_pid()
+        try:
+            fd = os.pidfd_open(pid) if pid is not None else None
+        except OSError:
+            fd = None
+        if pid is None or fd is None:
+            yield None
+            return
+        try:
+            try:
+                ours = self._cgroup_suffix() in Path(f"/proc/{pid}/cgroup").read_text()
+            except OSError:
+                ours = False
+            yield (pid, fd) if ours else None
+        finally:
+            os.close(fd)
 
     def _cgroup_suffix(self) -> str:
         """What a line of /proc/PID/cgroup of the environment's processes contains."""

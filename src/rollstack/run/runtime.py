@@ -162,13 +162,7 @@ class EnvironmentRuntime:
         `before_start(rootfs)` runs between mount and start (the node applies the task mutation
         there). On any failure everything created so far is destroyed before the error rises.
         """
-        if params.env_id != env_id:
-            params = replace(params, env_id=env_id)
-        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        if hard != resource.RLIM_INFINITY and params.nofile > hard:
-            # runc cannot raise a hard limit above its own without CAP_SYS_RESOURCE.
-            params = replace(params, nofile=int(hard))
-        params = replace(params, init=self.init, cgroup_parent=self.config.cgroup_parent)
+        params = self.spec_params(env_id, params)
         env = Environment(self, env_id)
         if env.dir.exists():
             raise InvalidRequest(f"environment {env_id} already exists")
@@ -213,7 +207,7 @@ class EnvironmentRuntime:
             t0 = time.monotonic()
             stack = [Path(p) for p in lowers]
             if userns:
-                stack = self._idmapped(env, stack, skip=len(fork_layers))  # counted in timings["mount"]
+                stack = self.idmapped(env, stack, skip=len(fork_layers))  # counted in timings["mount"]
             overlay.mount_overlay(stack, env.upper, env.work, env.rootfs)
             t1 = time.monotonic()
             env.timings["mount"] = t1 - t0
@@ -231,20 +225,7 @@ class EnvironmentRuntime:
             t2 = time.monotonic()
             if userns:
                 spec["root"]["path"] = str(uns.publish_rootfs(env.dir, env.rootfs))
-            (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
-            # gVisor: execd is PID 1 without an exec socket (execs go through `runsc exec`)
-            listener = agent.bind_listener(env.dir) if self.uses_agent and runtime == "runc" else None
-            try:
-                engine = self.engine(runtime)
-                # with the seccomp profile (keyctl/add_key/request_key denied) the environment
-                # gets no session keyring of its own (runc.run_detached: the key quota)
-                keyring = not params.seccomp
-                env.pid = engine.run_detached(env_id, env.bundle, listen_fd=listener.fileno(),
-                                              new_keyring=keyring) \
-                    if listener is not None else engine.run_detached(env_id, env.bundle, new_keyring=keyring)
-            finally:
-                if listener is not None:
-                    listener.close()  # the init holds its own copy
+            self.start_container(env, spec, runtime, keyring=not params.seccomp)
             env.timings["start"] = time.monotonic() - t2
             if userns and network is not None and network.needs_netns:
                 t3 = time.monotonic()
@@ -260,6 +241,33 @@ class EnvironmentRuntime:
             raise
         return env
 
+    def spec_params(self, env_id: str, params: SpecParams) -> SpecParams:
+        """`params` as this node starts them: the id, the init binaries, the cgroup parent, and
+        RLIMIT_NOFILE at most our own hard limit (runc cannot raise it without
+        CAP_SYS_RESOURCE)."""
+        if params.env_id != env_id:
+            params = replace(params, env_id=env_id)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if hard != resource.RLIM_INFINITY and params.nofile > hard:
+            params = replace(params, nofile=int(hard))
+        return replace(params, init=self.init, cgroup_parent=self.config.cgroup_parent)
+
+    def start_container(self, env: Environment, spec: dict, runtime: str, keyring: bool) -> None:
+        """Write the bundle's config.json and `run -d` the container; `env.pid` is its init.
+        `keyring=False`: no session keyring of its own (runc.run_detached: the key quota; safe
+        only with the seccomp profile, which denies keyctl/add_key/request_key)."""
+        (env.bundle / "config.json").write_text(json.dumps(spec, indent=1))
+        # gVisor: execd is PID 1 without an exec socket (execs go through `runsc exec`)
+        listener = agent.bind_listener(env.dir) if self.uses_agent and runtime == "runc" else None
+        try:
+            engine = self.engine(runtime)
+            env.pid = engine.run_detached(env.id, env.bundle, listen_fd=listener.fileno(),
+                                          new_keyring=keyring) \
+                if listener is not None else engine.run_detached(env.id, env.bundle, new_keyring=keyring)
+        finally:
+            if listener is not None:
+                listener.close()  # the init holds its own copy
+
     def _idmapped_volumes(self, env: Environment, volumes: Sequence[tuple[str, str, bool]]
                           ) -> tuple[tuple[str, str, bool], ...]:
         """Idmapped clones of volume dirs under <env>/idmap/v<i> (teardown unmounts everything
@@ -272,7 +280,7 @@ class EnvironmentRuntime:
             out.append((str(d), target, ro))
         return tuple(out)
 
-    def _idmapped(self, env: Environment, lowers: list[Path], skip: int = 0) -> list[Path]:
+    def idmapped(self, env: Environment, lowers: list[Path], skip: int = 0) -> list[Path]:
         """Idmapped clones of the lowers under <env>/idmap/<i>; the upper owned by mapped root.
         The first `skip` (a fork's frozen uppers) are in the environment's id space already."""
         out = list(lowers[:skip])

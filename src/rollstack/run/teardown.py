@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollstack.errors import RuntimeFailure
@@ -33,22 +32,14 @@ def kill_init(env: "Environment") -> bool:
 def signal_init(env: "Environment", sig: int) -> bool:
     """Send `sig` to the environment's PID 1, only if that process is still in this
     environment's cgroup (through a pidfd: no pid-reuse race). True if sent."""
-    pid = env._init_pid()
-    if pid is None:
-        return False
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return False
-    try:
-        if env._cgroup_suffix() not in Path(f"/proc/{pid}/cgroup").read_text():
+    with env.pinned_init() as pinned:
+        if pinned is None:
             return False
-        signal.pidfd_send_signal(fd, sig)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+        try:
+            signal.pidfd_send_signal(pinned[1], sig)
+            return True
+        except OSError:
+            return False
 
 def destroy(env: "Environment") -> None:
     """Kill, runc delete, remove cgroups, unmount, remove the state dir. Idempotent."""

@@ -204,10 +204,13 @@ def publish_rootfs(env_dir: Path, rootfs: Path) -> Path:
 
 def unpublish_rootfs(env_dir: Path) -> None:
     """Undo `publish_rootfs` (repeatable; nothing to do when it used the rootfs itself)."""
+    from rollstack.host.umount import unmount
+
     dst = public_rootfs(env_dir)
-    if os.path.ismount(dst) and (e := libc.umount2(dst)) != 0:
-        if libc.umount2(dst, libc.MNT_DETACH) != 0:
-            raise RuntimeFailure(f"security.userns: unmounting {dst}: {os.strerror(e)}")
+    try:  # every mount stacked there: a late-bound root's overlay propagates to it (run/lateroot)
+        unmount(dst)
+    except RuntimeFailure as e:
+        raise RuntimeFailure(f"security.userns: unmounting {dst}: {e}") from e
     try:
         dst.rmdir()
     except FileNotFoundError:

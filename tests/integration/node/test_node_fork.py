@@ -122,7 +122,7 @@ def test_fork_destroy_cycles_leave_nothing(node) -> None:
     finally:
         parent.destroy()
     service.wait_destroyed(120)
-    assert _forks(root) == [] and not any(leftovers(root).values()), leftovers(root)
+    assert _forks(root) == [] and not any((left := leftovers(root, service)).values()), left
 
 
 def _read_deep(root: Path, parts: list[str]) -> bytes:
@@ -165,7 +165,7 @@ def test_a_tree_deeper_than_the_copy_and_rmtree_go_forks_and_leaves_nothing(node
     finally:
         parent.destroy()
     service.wait_destroyed(120)
-    assert _forks(root) == [] and not any(leftovers(root).values()), leftovers(root)
+    assert _forks(root) == [] and not any((left := leftovers(root, service)).values()), left
 
 
 def test_a_retried_fork_with_its_key_returns_the_same_children(node) -> None:

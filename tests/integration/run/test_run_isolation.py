@@ -1,4 +1,6 @@
-"""Isolation and limits of a real environment: host files, network, pids, memory, neighbours."""
+"""Isolation and limits of a real environment: host files, network, pids, memory, neighbours;
+each on a cold start and on a late-bound sandbox (rollstack.run.lateroot: started on an empty
+root, its root switched in afterwards), which must hold every one of them alike."""
 
 from __future__ import annotations
 
@@ -9,6 +11,33 @@ import pytest
 
 from components import need
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["cold", "late-bound"])
+def make_env(request, make_env, runtime, busybox_lower):
+    """The conftest's `make_env`, or the same environment made late-bound."""
+    from rollstack.run import lateroot
+    from rollstack.run.ocispec import SpecParams
+
+    if request.param == "cold":
+        yield make_env
+        return
+    assert lateroot.rootswitch() is not None, "rollstack-rootswitch is not built: make setup"
+    made = []
+
+    def make(lowers=None, *, network=None, runtime_name="runc", prefix="t", **spec_kw):
+        assert network is None and runtime_name == "runc", "late-bound sandboxes: runc, no network"
+        env_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        env = lateroot.start(runtime, env_id, SpecParams(env_id, **spec_kw))
+        made.append(env)
+        lateroot.bind(env, lowers or [busybox_lower])
+        return env
+
+    try:
+        yield make
+    finally:
+        for env in made:
+            env.destroy()
 
 
 def test_cannot_see_host_files_or_processes(make_env, tmp_path):

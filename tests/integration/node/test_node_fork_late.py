@@ -1,0 +1,103 @@
+"""A fork's children on late-bound sandboxes (rollstack.run.lateroot, NodeConfig.fork_warm), on a
+real node (runc, overlayfs, lazy store): the pool fills after the node's first fork, children
+take its sandboxes and get the parent's state at the cut, isolated as cold ones are; a failed
+root switch creates the child cold; checkpoints work on them; nothing is left behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from node_helpers import plan, remember, serve_node
+from rollstack import Client
+from rollstack.run import lateroot
+
+pytestmark = pytest.mark.integration
+TOKEN = "late-token"
+POOL = 3
+
+
+@pytest.fixture(scope="module")
+def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("late-root")
+    with serve_node(root, corpus, TOKEN, max_environments=12, reap_interval=0.5, fork_warm=POOL) as (service, server):
+        assert service.stages.late is not None, "late-bound sandboxes are off: make setup builds rollstack-rootswitch"
+        with Client(server.url, token=TOKEN, lease=None) as client:
+            yield root, service, client
+
+
+def _sh(env, script: str) -> str:
+    r = env.exec(["/bin/sh", "-c", script], timeout=60)
+    assert r.exit_code == 0, (script, r.stdout, r.stderr)
+    return r.stdout
+
+
+def _full(service) -> None:
+    assert service.stages.late.wait_full(120), service.stages.late.stats()
+    assert service.stages.late.ready() == POOL
+
+
+def test_children_take_late_bound_sandboxes(node) -> None:
+    root, service, client = node
+    parent = client.create(plan())
+    remember(root, parent.id)
+    kids = []
+    try:
+        _sh(parent, "echo cut > state.txt && mkdir -p d && echo x > d/f && chown 1000:1000 d/f")
+        kids += parent.fork(1)  # the node's first fork: the pool starts filling
+        _full(service)
+        hits = service.metrics()["fork_warm_hits_total"]
+        kids += parent.fork(POOL)
+        for k in kids:
+            remember(root, k.id)
+        assert [k.created.timings.warm for k in kids[1:]] == [True] * POOL
+        assert service.metrics()["fork_warm_hits_total"] == hits + POOL
+        _sh(parent, "echo later > later.txt")
+        for i, k in enumerate(kids):
+            assert _sh(k, "cat state.txt") == "cut\n"
+            assert _sh(k, "stat -c %u d/f") == "1000\n"
+            assert _sh(k, "test -e later.txt && echo yes || echo no") == "no\n"
+            assert _sh(k, "pwd") == "/work/app\n"  # the plan's workdir and env, as a cold child's
+            assert _sh(k, "echo $TASK") == _sh(parent, "echo $TASK") != "\n"
+            _sh(k, f"echo {i} > mine.txt")
+            root_line = next(line for line in _sh(k, "cat /proc/self/mountinfo").splitlines()
+                             if line.split()[4] == "/")
+            assert " overlay rollstack " in root_line and f"/envs/{k.id}/upper" in root_line
+            assert _sh(k, "echo 1 > /proc/sys/vm/drop_caches 2>/dev/null && echo wrote || echo refused") == "refused\n"
+        for i, k in enumerate(kids):
+            assert _sh(k, "cat mine.txt") == f"{i}\n"
+        assert _sh(parent, "test -e mine.txt && echo yes || echo no") == "no\n"
+        assert "b/work/app/state.txt" in kids[-1].diff() and "mine.txt" in kids[-1].diff()
+        assert kids[-1].evaluate().reward == parent.evaluate().reward
+        kids[-1].pause("checkpoint")  # CRIU dumps and restores a switched container like any
+        kids[-1].resume()
+        assert _sh(kids[-1], "cat mine.txt") == f"{POOL}\n"
+    finally:
+        for k in kids:
+            k.destroy()
+        parent.destroy()
+    service.wait_destroyed(120)
+
+
+def test_a_failed_switch_creates_the_child_cold(node, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, service, client = node
+    parent = client.create(plan())
+    remember(root, parent.id)
+    kids = []
+    try:
+        _sh(parent, "echo cut > state.txt")
+        kids += parent.fork(1)
+        _full(service)
+        failures = service.metrics()["fork_warm_bind_failures_total"]
+        monkeypatch.setattr(lateroot, "rootswitch", lambda: "/bin/false")  # every switch fails
+        kids += parent.fork(2)
+        for k in kids:
+            remember(root, k.id)
+        assert [k.created.timings.warm for k in kids[1:]] == [False, False]  # created cold
+        assert service.metrics()["fork_warm_bind_failures_total"] == failures + 2
+        for k in kids:
+            assert _sh(k, "cat state.txt") == "cut\n"
+    finally:
+        for k in kids:
+            k.destroy()
+        parent.destroy()
+    service.wait_destroyed(120)

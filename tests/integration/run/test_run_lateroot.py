@@ -1,0 +1,100 @@
+"""Late-bound sandboxes (rollstack.run.lateroot) on real runc, overlayfs and mount namespaces:
+a container started on an empty root runs on the overlay bound later exactly as a cold one
+would (root, mounts, masked and read-only paths, the exec agent), with and without a user
+namespace; hostile roots are refused without touching the host; nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rollstack.errors import InvalidRequest, RuntimeFailure
+from rollstack.run import lateroot
+from rollstack.run.ocispec import SpecParams
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _built() -> None:
+    assert lateroot.rootswitch() is not None, "rollstack-rootswitch is not built: make setup"
+
+
+def _start(runtime, userns: bool):
+    env_id = f"late-{uuid.uuid4().hex[:10]}"
+    return lateroot.start(runtime, env_id, SpecParams(env_id), userns=userns)
+
+
+def _sh(env, script: str) -> str:
+    r = env.exec(["/bin/sh", "-c", script], timeout=60)
+    assert r.exit_code == 0, (script, r.stdout, r.stderr)
+    return r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
+
+
+def _mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(str(path))]
+
+
+@pytest.mark.parametrize("userns", [False, True])
+def test_a_sandbox_runs_on_the_root_bound_later(runtime, busybox_lower: Path, userns: bool) -> None:
+    env = _start(runtime, userns)
+    try:
+        assert lateroot.unbound(env) and env.init_alive()
+        lateroot.bind(env, [busybox_lower],
+                      before_start=lambda root: (root / "root" / "marker").write_text("bound\n"))
+        assert not lateroot.unbound(env)
+        assert set(env.timings) >= {"mount", "mutation", "start"}
+        assert _sh(env, "cat /root/marker") == "bound\n"
+        mounts = {line.split()[4]: line for line in _sh(env, "cat /proc/self/mountinfo").splitlines()}
+        assert " overlay rollstack " in mounts["/"] and str(env.upper) in mounts["/"]
+        for point in ("/proc", "/dev", "/dev/pts", "/sys", "/.rollstack/init", "/proc/sys", "/proc/keys"):
+            assert point in mounts, point  # moved over with the submounts the spec made
+        assert "ro" in mounts["/proc/sys"].split()[5].split(",")
+        assert _sh(env, "echo x > /proc/sys/kernel/hostname 2>/dev/null && echo wrote || echo refused") == "refused\n"
+        expected = {".", "..", ".rollstack", "proc", "dev", "sys", *os.listdir(busybox_lower)}
+        assert set(_sh(env, "ls -a /").split()) == expected  # the bound root: no skeleton left
+        assert _sh(env, "id -u") == "0\n"
+        assert _sh(env, "cat /proc/1/cmdline | tr '\\0' ' '").startswith("/.rollstack/init")
+        _sh(env, "echo child > /root/mine")  # writes land in the environment's upper
+        assert (env.upper / "root" / "mine").read_text() == "child\n"
+        assert not (busybox_lower / "root" / "mine").exists()
+        owner = (env.upper / ".rollstack" / "init").stat().st_uid
+        assert owner == (100000 if userns else 0)  # the mount points the switch made: mapped root's
+    finally:
+        env.destroy()
+    assert not env.dir.exists() and _mounts_under(env.dir) == []
+    assert runtime.find_leftovers().empty()
+
+
+def test_an_unbound_sandbox_is_destroyed_without_a_trace(runtime) -> None:
+    env = _start(runtime, userns=True)
+    assert _mounts_under(env.dir)  # its root bound onto itself (and published for the userns)
+    env.destroy()
+    assert not env.dir.exists() and _mounts_under(env.dir) == []
+    assert runtime.find_leftovers().empty()
+
+
+@pytest.mark.parametrize("name", ["proc", ".rollstack", "sys"])
+def test_a_hostile_root_is_refused_and_the_host_untouched(runtime, busybox_lower: Path, tmp_path: Path,
+                                                         name: str) -> None:
+    lower = tmp_path / "hostile"
+    shutil.copytree(busybox_lower, lower, symlinks=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(str(outside), lower / name)  # a mount point that leads out of the root
+    env = _start(runtime, userns=False)
+    try:
+        with pytest.raises(RuntimeFailure, match="rootswitch"):
+            lateroot.bind(env, [lower])
+        assert list(outside.iterdir()) == []  # nothing was made or mounted outside the root
+        assert _mounts_under(outside) == []
+        with pytest.raises(InvalidRequest):  # bound once, even when it failed: never again
+            lateroot.bind(env, [busybox_lower])
+    finally:
+        env.destroy()
+    assert runtime.find_leftovers().empty()
