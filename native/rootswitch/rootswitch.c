@@ -7,7 +7,13 @@
  * no process sees it yet. This program, run by the node as host root, switches the container
  * onto it:
  *
- *   rollstack-rootswitch PIDFD PID DEV UID GID ENTRY...   (PIDFD: an inherited pidfd of PID 1)
+ *   rollstack-rootswitch UID GID ENTRY... -- PIDFD:PID:DEV...
+ *
+ * switches each target (PIDFD: an inherited pidfd of the container's PID 1, PID its pid, DEV the
+ * st_dev of the overlay the node mounted for it), all at once, each in a child process of its
+ * own (the steps below change the caller's namespace and root), and prints one line per
+ * target on stdout: "N ok" or "N failed" (N counts from 0; the reason is on stderr, "[N] step:
+ * error"). For each target:
  *
  * 1. opens /proc/PID/root (the container's current root: runc's mounts hang off it), then checks
  *    through the pidfd that PID is still that process (no reused pid);
@@ -20,9 +26,9 @@
  *    with its submounts (masked and read-only paths move with /proc and /sys);
  * 5. pivot_root: PID 1's root and cwd become the new root; the old one is detached.
  *
- * Nothing in the container runs during the switch but PID 1 (rollstack-execd, idle). Exit 0 on
- * success; otherwise one line on stderr naming the step, exit 1 (the node then destroys the
- * sandbox and creates the environment cold). */
+ * Nothing in the container runs during the switch but PID 1 (rollstack-execd, idle). Exit 0 when
+ * every target switched, 1 when one failed (the node then destroys that sandbox and creates its
+ * environment cold), 2 on bad arguments. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -36,12 +42,15 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+static int target_index = -1;
 
 static void die(const char *fmt, ...) {
     va_list ap;
     int e = errno;
-    fputs("rootswitch: ", stderr);
+    fprintf(stderr, "rootswitch: [%d] ", target_index);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
@@ -110,17 +119,8 @@ static int mount_point(int root, char *rel, int is_file, uid_t uid, gid_t gid) {
     return cur;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 6) {
-        fprintf(stderr, "usage: %s PIDFD PID DEV UID GID [d/DIR|f/FILE]...\n", argv[0]);
-        return 2;
-    }
-    int pidfd = (int)num(argv[1], "pidfd");
-    long pid = num(argv[2], "pid");
-    dev_t dev = (dev_t)num(argv[3], "dev");
-    uid_t uid = (uid_t)num(argv[4], "uid");
-    gid_t gid = (gid_t)num(argv[5], "gid");
-
+/* One target, in a child process: exits 0 when switched, 1 (die) otherwise. */
+static void switch_one(int pidfd, long pid, dev_t dev, uid_t uid, gid_t gid, char **entries, int n) {
     char path[64];
     snprintf(path, sizeof path, "/proc/%ld/root", pid);
     int old = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -143,17 +143,12 @@ int main(int argc, char **argv) {
         die("chroot to the old root");
     if (mount(NULL, ".", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         die("make the tree private");
-    for (int i = 6; i < argc; i++) {
-        char *entry = argv[i];
-        if ((entry[0] != 'd' && entry[0] != 'f') || entry[1] != '/' || entry[2] == '\0') {
-            errno = EINVAL;
-            die("entry %s", entry);
-        }
+    for (int i = 0; i < n; i++) {
         char rel[4096];
-        snprintf(rel, sizeof rel, "%s", entry + 2);
-        int target = mount_point(root, rel, entry[0] == 'f', uid, gid);
-        if (syscall(SYS_move_mount, old, entry + 2, target, "", MOVE_MOUNT_T_EMPTY_PATH) != 0)
-            die("move %s", entry + 1);
+        snprintf(rel, sizeof rel, "%s", entries[i] + 2);
+        int target = mount_point(root, rel, entries[i][0] == 'f', uid, gid);
+        if (syscall(SYS_move_mount, old, entries[i] + 2, target, "", MOVE_MOUNT_T_EMPTY_PATH) != 0)
+            die("move %s", entries[i] + 1);
         close(target);
     }
     if (fchdir(root) != 0)
@@ -162,5 +157,63 @@ int main(int argc, char **argv) {
         die("pivot_root");
     if (umount2(".", MNT_DETACH) != 0)
         die("detach the old root");
-    return 0;
+    exit(0);
+}
+
+int main(int argc, char **argv) {
+    int sep = 0;
+    for (int i = 3; i < argc; i++)
+        if (strcmp(argv[i], "--") == 0) {
+            sep = i;
+            break;
+        }
+    if (argc < 5 || sep == 0 || sep == argc - 1) {
+        fprintf(stderr, "usage: %s UID GID [d/DIR|f/FILE]... -- PIDFD:PID:DEV...\n", argv[0]);
+        return 2;
+    }
+    uid_t uid = (uid_t)num(argv[1], "uid");
+    gid_t gid = (gid_t)num(argv[2], "gid");
+    for (int i = 3; i < sep; i++) {
+        char *e = argv[i];
+        if ((e[0] != 'd' && e[0] != 'f') || e[1] != '/' || e[2] == '\0') {
+            errno = EINVAL;
+            die("entry %s", e);
+        }
+    }
+    /* every target in a child of its own, all at once: most of a switch is waiting (the old
+     * root's detach waits for an RCU grace period), which the children overlap */
+    int n = argc - sep - 1, failed = 0;
+    pid_t *kids = calloc((size_t)n, sizeof *kids);
+    if (kids == NULL)
+        die("calloc");
+    fflush(stdout);
+    fflush(stderr);
+    for (int i = 0; i < n; i++) {
+        int pidfd;
+        long pid;
+        unsigned long long dev;
+        char tail;
+        target_index = i;
+        kids[i] = -1;
+        if (sscanf(argv[sep + 1 + i], "%d:%ld:%llu%c", &pidfd, &pid, &dev, &tail) != 3 || pidfd < 0 || pid <= 0) {
+            fprintf(stderr, "rootswitch: [%d] bad target %s\n", i, argv[sep + 1 + i]);
+            continue;
+        }
+        kids[i] = fork();
+        if (kids[i] < 0)
+            fprintf(stderr, "rootswitch: [%d] fork: %s\n", i, strerror(errno));
+        if (kids[i] == 0)
+            switch_one(pidfd, pid, (dev_t)dev, uid, gid, argv + 3, sep - 3);
+    }
+    for (int i = 0; i < n; i++) {
+        int status = 1;
+        if (kids[i] > 0)
+            while (waitpid(kids[i], &status, 0) < 0 && errno == EINTR)
+                ;
+        int ok = kids[i] > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        printf("%d %s\n", i, ok ? "ok" : "failed");
+        failed |= !ok;
+    }
+    free(kids);
+    return failed;
 }

@@ -117,7 +117,7 @@ def create_group(service: "NodeService", plan: Any, count: int,
         else:
             prepared = replace(source(), group=group)
             group.times.update({f"fork_{k}": v for k, v in prepared.fork.items()})
-            _take_late(stages, service, recs, group)
+            _take_late(stages, service, recs, prepared, group)
         _begin_all(stages, recs, prepared, group)
     except BaseException:
         _release(service, recs)
@@ -157,13 +157,21 @@ def _take_warm(stages: "Stages", service: "NodeService", recs: list[Any], prepar
     _hand(service, recs, envs, group, t)
 
 
-def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], group: Group) -> None:
-    """Up to len(recs) late-bound sandboxes (a fork's children: `Stages.build` binds each one's
-    root); each taken one's record takes its id."""
+def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], prepared: Any, group: Group) -> None:
+    """Up to len(recs) late-bound sandboxes for a fork's children, each taken one's record
+    taking its id, and their roots bound in one step (`Stages.bind_late`: the mounts, then one
+    switch process for all); one that failed is destroyed and its record built cold."""
     if stages.late is None or not _eligible(stages, group.plan):
         return
     t = time.perf_counter()
-    _hand(service, recs, stages.late.take_late(len(recs)), group, t)
+    envs = stages.late.take_late(len(recs))
+    _hand(service, recs, envs, group, t)
+    if envs:
+        t = time.perf_counter()
+        taken = {rec.id: rec for rec in recs if rec.id in group.warm}
+        for rid in stages.bind_late(taken, prepared.lowers, prepared.fork_layers, group.mutate):
+            del group.warm[rid]
+        group.times["late_bind"] = round(time.perf_counter() - t, 6)
 
 
 def _eligible(stages: "Stages", plan: Any) -> bool:

@@ -376,8 +376,9 @@ class Stages:
             memory=plan.resources.memory,
             volumes=tuple((str(self.volumes.data(m.name)), m.path, m.read_only) for m in plan.volumes),
         )
-        if warm is not None and lateroot.unbound(warm):
-            warm = self._bind_late(rec, warm, lowers, shared.fork_layers, mutate)
+        if warm is not None and warm.meta().get("late_root"):  # bound by its group (fanout), or now
+            if lateroot.unbound(warm) and self.bind_late({rec.id: rec}, lowers, shared.fork_layers, mutate):
+                warm = None  # destroyed: created cold below
             if warm is not None:
                 from rollstack.node.warm import handout
 
@@ -419,21 +420,22 @@ class Stages:
         return Built(runtime=env, refs=refs, stack_digest=stack.stack_digest, fetch=fetch,
                      network=network)
 
-    def _bind_late(self, rec: EnvRecord, env: Environment, lowers: list[Path], fork_layers: list[Path],
-                   mutate: Callable[[Path], None] | None) -> Environment | None:
-        """A late-bound sandbox given its root (rollstack.run.lateroot.bind); None when that
-        failed: the sandbox is destroyed and the record is built cold under the same id."""
-        try:
-            lateroot.bind(env, lowers, fork_layers, before_start=mutate)
-            return env
-        except Exception:  # noqa: BLE001 - the environment is created cold instead
-            log.warning("late-bound sandbox %s: binding its root failed; creating it cold", env.id,
-                        exc_info=True)
+    def bind_late(self, recs: dict[str, EnvRecord], lowers: list[Path], fork_layers: list[Path],
+                  mutate: Callable[[Path], None] | None) -> list[str]:
+        """Bind the late-bound sandboxes the records took (rollstack.run.lateroot.bind_many) and
+        return the ids whose bind failed: each of those sandboxes is destroyed and its record
+        left without a runtime, to be built cold under the same id."""
+        envs = [r.runtime for r in recs.values() if r.runtime is not None]
+        failed = lateroot.bind_many(envs, lowers, fork_layers, before_start=mutate)
+        for env_id, err in failed.items():
+            log.warning("late-bound sandbox %s: binding its root failed (%s); creating it cold", env_id, err)
             if self.late is not None:
                 self.late.count("bind_failures")
-        rec.runtime = None
-        env.destroy()  # raises when it cannot finish: the create fails, typed, nothing reused
-        return None
+            env = recs[env_id].runtime
+            recs[env_id].runtime = None
+            if env is not None:
+                env.destroy()  # raises when it cannot finish: the fork fails, typed, nothing reused
+        return list(failed)
 
     def fork_source(self, rec: EnvRecord) -> Prepared:
         """What a fork's children share: the parent's upper frozen into a layer (the parent

@@ -35,7 +35,8 @@ the burst after a layer's local copy landed found all 128 sandboxes stale and we
 
 Refill: one background thread starts one sandbox at a time, then sleeps so that it is busy at
 most `warm_cpu_share` of the time (and never while `room()` says the node has no space for
-another container, nor within `REFILL_GRACE` of the last handout). A create that finds the pool empty is a cold create and wakes the refill.
+another container, nor within `REFILL_GRACE` of the last handout unless it has waited
+`MAX_DEFER` for that already). A create that finds the pool empty is a cold create and wakes the refill.
 
 Late-bound sandboxes (`NodeConfig.fork_warm`, on by default): a second pool of this class
 (`late=True`) keeps sandboxes started on no root at all (rollstack.run.lateroot): they serve
@@ -78,6 +79,10 @@ REFILL_GRACE = 0.25
 """Seconds after a handout before the refill starts another sandbox: the creates being handed
 out (a GRPO group's, a burst's) finish first instead of sharing the node's cores with `runc
 run` (docs/benchmarks.md, "GRPO fan-out: shared work")."""
+MAX_DEFER = 1.0
+"""Seconds the refill waits for such a quiet moment at most, in a row: handouts closer together
+than REFILL_GRACE (back-to-back forks, a steady stream of creates) would otherwise never let it
+start one, and every later handout would miss."""
 
 
 def new_env_id() -> str:
@@ -122,6 +127,7 @@ class WarmPool:
         self._cond = threading.Condition()
         self._stopped = False
         self._quiet_until = 0.0  # no sandbox is started before (REFILL_GRACE after a handout)
+        self._deferred_since: float | None = None  # the refill has waited for quiet since
         self.counters = {"hits": 0, "misses": 0, "started": 0, "start_failures": 0,
                          "discarded": 0, "dead": 0, **({"bind_failures": 0} if late else {})}
         self._thread = threading.Thread(target=self._loop, name="rollstack-warm", daemon=True)
@@ -160,7 +166,7 @@ class WarmPool:
             for source in (stack.ready, stack.stale):  # fresh first, then the stale fast ones
                 while source and len(got) < n:
                     cand = source.pop(0)
-                    if cand.init_alive():
+                    if self.late or cand.init_alive():  # a late one's bind checks its PID 1
                         got.append(cand)
                         continue
                     self._discard.append(cand)  # its PID 1 died while it waited
@@ -317,10 +323,14 @@ class WarmPool:
                     self._cond.wait(1.0)
                 if self._stopped:
                     return
-                quiet = self._quiet_until - time.monotonic()
-                if quiet > 0 and not self._discard:  # creates are being handed out: wait
-                    self._cond.wait(quiet)
-                    continue
+                now = time.monotonic()
+                quiet = self._quiet_until - now
+                if quiet > 0 and not self._discard:  # creates are being handed out: wait,
+                    deferred = self._deferred_since = self._deferred_since or now
+                    if now - deferred < MAX_DEFER:  # but a steady stream of them does not starve it
+                        self._cond.wait(min(quiet, MAX_DEFER - (now - deferred)))
+                        continue
+                self._deferred_since = None
                 stack = self._next()  # may move a victim to the discard list: destroyed first
                 if stack is not None:
                     stack.starting += 1

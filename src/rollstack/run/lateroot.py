@@ -16,6 +16,9 @@ its root at handout:
    rollstack-rootswitch (native/rootswitch) joins the container's mount namespace through a
    pidfd of PID 1 and pivots it onto the overlay, moving the spec's top-level mounts (/proc,
    /dev, /sys with their submounts; the /.rollstack binds) over, after making the tree private.
+   `bind_many` does a fork's children together: their overlays one after the other (under a user
+   namespace over the first one's idmapped views of the lowers: overlayfs keeps private clones
+   of its lowers' mounts), then one switch process for all of them.
 
 Afterwards the container is what a cold create makes: the same config.json and runc state (the
 root path is `<env>/rootfs` for both), namespaces, cgroup and PID 1; its mount tree differs in
@@ -28,6 +31,7 @@ A failed switch leaves a sandbox that is only destroyed; the caller creates cold
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -110,6 +114,36 @@ def bind(env: Environment, lowers: Sequence[Path], fork_layers: Sequence[Path] =
     then the switch. `env.timings`: mount, [mutation], start (the switch). Raises
     RuntimeFailure (or EnvironmentGone when PID 1 is gone); the sandbox is then only fit to be
     destroyed."""
+    failed = bind_many([env], lowers, fork_layers, before_start)
+    if failed:
+        raise failed[env.id]
+
+
+def bind_many(envs: Sequence[Environment], lowers: Sequence[Path], fork_layers: Sequence[Path] = (),
+              before_start: Callable[[Path], None] | None = None) -> dict[str, Exception]:
+    """`bind` for several sandboxes on the same lowers (a fork's children): each root mounted,
+    then one rollstack-rootswitch process switches them all. Returns the failures by sandbox
+    id (those sandboxes are only fit to be destroyed); the others are bound."""
+    failed: dict[str, Exception] = {}
+    mounted: list[Environment] = []
+    stack: list[Path] | None = None  # the first one's idmapped lowers serve the others' mounts
+    for env in envs:
+        try:
+            stack = _mount(env, lowers, fork_layers, before_start, stack)
+            mounted.append(env)
+        except Exception as e:  # noqa: BLE001 - reported per sandbox; the next one tries
+            failed[env.id] = e
+    if mounted:
+        failed.update(_switch(mounted))
+    return failed
+
+
+def _mount(env: Environment, lowers: Sequence[Path], fork_layers: Sequence[Path],
+           before_start: Callable[[Path], None] | None, stack: list[Path] | None = None) -> list[Path]:
+    """Mount `env`'s overlay (and write what a create writes before its start). Returns the
+    lower dirs it mounted: under a user namespace the idmapped views made in its `idmap/`, which
+    a sibling on the same lowers may pass as `stack` to mount over instead of making its own
+    (overlayfs keeps private clones of its lowers' mounts: the views may go with their owner)."""
     meta = env.meta()
     if meta.get("late_root") != UNBOUND:
         raise InvalidRequest(f"environment {env.id} is not an unbound sandbox")
@@ -117,9 +151,12 @@ def bind(env: Environment, lowers: Sequence[Path], fork_layers: Sequence[Path] =
     env._write_meta({**meta, "lowers": [str(p) for p in lowers],
                      "fork_layers": [str(p) for p in fork_layers], "late_root": "bound"})
     t0 = time.monotonic()
-    stack = [Path(p) for p in lowers]
-    if userns:
-        stack = env.runtime.idmapped(env, stack, skip=len(fork_layers))
+    if not userns:
+        stack = [Path(p) for p in lowers]
+    elif stack is None:
+        stack = env.runtime.idmapped(env, [Path(p) for p in lowers], skip=len(fork_layers))
+    else:
+        os.chown(env.upper, uns.HOST_BASE, uns.HOST_BASE)  # as `idmapped` does
     overlay.mount_overlay(stack, env.upper, env.work, env.rootfs)
     t1 = time.monotonic()
     env.timings["mount"] = t1 - t0
@@ -128,9 +165,7 @@ def bind(env: Environment, lowers: Sequence[Path], fork_layers: Sequence[Path] =
         if userns:
             uns.shift_upper(env.upper)  # what the node wrote as host root
         env.timings["mutation"] = time.monotonic() - t1
-    t2 = time.monotonic()
-    _switch(env, uns.HOST_BASE if userns else 0)
-    env.timings["start"] = time.monotonic() - t2
+    return stack
 
 
 def mount_entries(spec: dict) -> list[str]:
@@ -158,26 +193,50 @@ def _share(rootfs: Path) -> None:
             raise RuntimeFailure(f"late-bound root: mount flags {flags:#x} on {rootfs}: {os.strerror(e)}")
 
 
-def _switch(env: Environment, owner: int) -> None:
-    """Run rollstack-rootswitch against PID 1 (pinned by a pidfd, checked in the cgroup)."""
+def _switch(envs: Sequence[Environment]) -> dict[str, Exception]:
+    """Run rollstack-rootswitch once against the PID 1 of each of `envs` (each pinned by a
+    pidfd, checked in its cgroup); their roots are mounted. Returns the failures by id;
+    `env.timings["start"]` of the others is the switch's share."""
     import json
 
     binary = rootswitch()
     if binary is None:
-        raise RuntimeFailure(f"{ROOTSWITCH_NAME} is not built (make setup)")
-    spec = json.loads((env.bundle / "config.json").read_text())
-    dev = os.stat(env.rootfs).st_dev  # the overlay: the top of the mounts at <env>/rootfs
-    with env.pinned_init() as pinned:
-        if pinned is None:
-            raise EnvironmentGone(f"sandbox {env.id}: its PID 1 is gone")
-        pid, fd = pinned
+        return {e.id: RuntimeFailure(f"{ROOTSWITCH_NAME} is not built (make setup)") for e in envs}
+    spec = json.loads((envs[0].bundle / "config.json").read_text())  # one shape: the pool's
+    owner = uns.HOST_BASE if envs[0].meta().get("userns") else 0
+    failed: dict[str, Exception] = {}
+    targets: list[tuple[Environment, str, int]] = []
+    t = time.monotonic()
+    with contextlib.ExitStack() as pins:
+        for env in envs:
+            pinned = pins.enter_context(env.pinned_init())
+            if pinned is None:
+                failed[env.id] = EnvironmentGone(f"sandbox {env.id}: its PID 1 is gone")
+                continue
+            dev = os.stat(env.rootfs).st_dev  # the overlay: the top of the mounts at <env>/rootfs
+            targets.append((env, f"{pinned[1]}:{pinned[0]}:{dev}", pinned[1]))
+        if not targets:
+            return failed
         try:
-            proc = subprocess.run([binary, str(fd), str(pid), str(dev), str(owner), str(owner),
-                                   *mount_entries(spec)],
-                                  pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, timeout=SWITCH_TIMEOUT_S)
-        except subprocess.TimeoutExpired as e:
-            raise RuntimeFailure(f"sandbox {env.id}: the root switch timed out") from e
-    if proc.returncode != 0:
-        raise RuntimeFailure(f"sandbox {env.id}: {proc.stderr.decode(errors='replace').strip()}",
-                             returncode=proc.returncode)
+            proc = subprocess.run([binary, str(owner), str(owner), *mount_entries(spec), "--",
+                                   *(arg for _, arg, _ in targets)],
+                                  pass_fds=tuple(fd for _, _, fd in targets), stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=SWITCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc = None
+    took = (time.monotonic() - t) / len(targets)
+    done = set()
+    if proc is not None:
+        for line in proc.stdout.decode(errors="replace").splitlines():
+            index, _, outcome = line.partition(" ")
+            if index.isdigit() and int(index) < len(targets) and outcome == "ok":
+                done.add(int(index))
+    errors = proc.stderr.decode(errors="replace").splitlines() if proc is not None else []
+    for i, (env, _, _) in enumerate(targets):
+        if i in done:
+            env.timings["start"] = took
+            continue
+        why = [line for line in errors if f"[{i}]" in line] or \
+            (["the root switch timed out"] if proc is None else [f"exit {proc.returncode}"])
+        failed[env.id] = RuntimeFailure(f"sandbox {env.id}: {'; '.join(why)}")
+    return failed

@@ -98,3 +98,25 @@ def test_a_hostile_root_is_refused_and_the_host_untouched(runtime, busybox_lower
     finally:
         env.destroy()
     assert runtime.find_leftovers().empty()
+
+
+def test_a_group_binds_together_and_one_dead_member_fails_alone(runtime, busybox_lower: Path, wait_stopped) -> None:
+    from rollstack.run import teardown
+
+    envs = [_start(runtime, userns=True) for _ in range(3)]
+    try:
+        assert teardown.kill_init(envs[1])  # its PID 1 dies before the bind
+        wait_stopped(envs[1])
+        failed = lateroot.bind_many(envs, [busybox_lower],
+                                    before_start=lambda root: (root / "root" / "marker").write_text("m\n"))
+        assert list(failed) == [envs[1].id]
+        for env in (envs[0], envs[2]):
+            assert _sh(env, "cat /root/marker") == "m\n"
+        assert (envs[0].dir / "idmap").is_dir() and not (envs[2].dir / "idmap").exists()  # views shared
+        envs[0].destroy()  # the owner of the idmapped views goes: the sibling's overlay keeps its own
+        assert _sh(envs[2], "ls /bin/busybox && cat /etc/passwd").startswith("/bin/busybox\nroot:")
+        assert _sh(envs[2], "stat -c %u /etc/passwd") == "0\n"
+    finally:
+        for env in envs:
+            env.destroy()
+    assert runtime.find_leftovers().empty()
