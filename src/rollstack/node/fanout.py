@@ -130,6 +130,8 @@ def create_group(service: "NodeService", plan: Any, count: int,
             outcomes.append(f.result())
         except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
             outcomes.append(exc)
+    if "late_take" in group.times and stages.late is not None:
+        stages.late.forked()  # its children are built: the pool may refill now
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     if errors:
         for o in outcomes:
@@ -165,6 +167,7 @@ def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], prepar
         return
     t = time.perf_counter()
     envs = stages.late.take_late(len(recs))
+    group.times["late_take"] = float(len(envs))
     _hand(service, recs, envs, group, t)
     if envs:
         t = time.perf_counter()

@@ -422,11 +422,18 @@ class Stages:
 
     def bind_late(self, recs: dict[str, EnvRecord], lowers: list[Path], fork_layers: list[Path],
                   mutate: Callable[[Path], None] | None) -> list[str]:
-        """Bind the late-bound sandboxes the records took (rollstack.run.lateroot.bind_many) and
-        return the ids whose bind failed: each of those sandboxes is destroyed and its record
-        left without a runtime, to be built cold under the same id."""
+        """Bind the late-bound sandboxes the records took (rollstack.run.lateroot.bind_many; with
+        the exec defaults `build`'s handout would write: one meta.json write each) and return the
+        ids whose bind failed: each of those sandboxes is destroyed and its record left without a
+        runtime, to be built cold under the same id."""
+        from rollstack.node.netplan import harness_env, network_spec
+
         envs = [r.runtime for r in recs.values() if r.runtime is not None]
-        failed = lateroot.bind_many(envs, lowers, fork_layers, before_start=mutate)
+        rec0 = next(iter(recs.values()))
+        plan = rec0.plan
+        net = network_spec(plan, reserved_node_ports=self._reserved_ports())  # eligible: no netns, no token
+        defaults = (plan.workdir, harness_env(plan, net, "", internal=rec0.internal))
+        failed = lateroot.bind_many(envs, lowers, fork_layers, before_start=mutate, exec_defaults=defaults)
         for env_id, err in failed.items():
             log.warning("late-bound sandbox %s: binding its root failed (%s); creating it cold", env_id, err)
             if self.late is not None:

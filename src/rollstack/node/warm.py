@@ -79,6 +79,11 @@ REFILL_GRACE = 0.25
 """Seconds after a handout before the refill starts another sandbox: the creates being handed
 out (a GRPO group's, a burst's) finish first instead of sharing the node's cores with `runc
 run` (docs/benchmarks.md, "GRPO fan-out: shared work")."""
+LATE_GRACE = 0.02
+"""The same for a late pool, counted from the end of the fork that took (`forked`): a fork
+binds all its children within its own call, so nothing is still being handed out once it
+returned (0.25 s from the take kept the pool empty between back-to-back forks: 0 of 9
+children took a sandbox in `bench fork`'s loop)."""
 MAX_DEFER = 1.0
 """Seconds the refill waits for such a quiet moment at most, in a row: handouts closer together
 than REFILL_GRACE (back-to-back forks, a steady stream of creates) would otherwise never let it
@@ -173,7 +178,8 @@ class WarmPool:
                     self.counters["dead"] += 1
             self.counters["hits"] += len(got)
             self.counters["misses"] += n - len(got)
-            self._quiet_until = time.monotonic() + REFILL_GRACE
+            # a late pool holds still until the fork says it is done (`forked`), MAX_DEFER at most
+            self._quiet_until = time.monotonic() + (MAX_DEFER if self.late else REFILL_GRACE)
             self._cond.notify_all()
         return got
 
@@ -182,6 +188,13 @@ class WarmPool:
         its root)."""
         assert self.late, "take_late on a pool of stacks"
         return self.take_many(LATE, (), n)
+
+    def forked(self) -> None:
+        """A fork that took from this late pool has bound its children: the refill may start
+        after LATE_GRACE (instead of sharing the cores with the fork's own binds)."""
+        with self._cond:
+            self._quiet_until = min(self._quiet_until, time.monotonic() + LATE_GRACE)
+            self._cond.notify_all()
 
     def count(self, name: str) -> None:
         """One more of counter `name` (e.g. a late sandbox's failed `bind`, counted by its taker)."""
@@ -446,7 +459,8 @@ def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
         SafeRoot(env.rootfs, HOST_BASE if shifted else 0).makedirs(plan.workdir)
     except UnsafePath:
         pass  # an absolute symlink on the way: the command's chdir resolves it in the sandbox
-    env.set_exec_defaults(plan.workdir, exec_env)
+    if env.meta().get("exec_cwd") != plan.workdir or env.meta().get("exec_env") != exec_env:
+        env.set_exec_defaults(plan.workdir, exec_env)  # a late one's bind may have written them
     return mutation
 
 

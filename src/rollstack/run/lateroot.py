@@ -36,9 +36,10 @@ import functools
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from rollstack.errors import EnvironmentGone, InvalidRequest, RuntimeFailure
 from rollstack.host import libc
@@ -56,6 +57,9 @@ UNBOUND = "unbound"
 """meta.json's `late_root` while the sandbox waits for its root (then "bound")."""
 _MS_PRIVATE, _MS_SHARED = 1 << 18, 1 << 20
 SWITCH_TIMEOUT_S = 30.0
+MOUNT_THREADS = 4
+"""A group's overlay mounts at once: an overlay over the lazy store's FUSE lowers waits on the
+daemon for the xattr probes it makes at mount (docs/node.md), which the others overlap."""
 
 
 @functools.cache
@@ -95,6 +99,7 @@ def start(rt: "EnvironmentRuntime", env_id: str, params: SpecParams, userns: boo
             d.mkdir()
         if userns:  # runc (mapped root) makes its mount points in the empty root
             os.chown(env.rootfs, uns.HOST_BASE, uns.HOST_BASE)
+        _premake(env.upper, spec, uns.HOST_BASE if userns else 0)
         _share(env.rootfs)
         t = time.monotonic()
         if userns:
@@ -108,38 +113,54 @@ def start(rt: "EnvironmentRuntime", env_id: str, params: SpecParams, userns: boo
 
 
 def bind(env: Environment, lowers: Sequence[Path], fork_layers: Sequence[Path] = (),
-         before_start: Callable[[Path], None] | None = None) -> None:
+         before_start: Callable[[Path], None] | None = None,
+         exec_defaults: tuple[str, Mapping[str, str]] | None = None) -> None:
     """Give the unbound sandbox `env` its root: the overlay of `lowers` (top first; the first
     `fork_layers` frozen uppers, never idmapped) mounted at `<env>/rootfs`, `before_start(rootfs)`,
     then the switch. `env.timings`: mount, [mutation], start (the switch). Raises
     RuntimeFailure (or EnvironmentGone when PID 1 is gone); the sandbox is then only fit to be
-    destroyed."""
-    failed = bind_many([env], lowers, fork_layers, before_start)
+    destroyed. `exec_defaults`: (cwd, env) every exec gets (`Environment.set_exec_defaults`),
+    written with the rest of meta.json."""
+    failed = bind_many([env], lowers, fork_layers, before_start, exec_defaults)
     if failed:
         raise failed[env.id]
 
 
 def bind_many(envs: Sequence[Environment], lowers: Sequence[Path], fork_layers: Sequence[Path] = (),
-              before_start: Callable[[Path], None] | None = None) -> dict[str, Exception]:
+              before_start: Callable[[Path], None] | None = None,
+              exec_defaults: tuple[str, Mapping[str, str]] | None = None) -> dict[str, Exception]:
     """`bind` for several sandboxes on the same lowers (a fork's children): each root mounted,
     then one rollstack-rootswitch process switches them all. Returns the failures by sandbox
     id (those sandboxes are only fit to be destroyed); the others are bound."""
     failed: dict[str, Exception] = {}
     mounted: list[Environment] = []
     stack: list[Path] | None = None  # the first one's idmapped lowers serve the others' mounts
-    for env in envs:
+
+    def mount(env: Environment) -> list[Path] | None:
         try:
-            stack = _mount(env, lowers, fork_layers, before_start, stack)
+            made = _mount(env, lowers, fork_layers, before_start, stack, exec_defaults)
             mounted.append(env)
-        except Exception as e:  # noqa: BLE001 - reported per sandbox; the next one tries
+            return made
+        except Exception as e:  # noqa: BLE001 - reported per sandbox
             failed[env.id] = e
+            return None
+
+    rest = list(envs)
+    while rest and stack is None:  # the first one alone: it makes the views the others share
+        stack = mount(rest.pop(0))
+    if len(rest) > 1:  # most of a mount is waiting (on the lazy store's FUSE lowers): overlap it
+        with ThreadPoolExecutor(min(MOUNT_THREADS, len(rest)), thread_name_prefix="rollstack-bind") as pool:
+            list(pool.map(mount, rest))
+    elif rest:
+        mount(rest[0])
     if mounted:
         failed.update(_switch(mounted))
     return failed
 
 
 def _mount(env: Environment, lowers: Sequence[Path], fork_layers: Sequence[Path],
-           before_start: Callable[[Path], None] | None, stack: list[Path] | None = None) -> list[Path]:
+           before_start: Callable[[Path], None] | None, stack: list[Path] | None = None,
+           exec_defaults: tuple[str, Mapping[str, str]] | None = None) -> list[Path]:
     """Mount `env`'s overlay (and write what a create writes before its start). Returns the
     lower dirs it mounted: under a user namespace the idmapped views made in its `idmap/`, which
     a sibling on the same lowers may pass as `stack` to mount over instead of making its own
@@ -148,8 +169,9 @@ def _mount(env: Environment, lowers: Sequence[Path], fork_layers: Sequence[Path]
     if meta.get("late_root") != UNBOUND:
         raise InvalidRequest(f"environment {env.id} is not an unbound sandbox")
     userns = bool(meta.get("userns"))
+    defaults = {} if exec_defaults is None else {"exec_cwd": exec_defaults[0], "exec_env": dict(exec_defaults[1])}
     env._write_meta({**meta, "lowers": [str(p) for p in lowers],
-                     "fork_layers": [str(p) for p in fork_layers], "late_root": "bound"})
+                     "fork_layers": [str(p) for p in fork_layers], "late_root": "bound", **defaults})
     t0 = time.monotonic()
     if not userns:
         stack = [Path(p) for p in lowers]
@@ -182,6 +204,30 @@ def mount_entries(spec: dict) -> list[str]:
         is_file = m.get("type") == "bind" and os.path.isfile(m.get("source", ""))
         out.append(("f" if is_file else "d", dest))
     return [f"{kind}{dest}" for kind, dest in out]
+
+
+def _premake(upper: Path, spec: dict, owner: int) -> None:
+    """The nested mount points the switch would create in the upper (`/.rollstack/init`, ...;
+    images have no `/.rollstack`), made now in the still unmounted upper: an inode on the node
+    root's disk costs 0.25-0.65 ms here, and a fork's children need theirs at once. The
+    top-level ones (/proc, /dev, /sys) are the image's own and are left to the switch."""
+    for entry in mount_entries(spec):
+        kind, rel = entry[0], entry[2:]
+        parts = rel.split("/")
+        if len(parts) < 2:
+            continue
+        d = upper
+        for part in parts[:-1]:
+            d = d / part
+            if not d.exists():
+                d.mkdir(mode=0o755)
+                os.chown(d, owner, owner)
+        leaf = d / parts[-1]
+        if kind == "f":
+            leaf.touch(mode=0o755)
+        else:
+            leaf.mkdir(mode=0o755)
+        os.chown(leaf, owner, owner)
 
 
 def _share(rootfs: Path) -> None:
