@@ -5,6 +5,9 @@ root switch creates the child cold; checkpoints work on them; nothing is left be
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Any, Iterator
+
 import pytest
 
 from node_helpers import plan, remember, serve_node
@@ -36,19 +39,32 @@ def _full(service) -> None:
     assert service.stages.late.ready() == POOL
 
 
-def test_children_take_late_bound_sandboxes(node) -> None:
+@contextmanager
+def _family(node, script: str) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """(service, a parent that ran `script` and forked once, its children so far): the node's
+    first fork starts the pool filling, which is then full. Everything is destroyed after."""
     root, service, client = node
     parent = client.create(plan())
     remember(root, parent.id)
-    kids = []
+    kids: list[Any] = []
     try:
-        _sh(parent, "echo cut > state.txt && mkdir -p d && echo x > d/f && chown 1000:1000 d/f")
-        kids += parent.fork(1)  # the node's first fork: the pool starts filling
+        _sh(parent, script)
+        kids += parent.fork(1)
         _full(service)
+        yield service, parent, kids
+    finally:
+        for k in kids:
+            remember(root, k.id)  # their cgroups count in serve_node's final check
+            k.destroy()
+        parent.destroy()
+    service.wait_destroyed(120)
+
+
+def test_children_take_late_bound_sandboxes(node) -> None:
+    with _family(node, "echo cut > state.txt && mkdir -p d && echo x > d/f && chown 1000:1000 d/f") \
+            as (service, parent, kids):
         hits = service.metrics()["fork_warm_hits_total"]
         kids += parent.fork(POOL)
-        for k in kids:
-            remember(root, k.id)
         assert [k.created.timings.warm for k in kids[1:]] == [True] * POOL
         assert service.metrics()["fork_warm_hits_total"] == hits + POOL
         _sh(parent, "echo later > later.txt")
@@ -71,33 +87,14 @@ def test_children_take_late_bound_sandboxes(node) -> None:
         kids[-1].pause("checkpoint")  # CRIU dumps and restores a switched container like any
         kids[-1].resume()
         assert _sh(kids[-1], "cat mine.txt") == f"{POOL}\n"
-    finally:
-        for k in kids:
-            k.destroy()
-        parent.destroy()
-    service.wait_destroyed(120)
 
 
 def test_a_failed_switch_creates_the_child_cold(node, monkeypatch: pytest.MonkeyPatch) -> None:
-    root, service, client = node
-    parent = client.create(plan())
-    remember(root, parent.id)
-    kids = []
-    try:
-        _sh(parent, "echo cut > state.txt")
-        kids += parent.fork(1)
-        _full(service)
+    with _family(node, "echo cut > state.txt") as (service, parent, kids):
         failures = service.metrics()["fork_warm_bind_failures_total"]
         monkeypatch.setattr(lateroot, "rootswitch", lambda: "/bin/false")  # every switch fails
         kids += parent.fork(2)
-        for k in kids:
-            remember(root, k.id)
         assert [k.created.timings.warm for k in kids[1:]] == [False, False]  # created cold
         assert service.metrics()["fork_warm_bind_failures_total"] == failures + 2
         for k in kids:
             assert _sh(k, "cat state.txt") == "cut\n"
-    finally:
-        for k in kids:
-            k.destroy()
-        parent.destroy()
-    service.wait_destroyed(120)
