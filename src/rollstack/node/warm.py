@@ -21,8 +21,8 @@ Isolation is the same as a cold create's: the sandbox's spec is `build_spec` wit
 namespaces, capabilities, seccomp profile, no_new_privileges, rlimits, pids limit and devices;
 only cwd, env (per exec instead) and the start quotas (set at handout) differ.
 
-Which plans: `runtime: runc`, no user namespace, no network namespace (`network` none); others
-are created cold. Key: the stack's layer digests; a pool also remembers the lower dirs its
+Which plans: `runtime: runc`, the node's default user-namespace choice (`eligible`), no network
+namespace (`network` none), no volumes; others are created cold. Key: the stack's layer digests; a pool also remembers the lower dirs its
 sandboxes stack. When the same digests resolve to other dirs (a layer got its EROFS mount,
 `lowers.erofs`, or its local copy, `lowers.materialize`: both tell the pool at once, `relower`), the
 pool refills on the new dirs. Its sandboxes on the old dirs are *stale*: if those dirs are all
@@ -465,10 +465,13 @@ def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
 
 
 def eligible(plan: Any, net: Any) -> bool:
-    """Plans a warm sandbox can serve: runc, the node's default user-namespace choice (the
-    sandboxes are started with it; an explicit `security.userns` goes cold), no network, no
-    volumes (mounts are made at start)."""
-    return plan.runtime == "runc" and plan.security.userns is None and not net.needs_netns and not plan.volumes
+    """Plans a warm sandbox can serve: runc, the user-namespace choice the sandboxes are started
+    with (the node's default; a plan that asks for the same explicitly fits too, the other
+    choice goes cold), no network, no volumes (mounts are made at start)."""
+    from rollstack.run import userns
+
+    return plan.runtime == "runc" and plan.security.userns in (None, userns.resolve(None, "runc")) \
+        and not net.needs_netns and not plan.volumes
 
 
 def attach(service: Any) -> None:
