@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import subprocess
 import time
@@ -107,7 +108,10 @@ def start(rt: "EnvironmentRuntime", env_id: str, params: SpecParams, userns: boo
         rt.start_container(env, spec, "runc", keyring=not params.seccomp)
         env.timings["start"] = time.monotonic() - t
     except BaseException:
-        env.destroy()
+        try:
+            env.destroy()
+        except Exception:  # noqa: BLE001 - the start's own error is the one to report
+            logging.getLogger(__name__).exception("cleaning up the failed start of %s failed", env_id)
         raise
     return env
 
@@ -259,7 +263,11 @@ def _switch(envs: Sequence[Environment]) -> dict[str, Exception]:
             if pinned is None:
                 failed[env.id] = EnvironmentGone(f"sandbox {env.id}: its PID 1 is gone")
                 continue
-            dev = os.stat(env.rootfs).st_dev  # the overlay: the top of the mounts at <env>/rootfs
+            try:
+                dev = os.stat(env.rootfs).st_dev  # the overlay: the top of the mounts at <env>/rootfs
+            except OSError as e:
+                failed[env.id] = RuntimeFailure(f"sandbox {env.id}: its root: {e}")
+                continue
             targets.append((env, f"{pinned[1]}:{pinned[0]}:{dev}", pinned[1]))
         if not targets:
             return failed
