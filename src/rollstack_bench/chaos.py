@@ -367,6 +367,7 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
     stop = threading.Event()
     t0 = time.monotonic()
     doc: dict[str, Any] = {}
+    pools: dict[str, Any] = {}
     try:
         registry.start()
         _log(f"publishing the busybox corpus to {registry.url}")
@@ -411,6 +412,11 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
                                        detail=f"{type(e).__name__}: {e}"))
         for t in threads:
             t.join()
+        try:  # what the pools did, counted since the agent's last (re)start
+            pools = {k: v for k, v in client.metrics().items()
+                     if k.startswith(("fork_warm_", "warm_")) or k in ("forks_total", "created_total")}
+        except Exception as e:  # noqa: BLE001 - reported, the run's verdict does not depend on it
+            pools = {"error": f"{type(e).__name__}: {e}"}
         client.close()
     finally:
         stop.set()
@@ -439,6 +445,7 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
                  "lost": sum(len(r.data_bad) for r in rollouts)},
         "faults": [f.to_dict(t0) for f in fault_log],
         "agent": flatness(samples),
+        "pools_since_last_agent_start": pools,
         "leftovers": findings,
     }
     s = doc["rollouts"]
@@ -492,6 +499,7 @@ def _human(doc: dict[str, Any]) -> None:
     print(f"data checked {d['checked']}, lost {d['lost']}; faults injected "
           f"{sum(not f['skipped'] for f in doc['faults'])} of {len(doc['faults'])}")
     print(f"agent: {doc['agent']}; leftovers after stop: {len(doc['leftovers'])}")
+    print(f"pools since the agent's last start: {doc['pools_since_last_agent_start']}")
     print("goals: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in doc["goals"].items()))
 
 
