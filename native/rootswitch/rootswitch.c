@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -188,6 +189,7 @@ int main(int argc, char **argv) {
         die("calloc");
     fflush(stdout);
     fflush(stderr);
+    const pid_t self = getpid();
     for (int i = 0; i < n; i++) {
         int pidfd;
         long pid;
@@ -202,8 +204,12 @@ int main(int argc, char **argv) {
         kids[i] = fork();
         if (kids[i] < 0)
             fprintf(stderr, "rootswitch: [%d] fork: %s\n", i, strerror(errno));
-        if (kids[i] == 0)
+        if (kids[i] == 0) {
+            /* dies with this process: the node kills a switch that hangs (a dead FUSE lower) */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != self)
+                die("tie to the switch's life");
             switch_one(pidfd, pid, (dev_t)dev, uid, gid, argv + 3, sep - 3);
+        }
     }
     for (int i = 0; i < n; i++) {
         int status = 1;
