@@ -130,8 +130,9 @@ def create_group(service: "NodeService", plan: Any, count: int,
             outcomes.append(f.result())
         except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
             outcomes.append(exc)
-    if "late_take" in group.times and stages.late is not None:
-        stages.late.forked()  # its children are built: the pool may refill now
+    late = stages.late  # read once: a node stop may clear it
+    if "late_take" in group.times and late is not None:
+        late.forked()  # its children are built: the pool may refill now
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     if errors:
         for o in outcomes:
@@ -163,10 +164,11 @@ def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], prepar
     """Up to len(recs) late-bound sandboxes for a fork's children, each taken one's record
     taking its id, and their roots bound in one step (`Stages.bind_late`: the mounts, then one
     switch process for all); one that failed is destroyed and its record built cold."""
-    if stages.late is None or not _eligible(stages, group.plan):
+    late = stages.late  # read once: a node stop may clear it
+    if late is None or not _eligible(stages, group.plan):
         return
     t = time.perf_counter()
-    envs = stages.late.take_late(len(recs))
+    envs = late.take_late(len(recs))
     group.times["late_take"] = float(len(envs))
     _hand(service, recs, envs, group, t)
     if envs:

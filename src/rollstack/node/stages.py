@@ -434,14 +434,21 @@ class Stages:
         net = network_spec(plan, reserved_node_ports=self._reserved_ports())  # eligible: no netns, no token
         defaults = (plan.workdir, harness_env(plan, net, "", internal=rec0.internal))
         failed = lateroot.bind_many(envs, lowers, fork_layers, before_start=mutate, exec_defaults=defaults)
+        late, errors = self.late, []
         for env_id, err in failed.items():
             log.warning("late-bound sandbox %s: binding its root failed (%s); creating it cold", env_id, err)
-            if self.late is not None:
-                self.late.count("bind_failures")
+            if late is not None:
+                late.count("bind_failures")
             env = recs[env_id].runtime
-            recs[env_id].runtime = None
             if env is not None:
-                env.destroy()  # raises when it cannot finish: the fork fails, typed, nothing reused
+                try:
+                    env.destroy()
+                except Exception as e:  # noqa: BLE001 - the record keeps it: its release retries
+                    errors.append(e)
+                    continue
+            recs[env_id].runtime = None
+        if errors:
+            raise errors[0]  # the fork fails, typed; every sandbox left is still its record's
         return list(failed)
 
     def fork_source(self, rec: EnvRecord) -> Prepared:
@@ -601,6 +608,8 @@ class Stages:
         from rollstack.run.checkpoint import checkpoint
 
         criu = self._criu()
+        if rec.runtime.runtime_name == "runc":  # what the restore gives its cgroup: the plan's
+            rec.runtime.set_spec_quotas(rec.plan.resources.cpu, rec.plan.resources.memory)
         if self.provisioner is not None:
             self.provisioner.unregister(rec.id)
         try:

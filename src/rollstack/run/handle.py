@@ -71,6 +71,21 @@ class Environment:
         handout (`set_exec_defaults`) then allocates no inode."""
         atomic.reserve(self.meta_path)
 
+    def set_spec_quotas(self, cpu: float | None, memory: int | None) -> None:
+        """Make config.json's CPU and memory limits these (what `runc restore` applies to the
+        cgroup again): a sandbox started before its plan was known (warm, late-bound) has the
+        pool's there, which a restored checkpoint would otherwise get back."""
+        from rollstack.run.ocispec import quota_resources
+
+        path = self.bundle / "config.json"
+        spec = json.loads(path.read_text())
+        res = spec.setdefault("linux", {}).setdefault("resources", {})
+        period = int((res.get("cpu") or {}).get("period") or 100_000)
+        for key in ("cpu", "memory"):
+            res.pop(key, None)
+        res.update(quota_resources(cpu, memory, period))
+        atomic.replace(path, json.dumps(spec, indent=1).encode())
+
     def set_exec_defaults(self, cwd: str, env: Mapping[str, str]) -> None:
         """The working directory and variables every exec gets unless it sets its own (kept in
         meta.json). For environments whose PID 1 was started before their plan was known (a

@@ -240,14 +240,22 @@ def _mounts(p: SpecParams) -> list[dict[str, Any]]:
     ]
 
 
-def _resources(p: SpecParams) -> dict[str, Any]:
-    res: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
-    if p.cpu is not None:
-        res["cpu"] = {"quota": cpu_quota(p.cpu, p.cpu_period_us), "period": p.cpu_period_us}
-    if p.memory is not None:
+def quota_resources(cpu: float | None, memory: int | None, period_us: int = 100_000) -> dict[str, Any]:
+    """The spec's `linux.resources` entries for a CPU quota in cores and a memory limit in bytes
+    (None: unlimited, no entry). Pure."""
+    res: dict[str, Any] = {}
+    if cpu is not None:
+        res["cpu"] = {"quota": cpu_quota(cpu, period_us), "period": period_us}
+    if memory is not None:
         # No "swap": on v1 memory+swap (memsw) must stay >= the memory limit, so a pinned memsw
         # would make every later raise of memory.limit_in_bytes (the provisioner's) fail EINVAL.
-        res["memory"] = {"limit": int(p.memory)}
+        res["memory"] = {"limit": int(memory)}
+    return res
+
+
+def _resources(p: SpecParams) -> dict[str, Any]:
+    res: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}],
+                           **quota_resources(p.cpu, p.memory, p.cpu_period_us)}
     if p.pids_limit is not None:
         res["pids"] = {"limit": int(p.pids_limit)}
     return res

@@ -5,6 +5,7 @@ root switch creates the child cold; checkpoints work on them; nothing is left be
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -85,6 +86,9 @@ def test_children_take_late_bound_sandboxes(node) -> None:
         assert "b/work/app/state.txt" in kids[-1].diff() and "mine.txt" in kids[-1].diff()
         assert kids[-1].evaluate().reward == parent.evaluate().reward
         kids[-1].pause("checkpoint")  # CRIU dumps and restores a switched container like any
+        spec = json.loads((service._get(kids[-1].id).runtime.bundle / "config.json").read_text())
+        res = spec["linux"]["resources"]  # what the restore applies: the plan's, not the pool's
+        assert (res["cpu"]["quota"], res["memory"]["limit"]) == (50_000, 128 << 20), res
         kids[-1].resume()
         assert _sh(kids[-1], "cat mine.txt") == f"{POOL}\n"
 
