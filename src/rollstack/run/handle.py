@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import os
 import tempfile
 from contextlib import contextmanager
@@ -70,6 +71,14 @@ class Environment:
         """Make the tmp inode of meta.json's next rewrite now (host.atomic): a warm sandbox's
         handout (`set_exec_defaults`) then allocates no inode."""
         atomic.reserve(self.meta_path)
+
+    def destroy_after_failure(self, what: str) -> None:
+        """Destroy what a failed create or start made; a failure of that is logged, never
+        raised (the create's own error is the one to report)."""
+        try:
+            self.destroy()
+        except Exception:  # noqa: BLE001 - see above
+            logging.getLogger(__name__).exception("cleaning up the failed %s of %s failed", what, self.id)
 
     def set_spec_quotas(self, cpu: float | None, memory: int | None) -> None:
         """Make config.json's CPU and memory limits these (what `runc restore` applies to the

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import subprocess
 import time
@@ -108,10 +107,7 @@ def start(rt: "EnvironmentRuntime", env_id: str, params: SpecParams, userns: boo
         rt.start_container(env, spec, "runc", keyring=not params.seccomp)
         env.timings["start"] = time.monotonic() - t
     except BaseException:
-        try:
-            env.destroy()
-        except Exception:  # noqa: BLE001 - the start's own error is the one to report
-            logging.getLogger(__name__).exception("cleaning up the failed start of %s failed", env_id)
+        env.destroy_after_failure("start")
         raise
     return env
 

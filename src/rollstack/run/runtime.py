@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import os
 import resource
 import shutil
@@ -234,10 +233,7 @@ class EnvironmentRuntime:
         except BaseException:
             if net_job is not None:
                 net_job.join()  # never tear down under a setup still running
-            try:
-                env.destroy()
-            except Exception:  # noqa: BLE001 - the create's own error is the one to report
-                logging.getLogger(__name__).exception("cleaning up the failed create of %s failed", env_id)
+            env.destroy_after_failure("create")
             raise
         return env
 
