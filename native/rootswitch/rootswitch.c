@@ -12,8 +12,9 @@
  * switches each target (PIDFD: an inherited pidfd of the container's PID 1, PID its pid, DEV the
  * st_dev of the overlay the node mounted for it), all at once, each in a child process of its
  * own (the steps below change the caller's namespace and root), and prints one line per
- * target on stdout: "N ok" or "N failed" (N counts from 0; the reason is on stderr, "[N] step:
- * error"). For each target:
+ * target on stdout as it ends: "N ok" or "N failed" (N counts from 0; the reason is on stderr,
+ * "[N] step: error"). It dies with its parent (PR_SET_PDEATHSIG), its per-target children with
+ * it. For each target:
  *
  * 1. opens /proc/PID/root (the container's current root: runc's mounts hang off it), then checks
  *    through the pidfd that PID is still that process (no reused pid);
@@ -161,7 +162,19 @@ static void switch_one(int pidfd, long pid, dev_t dev, uid_t uid, gid_t gid, cha
     exit(0);
 }
 
+static void report(int i, int ok, int *failed) {
+    printf("%d %s\n", i, ok ? "ok" : "failed");
+    fflush(stdout);
+    *failed |= !ok;
+}
+
 int main(int argc, char **argv) {
+    /* the node runs this from a thread that waits for it: if the node dies, so does the switch
+     * (and with it each target's child, tied to this process below) */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+        perror("rootswitch: prctl");
+        return 2;
+    }
     int sep = 0;
     for (int i = 3; i < argc; i++)
         if (strcmp(argv[i], "--") == 0) {
@@ -211,14 +224,29 @@ int main(int argc, char **argv) {
             switch_one(pidfd, pid, (dev_t)dev, uid, gid, argv + 3, sep - 3);
         }
     }
+    /* each outcome is printed (and flushed) as its child ends: a node that kills a switch that
+     * hangs still learns which targets had switched */
+    int left = 0;
     for (int i = 0; i < n; i++) {
-        int status = 1;
         if (kids[i] > 0)
-            while (waitpid(kids[i], &status, 0) < 0 && errno == EINTR)
-                ;
-        int ok = kids[i] > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        printf("%d %s\n", i, ok ? "ok" : "failed");
-        failed |= !ok;
+            left++;
+        else
+            report(i, 0, &failed);
+    }
+    while (left > 0) {
+        int status = 1;
+        pid_t done = waitpid(-1, &status, 0);
+        if (done < 0) {
+            if (errno == EINTR)
+                continue;
+            break; /* ECHILD: none left */
+        }
+        for (int i = 0; i < n; i++)
+            if (kids[i] == done) {
+                report(i, WIFEXITED(status) && WEXITSTATUS(status) == 0, &failed);
+                kids[i] = -1;
+                left--;
+            }
     }
     free(kids);
     return failed;

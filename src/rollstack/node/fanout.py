@@ -117,8 +117,10 @@ def create_group(service: "NodeService", plan: Any, count: int,
         else:
             prepared = replace(source(), group=group)
             group.times.update({f"fork_{k}": v for k, v in prepared.fork.items()})
-            _take_late(stages, service, recs, prepared, group)
-        _begin_all(stages, recs, prepared, group)
+            _take_late(stages, service, recs, group)
+        _begin_all(stages, recs, prepared, group)  # as for a cold create: known before its root is
+        if source is not None:
+            _bind_late(stages, recs, prepared, group)
     except BaseException:
         _release(service, recs)
         raise
@@ -160,10 +162,9 @@ def _take_warm(stages: "Stages", service: "NodeService", recs: list[Any], prepar
     _hand(service, recs, envs, group, t)
 
 
-def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], prepared: Any, group: Group) -> None:
+def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], group: Group) -> None:
     """Up to len(recs) late-bound sandboxes for a fork's children, each taken one's record
-    taking its id, and their roots bound in one step (`Stages.bind_late`: the mounts, then one
-    switch process for all); one that failed is destroyed and its record built cold."""
+    taking its id (`_bind_late` gives them their roots)."""
     late = stages.late  # read once: a node stop may clear it
     if late is None or not _eligible(stages, group.plan):
         return
@@ -171,12 +172,18 @@ def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], prepar
     envs = late.take_late(len(recs))
     group.times["late_take"] = float(len(envs))
     _hand(service, recs, envs, group, t)
-    if envs:
-        t = time.perf_counter()
-        taken = {rec.id: rec for rec in recs if rec.id in group.warm}
-        for rid in stages.bind_late(taken, prepared.lowers, prepared.fork_layers, group.mutate):
-            del group.warm[rid]
-        group.times["late_bind"] = round(time.perf_counter() - t, 6)
+
+
+def _bind_late(stages: "Stages", recs: list[Any], prepared: Any, group: Group) -> None:
+    """The taken late-bound sandboxes' roots bound in one step (`Stages.bind_late`: the mounts,
+    then one switch process for all); one that failed is destroyed and its record built cold."""
+    taken = {rec.id: rec for rec in recs if rec.id in group.warm}
+    if not taken:
+        return
+    t = time.perf_counter()
+    for rid in stages.bind_late(taken, prepared.lowers, prepared.fork_layers, group.mutate):
+        del group.warm[rid]
+    group.times["late_bind"] = round(time.perf_counter() - t, 6)
 
 
 def _eligible(stages: "Stages", plan: Any) -> bool:

@@ -435,10 +435,10 @@ class Stages:
         defaults = (plan.workdir, harness_env(plan, net, "", internal=rec0.internal))
         failed = lateroot.bind_many(envs, lowers, fork_layers, before_start=mutate, exec_defaults=defaults)
         late, errors = self.late, []
+        if late is not None:
+            late.bound(len(envs) - len(failed), len(failed))
         for env_id, err in failed.items():
             log.warning("late-bound sandbox %s: binding its root failed (%s); creating it cold", env_id, err)
-            if late is not None:
-                late.count("bind_failures")
             env = recs[env_id].runtime
             if env is not None:
                 try:

@@ -88,6 +88,12 @@ MAX_DEFER = 1.0
 """Seconds the refill waits for such a quiet moment at most, in a row: handouts closer together
 than REFILL_GRACE (back-to-back forks, a steady stream of creates) would otherwise never let it
 start one, and every later handout would miss."""
+BREAKER_STREAK = 4
+"""Failed binds in a row (no bind succeeding between) after which a late pool stops handing out
+and refilling for BREAKER_COOLDOWN: when every switch fails on a node (a broken helper, a kernel
+that refuses it), each child would otherwise cost a sandbox start, a failed bind and its cold
+start. After the cooldown one more failure opens it again; a success closes it."""
+BREAKER_COOLDOWN = 60.0
 
 
 def new_env_id() -> str:
@@ -117,7 +123,8 @@ class WarmPool:
     def __init__(self, runtime: "EnvironmentRuntime", size: int, max_total: int = 64,
                  stacks: int = 4, cpu_share: float = 0.5,
                  room: Callable[[], int] | None = None, records: Path | None = None,
-                 fast: Callable[[Sequence[str]], bool] | None = None, late: bool = False) -> None:
+                 fast: Callable[[Sequence[str]], bool] | None = None, late: bool = False,
+                 room_lock: "threading.Lock | None" = None) -> None:
         if size < 1 or max_total < 1 or stacks < 1 or not 0 < cpu_share <= 1:
             raise ValueError("warm pool: size, max_total, stacks >= 1 and 0 < cpu_share <= 1")
         self.late = late
@@ -126,6 +133,9 @@ class WarmPool:
         self.room = room or (lambda: 1 << 30)  # containers the node allows besides live envs
         self.records = records  # the node root whose records a handout saves (node.recovery)
         self.fast = fast or (lambda lowers: False)  # lowers a stale sandbox may still serve on
+        # held from a refill's room check to its reservation (`starting`): pools that share it
+        # (a node's two) take the room they leave each other one at a time, never both at once
+        self.room_lock = room_lock or threading.Lock()
         self._pools: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
         self._discard: list["Environment"] = []
         self._destroying = 0
@@ -133,8 +143,11 @@ class WarmPool:
         self._stopped = False
         self._quiet_until = 0.0  # no sandbox is started before (REFILL_GRACE after a handout)
         self._deferred_since: float | None = None  # the refill has waited for quiet since
+        self._fail_streak = 0  # a late pool's failed binds in a row
+        self._open_until = 0.0  # a late pool's breaker: no handout nor refill before
         self.counters = {"hits": 0, "misses": 0, "started": 0, "start_failures": 0,
-                         "discarded": 0, "dead": 0, **({"bind_failures": 0} if late else {})}
+                         "discarded": 0, "dead": 0,
+                         **({"bind_failures": 0, "breaker_trips": 0} if late else {})}
         self._thread = threading.Thread(target=self._loop, name="rollstack-warm", daemon=True)
         self._thread.start()
 
@@ -154,6 +167,9 @@ class WarmPool:
         digests, low = tuple(digests), tuple(str(p) for p in lowers)
         with self._cond:
             if self._stopped:
+                return []
+            if self._open():
+                self.counters["misses"] += n
                 return []
             stack = self._pools.get(digests)
             if stack is not None and stack.lowers != low:  # same layers, other dirs: stale
@@ -196,10 +212,24 @@ class WarmPool:
             self._quiet_until = min(self._quiet_until, time.monotonic() + LATE_GRACE)
             self._cond.notify_all()
 
-    def count(self, name: str) -> None:
-        """One more of counter `name` (e.g. a late sandbox's failed `bind`, counted by its taker)."""
+    def bound(self, ok: int, failed: int) -> None:
+        """A fork bound `ok` of its taken sandboxes and `failed` ones failed (each destroyed, its
+        child created cold): counted, and BREAKER_STREAK failures in a row open the breaker."""
         with self._cond:
-            self.counters[name] = self.counters.get(name, 0) + 1
+            self.counters["bind_failures"] += failed
+            if ok:
+                self._fail_streak = 0
+                return
+            self._fail_streak += failed
+            if self._fail_streak >= BREAKER_STREAK and not self._open():
+                self._open_until = time.monotonic() + BREAKER_COOLDOWN
+                self._fail_streak = BREAKER_STREAK - 1  # after the cooldown, one more failure reopens it
+                self.counters["breaker_trips"] += 1
+                log.warning("late-bound sandboxes: %d binds failed in a row; forks' children start cold "
+                            "for %.0f s", BREAKER_STREAK, BREAKER_COOLDOWN)
+
+    def _open(self) -> bool:
+        return self._open_until > time.monotonic()
 
     def total(self) -> int:
         """Sandboxes this pool holds or is starting, read without its lock (another pool's
@@ -260,6 +290,7 @@ class WarmPool:
             out = {f"{p}_{k}_total": float(v) for k, v in self.counters.items()}
             out[f"{p}_ready"] = float(sum(len(s.ready) for s in self._pools.values()))
             if self.late:
+                out["fork_warm_breaker_open"] = float(self._open())
                 return out
             out["warm_stale"] = float(sum(len(s.stale) for s in self._pools.values()))
             out["warm_stacks"] = float(len(self._pools))
@@ -303,7 +334,7 @@ class WarmPool:
         the node's own room. No side effects."""
         want = next((st for st in reversed(self._pools.values())
                      if len(st.ready) + st.starting < self.size), None)
-        if want is None:
+        if want is None or self._open():
             return None, None
         room = self.room()
         if self._total() < min(self.max_total, room):
@@ -344,9 +375,10 @@ class WarmPool:
                         self._cond.wait(min(quiet, MAX_DEFER - (now - deferred)))
                         continue
                 self._deferred_since = None
-                stack = self._next()  # may move a victim to the discard list: destroyed first
-                if stack is not None:
-                    stack.starting += 1
+                with self.room_lock:
+                    stack = self._next()  # may move a victim to the discard list: destroyed first
+                    if stack is not None:
+                        stack.starting += 1
                 discard, self._discard = self._discard, []
                 self._destroying += len(discard)
             for env in discard:
@@ -494,16 +526,18 @@ def attach(service: Any) -> None:
         return left
 
     stages.rekey = service.rekey
+    room_lock = threading.Lock()  # one reservation at a time across both pools
     if cfg.warm_pool > 0:
         stages.warm = WarmPool(stages.runtime, cfg.warm_pool, max_total=cfg.warm_pool_max,
                                stacks=cfg.warm_stacks, cpu_share=cfg.warm_cpu_share,
-                               room=room_beside("late"), records=cfg.root, fast=stages.fast_lowers)
+                               room=room_beside("late"), records=cfg.root, fast=stages.fast_lowers,
+                               room_lock=room_lock)
     if cfg.fork_warm > 0:
         from rollstack.run import lateroot
 
         if lateroot.available(stages.runtime):
             stages.late = WarmPool(stages.runtime, cfg.fork_warm, max_total=cfg.fork_warm, stacks=1,
                                    cpu_share=cfg.warm_cpu_share, room=room_beside("warm"),
-                                   records=cfg.root, late=True)
+                                   records=cfg.root, late=True, room_lock=room_lock)
         else:
             log.info("late-bound fork sandboxes off: %s not built", lateroot.ROOTSWITCH_NAME)

@@ -267,26 +267,34 @@ def _switch(envs: Sequence[Environment]) -> dict[str, Exception]:
             targets.append((env, f"{pinned[1]}:{pinned[0]}:{dev}", pinned[1]))
         if not targets:
             return failed
+        timed_out = False
         try:
             proc = subprocess.run([binary, str(owner), str(owner), *mount_entries(spec), "--",
                                    *(arg for _, arg, _ in targets)],
                                   pass_fds=tuple(fd for _, _, fd in targets), stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=SWITCH_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc = None
+            out, err = proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as e:  # killed (its per-target children die with it)
+            timed_out, out, err = True, e.stdout or b"", e.stderr or b""
     took = (time.monotonic() - t) / len(targets)
-    done = set()
-    if proc is not None:
-        for line in proc.stdout.decode(errors="replace").splitlines():
-            index, _, outcome = line.partition(" ")
-            if index.isdigit() and int(index) < len(targets) and outcome == "ok":
-                done.add(int(index))
-    errors = proc.stderr.decode(errors="replace").splitlines() if proc is not None else []
+    done = switched(out.decode(errors="replace"), len(targets))  # before a timeout too
+    errors = err.decode(errors="replace").splitlines()
     for i, (env, _, _) in enumerate(targets):
         if i in done:
             env.timings["start"] = took
             continue
         why = [line for line in errors if f"[{i}]" in line] or \
-            (["the root switch timed out"] if proc is None else [f"exit {proc.returncode}"])
+            [f"the root switch timed out after {SWITCH_TIMEOUT_S:.0f} s" if timed_out else "no outcome"]
         failed[env.id] = RuntimeFailure(f"sandbox {env.id}: {'; '.join(why)}")
     return failed
+
+
+def switched(stdout: str, n: int) -> set[int]:
+    """The targets rollstack-rootswitch's output reports switched ("N ok" lines, printed as
+    each ends: a killed switch's partial output counts its finished ones). Pure."""
+    done = set()
+    for line in stdout.splitlines():
+        index, _, outcome = line.partition(" ")
+        if index.isdigit() and int(index) < n and outcome == "ok":
+            done.add(int(index))
+    return done

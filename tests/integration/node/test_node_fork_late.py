@@ -6,6 +6,7 @@ root switch creates the child cold; checkpoints work on them; nothing is left be
 from __future__ import annotations
 
 import json
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -100,5 +101,33 @@ def test_a_failed_switch_creates_the_child_cold(node, monkeypatch: pytest.Monkey
         kids += parent.fork(2)
         assert [k.created.timings.warm for k in kids[1:]] == [False, False]  # created cold
         assert service.metrics()["fork_warm_bind_failures_total"] == failures + 2
+        for k in kids:
+            assert _sh(k, "cat state.txt") == "cut\n"
+
+
+def test_switches_failing_in_a_row_open_the_breaker_until_the_cooldown(node, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollstack.node import warm
+
+    real = lateroot.rootswitch
+    monkeypatch.setattr(warm, "BREAKER_STREAK", 2)
+    monkeypatch.setattr(warm, "BREAKER_COOLDOWN", 3.0)
+    with _family(node, "echo cut > state.txt") as (service, parent, kids):
+        trips = service.metrics()["fork_warm_breaker_trips_total"]
+        monkeypatch.setattr(lateroot, "rootswitch", lambda: "/bin/false")
+        kids += parent.fork(2)  # both binds fail: the breaker opens
+        m = service.metrics()
+        assert m["fork_warm_breaker_trips_total"] == trips + 1 and m["fork_warm_breaker_open"] == 1
+        hits, misses = m["fork_warm_hits_total"], m["fork_warm_misses_total"]
+        kids += parent.fork(2)  # open: no sandbox is taken (nor bound, nor failed)
+        assert [k.created.timings.warm for k in kids[-2:]] == [False, False]
+        m = service.metrics()
+        assert (m["fork_warm_hits_total"], m["fork_warm_misses_total"]) == (hits, misses + 2)
+        monkeypatch.setattr(lateroot, "rootswitch", real)
+        deadline = time.monotonic() + 60
+        while service.metrics()["fork_warm_breaker_open"] and time.monotonic() < deadline:
+            time.sleep(0.2)  # the cooldown
+        _full(service)  # then the refill fills the pool again
+        kids += parent.fork(1)
+        assert kids[-1].created.timings.warm is True
         for k in kids:
             assert _sh(k, "cat state.txt") == "cut\n"

@@ -124,3 +124,32 @@ def test_a_group_binds_together_and_one_dead_member_fails_alone(runtime, busybox
         for env in envs:
             env.destroy()
     assert runtime.find_leftovers().empty()
+
+
+def test_a_switch_killed_at_its_timeout_keeps_the_targets_it_switched(runtime, busybox_lower: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node kills a switch that outlives SWITCH_TIMEOUT_S; the targets it reported switched
+    before (one line each, flushed as each ends) stay bound, the kill leaves no process."""
+    real = lateroot.rootswitch()
+    hang = tmp_path / "switch-then-hang"
+    hang.write_text(f'#!/bin/sh\n"{real}" "$@"\nexec sleep 613\n')  # switches, then never exits
+    hang.chmod(0o755)
+    monkeypatch.setattr(lateroot, "rootswitch", lambda: str(hang))
+    monkeypatch.setattr(lateroot, "SWITCH_TIMEOUT_S", 5.0)
+    envs = [_start(runtime, userns=False) for _ in range(2)]
+    try:
+        assert lateroot.bind_many(envs, [busybox_lower]) == {}  # the kill came after both had switched
+        for env in envs:
+            assert _sh(env, "ls /bin/busybox") == "/bin/busybox\n"
+    finally:
+        for env in envs:
+            env.destroy()
+    assert runtime.find_leftovers().empty()
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p) == b"sleep\x00613\x00"]
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""

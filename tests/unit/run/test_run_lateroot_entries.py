@@ -31,3 +31,12 @@ def test_files_dirs_and_bad_destinations(tmp_path) -> None:
     for bad in ("/", "relative"):
         with pytest.raises(InvalidRequest):
             mount_entries({"mounts": [{"destination": bad, "type": "tmpfs"}]})
+
+
+def test_the_switched_targets_are_read_from_partial_output() -> None:
+    from rollstack.run.lateroot import switched
+
+    assert switched("1 ok\n0 failed\n", 3) == {1}
+    assert switched("2 ok\n0 o", 3) == {2}  # a killed switch's output ends anywhere
+    assert switched("5 ok\nx ok\n-1 ok\n1 okay\n", 3) == set()  # out of range or malformed
+    assert switched("", 2) == set()
