@@ -98,3 +98,10 @@ def leftovers(root: Path, service: Any = None) -> dict[str, list[str]]:
     forks = layer_names(root / "forks")
     return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "records": records,
             "forks": forks}
+
+
+def sh(env: Any, script: str, timeout: float = 120) -> str:
+    """`/bin/sh -c script` in an SDK environment; its stdout (asserts exit 0)."""
+    r = env.exec(["/bin/sh", "-c", script], timeout=timeout)
+    assert r.exit_code == 0, (script, r.stdout, r.stderr)
+    return r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from node_helpers import leftovers, plan, remember, serve_node
+from node_helpers import leftovers, plan, remember, serve_node, sh as _sh
 from rollstack import Client, errors
 from rollstack_bench.chaos_faults import small_fs, unmount_small_fs
 
@@ -29,11 +29,6 @@ def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
     finally:
         unmount_small_fs(root)
 
-
-def _sh(env, script: str) -> str:
-    r = env.exec(["/bin/sh", "-c", script], timeout=120)
-    assert r.exit_code == 0, (script, r.stdout, r.stderr)
-    return r.stdout
 
 
 def _free(root) -> int:

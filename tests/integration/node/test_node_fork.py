@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from node_helpers import leftovers, plan, remember, serve_node
+from node_helpers import leftovers, plan, remember, serve_node, sh as _sh
 from rollstack import Client, errors
 from rollstack.node.forks import layer_names
 
@@ -26,11 +26,6 @@ def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
         with Client(server.url, token=TOKEN, lease=None) as client:
             yield root, service, client
 
-
-def _sh(env, script: str) -> str:
-    r = env.exec(["/bin/sh", "-c", script], timeout=60)
-    assert r.exit_code == 0, (script, r.stdout, r.stderr)
-    return r.stdout
 
 
 def _forks(root: Path) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from node_helpers import plan, remember, serve_node
+from node_helpers import plan, remember, serve_node, sh as _sh
 from rollstack import Client
 from rollstack.run import lateroot
 
@@ -29,11 +29,6 @@ def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
         with Client(server.url, token=TOKEN, lease=None) as client:
             yield root, service, client
 
-
-def _sh(env, script: str) -> str:
-    r = env.exec(["/bin/sh", "-c", script], timeout=60)
-    assert r.exit_code == 0, (script, r.stdout, r.stderr)
-    return r.stdout
 
 
 def _full(service) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from node_helpers import sh as _sh
+
 from rollstack.errors import InvalidRequest, RuntimeFailure
 from rollstack.run import lateroot
 from rollstack.run.ocispec import SpecParams
@@ -28,11 +30,6 @@ def _start(runtime, userns: bool):
     env_id = f"late-{uuid.uuid4().hex[:10]}"
     return lateroot.start(runtime, env_id, SpecParams(env_id), userns=userns)
 
-
-def _sh(env, script: str) -> str:
-    r = env.exec(["/bin/sh", "-c", script], timeout=60)
-    assert r.exit_code == 0, (script, r.stdout, r.stderr)
-    return r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
 
 
 def _mounts_under(path: Path) -> list[str]:
