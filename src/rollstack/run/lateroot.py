@@ -35,6 +35,7 @@ import contextlib
 import functools
 import os
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -149,13 +150,26 @@ def bind_many(envs: Sequence[Environment], lowers: Sequence[Path], fork_layers: 
     while rest and stack is None:  # the first one alone: it makes the views the others share
         stack = mount(rest.pop(0))
     if len(rest) > 1:  # most of a mount is waiting (on the lazy store's FUSE lowers): overlap it
-        with ThreadPoolExecutor(min(MOUNT_THREADS, len(rest)), thread_name_prefix="rollstack-bind") as pool:
-            list(pool.map(mount, rest))
+        list(_mounters().map(mount, rest))
     elif rest:
         mount(rest[0])
     if mounted:
         failed.update(_switch(mounted))
     return failed
+
+
+_MOUNTERS: ThreadPoolExecutor | None = None
+_MOUNTERS_LOCK = threading.Lock()
+
+
+def _mounters() -> ThreadPoolExecutor:
+    """The node's bind threads, kept between forks: starting them per fork cost more than the
+    mounts they overlap (each `Thread.start` waits for the new thread to take the GIL)."""
+    global _MOUNTERS
+    with _MOUNTERS_LOCK:
+        if _MOUNTERS is None:
+            _MOUNTERS = ThreadPoolExecutor(MOUNT_THREADS, thread_name_prefix="rollstack-bind")
+        return _MOUNTERS
 
 
 def _mount(env: Environment, lowers: Sequence[Path], fork_layers: Sequence[Path],
