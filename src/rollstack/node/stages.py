@@ -382,7 +382,8 @@ class Stages:
             if warm is not None:
                 from rollstack.node.warm import handout
 
-                handout(warm, plan, dict(params.env), mutated=True)  # workdir, exec defaults
+                handout(warm, plan, dict(params.env), mutated=True,  # workdir, exec defaults
+                        workdir_there=group is not None and group.workdir_there)
         elif warm is not None:
             from rollstack.node.warm import handout
 

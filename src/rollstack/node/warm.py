@@ -461,11 +461,13 @@ class WarmPool:
 
 
 def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
-            mutate: Callable[[Path], None] | None = None, mutated: bool = False) -> float:
+            mutate: Callable[[Path], None] | None = None, mutated: bool = False,
+            workdir_there: bool = False) -> float:
     """Make a taken sandbox the plan's environment (quotas are the caller's: the provisioner's
     register): mutation through the merged view (`mutate(root)`, a GRPO group's planned once,
     else the plan's applied here; `mutated`: already written, as `lateroot.bind` does), the
-    workdir, exec defaults. Returns the mutation's seconds."""
+    workdir (`workdir_there`: a sibling on the same root found it, `has_dir`), exec defaults.
+    Returns the mutation's seconds."""
     from rollstack.errors import UnsafePath
     from rollstack.run.files import SafeRoot
     from rollstack.run.ocispec import SpecParams, build_spec
@@ -488,12 +490,26 @@ def handout(env: "Environment", plan: Any, exec_env: dict[str, str],
             userns.shift_upper(env.upper, via=env.rootfs)
     mutation = time.monotonic() - t
     try:  # its PID 1 runs on the root, so it is mounted (`env.files` would parse mountinfo)
-        SafeRoot(env.rootfs, HOST_BASE if shifted else 0).makedirs(plan.workdir)
+        if not workdir_there:
+            SafeRoot(env.rootfs, HOST_BASE if shifted else 0).makedirs(plan.workdir)
     except UnsafePath:
         pass  # an absolute symlink on the way: the command's chdir resolves it in the sandbox
     if env.meta().get("exec_cwd") != plan.workdir or env.meta().get("exec_env") != exec_env:
         env.set_exec_defaults(plan.workdir, exec_env)  # a late one's bind may have written them
     return mutation
+
+
+def has_dir(env: "Environment", path: str) -> bool:
+    """`path` is a directory in the sandbox's root (mounted), no symlink followed. A fork's
+    late-bound children have identical roots until built (the same lowers, fresh uppers, no
+    mutation), so one look serves them all (`handout`'s `workdir_there`)."""
+    from rollstack.errors import RollstackError
+    from rollstack.run.files import SafeRoot
+
+    try:
+        return SafeRoot(env.rootfs).stat(path).type == "dir"
+    except (RollstackError, OSError):
+        return False
 
 
 def eligible(plan: Any, net: Any) -> bool:

@@ -126,3 +126,14 @@ def test_switches_failing_in_a_row_open_the_breaker_until_the_cooldown(node, mon
         assert kids[-1].created.timings.warm is True
         for k in kids:
             assert _sh(k, "cat state.txt") == "cut\n"
+
+
+def test_children_get_the_workdir_even_when_the_parent_removed_it(node) -> None:
+    """The workdir check is made once per fork (the children's roots are alike): a parent that
+    removed its workdir still gives children that have one."""
+    with _family(node, "echo cut > state.txt") as (service, parent, kids):
+        _sh(parent, "cd / && rm -rf /work/app")
+        kids += parent.fork(2)
+        assert [k.created.timings.warm for k in kids[-2:]] == [True, True]
+        for k in kids[-2:]:
+            assert _sh(k, "pwd && ls -A") == "/work/app\n"  # made empty, as runc makes a cwd
