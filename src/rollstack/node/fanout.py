@@ -134,6 +134,7 @@ def create_group(service: "NodeService", plan: Any, count: int,
             begun.result()
     except BaseException:
         _release(service, recs)
+        _forked(stages, group)
         raise
     prepare_s = time.perf_counter() - t0
     futures = [_pool().submit(service._create, plan, False, rec, prepared) for rec in recs]
@@ -143,9 +144,7 @@ def create_group(service: "NodeService", plan: Any, count: int,
             outcomes.append(f.result())
         except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
             outcomes.append(exc)
-    late = stages.late  # read once: a node stop may clear it
-    if "late_take" in group.times and late is not None:
-        late.forked()  # its children are built: the pool may refill now
+    _forked(stages, group)  # its children are built: the pool may refill now
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     if errors:
         for o in outcomes:
@@ -200,6 +199,13 @@ def _bind_late(stages: "Stages", recs: list[Any], prepared: Any, group: Group) -
 
         group.workdir_there = has_dir(bound[0], group.plan.workdir)
     group.times["late_bind"] = round(time.perf_counter() - t, 6)
+
+
+def _forked(stages: "Stages", group: Group) -> None:
+    """Tell the late pool a fork that took from it is done (`WarmPool.forked`)."""
+    late = stages.late  # read once: a node stop may clear it
+    if "late_take" in group.times and late is not None:
+        late.forked()
 
 
 def _eligible(stages: "Stages", plan: Any) -> bool:

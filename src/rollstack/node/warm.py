@@ -144,6 +144,7 @@ class WarmPool:
         self._quiet_until = 0.0  # no sandbox is started before (REFILL_GRACE after a handout)
         self._deferred_since: float | None = None  # the refill has waited for quiet since
         self._fail_streak = 0  # a late pool's failed binds in a row
+        self._forking = 0  # forks that took from this late pool and have not said `forked`
         self._open_until = 0.0  # a late pool's breaker: no handout nor refill before
         self.counters = {"hits": 0, "misses": 0, "started": 0, "start_failures": 0,
                          "discarded": 0, "dead": 0,
@@ -168,6 +169,7 @@ class WarmPool:
         with self._cond:
             if self._stopped:
                 return []
+            self._forking += self.late  # each take of a late pool is answered by one `forked`
             if self._open():
                 self.counters["misses"] += n
                 return []
@@ -194,7 +196,8 @@ class WarmPool:
                     self.counters["dead"] += 1
             self.counters["hits"] += len(got)
             self.counters["misses"] += n - len(got)
-            # a late pool holds still until the fork says it is done (`forked`), MAX_DEFER at most
+            # a late pool holds still until the forks that took say they are done (`forked`),
+            # MAX_DEFER at most
             self._quiet_until = time.monotonic() + (MAX_DEFER if self.late else REFILL_GRACE)
             self._cond.notify_all()
         return got
@@ -206,9 +209,13 @@ class WarmPool:
         return self.take_many(LATE, (), n)
 
     def forked(self) -> None:
-        """A fork that took from this late pool has bound its children: the refill may start
-        after LATE_GRACE (instead of sharing the cores with the fork's own binds)."""
+        """A fork that took from this late pool has built its children (or failed): once no
+        other fork that took is still building, the refill may start after LATE_GRACE (instead
+        of sharing the cores with the forks' own binds)."""
         with self._cond:
+            self._forking = max(0, self._forking - 1)
+            if self._forking:
+                return
             self._quiet_until = min(self._quiet_until, time.monotonic() + LATE_GRACE)
             self._cond.notify_all()
 

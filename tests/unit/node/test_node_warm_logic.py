@@ -203,3 +203,58 @@ def test_no_room_on_the_node_means_no_refill_and_a_trim() -> None:
 def test_bad_sizes_are_refused(kw) -> None:
     with pytest.raises(ValueError):
         WarmPool(FakeRuntime(), **{"size": 2, **kw})  # type: ignore[arg-type]
+
+
+def _late_pool() -> WarmPool:
+    return WarmPool(FakeRuntime(), size=2, max_total=2, cpu_share=1.0, late=True,  # type: ignore[arg-type]
+                    room=lambda: 0)  # never starts one: the bookkeeping alone
+
+
+def test_the_refill_hold_lasts_until_every_fork_that_took_is_done() -> None:
+    import time
+
+    from rollstack.node import warm
+
+    pool = _late_pool()
+    try:
+        pool.take_late(2)
+        pool.take_late(1)  # a second fork, concurrent with the first
+        pool.forked()
+        assert pool._quiet_until > time.monotonic() + warm.MAX_DEFER / 2  # the other still binds
+        pool.forked()
+        assert pool._quiet_until <= time.monotonic() + warm.LATE_GRACE
+        pool.forked()  # an extra one (a failed fork's) never goes below zero
+        assert pool._forking == 0
+    finally:
+        pool.stop()
+
+
+def test_failed_binds_in_a_row_open_the_breaker_and_a_success_closes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from rollstack.node import warm
+
+    monkeypatch.setattr(warm, "BREAKER_COOLDOWN", 0.3)
+    pool = _late_pool()
+    try:
+        pool.bound(0, warm.BREAKER_STREAK - 1)
+        pool.bound(2, 1)  # a success between: the streak starts over
+        pool.bound(0, warm.BREAKER_STREAK - 1)
+        assert pool.stats()["fork_warm_breaker_open"] == 0
+        pool.bound(0, 1)
+        assert pool.stats()["fork_warm_breaker_open"] == 1 and pool.counters["breaker_trips"] == 1
+        misses = pool.counters["misses"]
+        assert pool.take_late(3) == [] and pool.counters["misses"] == misses + 3
+        with pool._cond:
+            assert pool._plan() == (None, None)  # no refill while open
+        time.sleep(0.4)
+        assert pool.stats()["fork_warm_breaker_open"] == 0
+        pool.bound(0, 1)  # after the cooldown one more failure opens it again
+        assert pool.counters["breaker_trips"] == 2
+        time.sleep(0.4)
+        pool.bound(1, 0)
+        pool.bound(0, 1)  # a success reset the streak: one failure is not enough now
+        assert pool.stats()["fork_warm_breaker_open"] == 0
+        assert pool.counters["bind_failures"] == 2 * (warm.BREAKER_STREAK - 1) + 4
+    finally:
+        pool.stop()
