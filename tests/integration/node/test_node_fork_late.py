@@ -105,7 +105,7 @@ def test_switches_failing_in_a_row_open_the_breaker_until_the_cooldown(node, mon
 
     real = lateroot.rootswitch
     monkeypatch.setattr(warm, "BREAKER_STREAK", 2)
-    monkeypatch.setattr(warm, "BREAKER_COOLDOWN", 3.0)
+    monkeypatch.setattr(warm, "BREAKER_COOLDOWN", 15.0)  # outlasts the cold forks below on a busy node
     with _family(node, "echo cut > state.txt") as (service, parent, kids):
         trips = service.metrics()["fork_warm_breaker_trips_total"]
         monkeypatch.setattr(lateroot, "rootswitch", lambda: "/bin/false")
