@@ -84,12 +84,12 @@ class Environment:
         """Make config.json's CPU and memory limits these (what `runc restore` applies to the
         cgroup again): a sandbox started before its plan was known (warm, late-bound) has the
         pool's there, which a restored checkpoint would otherwise get back."""
-        from rollstack.run.ocispec import quota_resources
+        from rollstack.run.ocispec import CPU_PERIOD_US, quota_resources
 
         path = self.bundle / "config.json"
         spec = json.loads(path.read_text())
         res = spec.setdefault("linux", {}).setdefault("resources", {})
-        period = int((res.get("cpu") or {}).get("period") or 100_000)
+        period = int((res.get("cpu") or {}).get("period") or CPU_PERIOD_US)
         for key in ("cpu", "memory"):
             res.pop(key, None)
         res.update(quota_resources(cpu, memory, period))

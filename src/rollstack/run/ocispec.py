@@ -64,6 +64,10 @@ MIN_MEMORY = 8 * 1024 * 1024  # below this runc/the kernel refuse or the init ca
 MIN_CPU_QUOTA_US = 1000       # the kernel's minimum CFS quota
 
 
+CPU_PERIOD_US = 100_000
+"""The CFS period of a spec's CPU quota unless it sets its own (µs)."""
+
+
 @dataclass(frozen=True)
 class InitBinaries:
     """Host paths of the static binaries bind-mounted into every environment."""
@@ -100,7 +104,7 @@ class SpecParams:
     """Maximum tasks in the environment (None: unlimited; do not, fork bombs)."""
     nofile: int = 65536
     """RLIMIT_NOFILE soft and hard."""
-    cpu_period_us: int = 100_000
+    cpu_period_us: int = CPU_PERIOD_US
     cgroup_parent: str = CGROUP_PARENT
     capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
     init: InitBinaries = field(default_factory=InitBinaries)
@@ -165,7 +169,7 @@ def cgroup_path(env_id: str, parent: str = CGROUP_PARENT) -> str:
     return f"/{parent.strip('/')}/{env_id}"
 
 
-def cpu_quota(cores: float, period_us: int = 100_000) -> int:
+def cpu_quota(cores: float, period_us: int = CPU_PERIOD_US) -> int:
     """CFS quota in microseconds per `period_us` for `cores` CPUs (at least the kernel minimum)."""
     return max(MIN_CPU_QUOTA_US, int(round(cores * period_us)))
 
@@ -240,7 +244,7 @@ def _mounts(p: SpecParams) -> list[dict[str, Any]]:
     ]
 
 
-def quota_resources(cpu: float | None, memory: int | None, period_us: int = 100_000) -> dict[str, Any]:
+def quota_resources(cpu: float | None, memory: int | None, period_us: int = CPU_PERIOD_US) -> dict[str, Any]:
     """The spec's `linux.resources` entries for a CPU quota in cores and a memory limit in bytes
     (None: unlimited, no entry). Pure."""
     res: dict[str, Any] = {}
