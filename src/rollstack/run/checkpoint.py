@@ -44,6 +44,9 @@ IMAGES_DIR = "checkpoint"
 WORK_DIR = "checkpoint-work"
 CRIU_PATHS = ("/usr/local/libexec/rollstack/criu",)
 AGENT_STOP_TIMEOUT = 10.0
+RESEND_INTERVAL = 1.0
+"""SIGUSR1 is sent again this often while execd has not moved (one more is harmless: execd
+moves once)."""
 LISTEN_FD = 3
 """rollstack-execd's listening socket (native/execd/execd.c LISTEN_FD)."""
 
@@ -127,18 +130,41 @@ def _move_agent(env: "Environment") -> None:
         raise RuntimeFailure(f"environment {env.id} has no running init to checkpoint")
     listener = now = _fd_target(pid, LISTEN_FD)
     if listener.startswith("socket:") and not _listens_inside(pid, listener):
-        if not teardown.signal_init(env, signal.SIGUSR1):
-            raise RuntimeFailure(f"environment {env.id}'s init is gone: nothing to checkpoint")
         deadline = time.monotonic() + AGENT_STOP_TIMEOUT
+        asked = -RESEND_INTERVAL
         while (now := _fd_target(pid, LISTEN_FD)) == listener:
             if time.monotonic() > deadline:
                 raise RuntimeFailure(f"the exec agent of {env.id} still listens on the node's socket "
                                      f"{AGENT_STOP_TIMEOUT:.0f} s after it was asked to move")
+            if time.monotonic() - asked >= RESEND_INTERVAL and _takes_sigusr1(pid):
+                if not teardown.signal_init(env, signal.SIGUSR1):
+                    raise RuntimeFailure(f"environment {env.id}'s init is gone: nothing to checkpoint")
+                asked = time.monotonic()
             time.sleep(0.002)
     meta = env.meta()
     meta["agent"] = handle.AGENT_IN_NETNS if now.startswith("socket:") else "runc"
     env._write_meta(meta)
     path.unlink(missing_ok=True)
+
+
+def _takes_sigusr1(pid: int) -> bool:
+    """Whether PID 1 blocks SIGUSR1, i.e. execd's signalfd will read it. Until execd's first
+    step, PID 1 is still runc's init (or just exec'd execd): a SIGUSR1 then is caught by runc's
+    Go runtime, or dropped by the kernel for a namespace's init without a handler; lost either
+    way (`runc run -d` returns before its init has exec'd execd)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return sigusr1_blocked(f.read())
+    except OSError:
+        return False
+
+
+def sigusr1_blocked(status: str) -> bool:
+    """Whether a /proc/PID/status text's SigBlk mask has SIGUSR1."""
+    for line in status.splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+    return False
 
 
 def _listens_inside(pid: int, target: str) -> bool:

@@ -200,6 +200,28 @@ def test_a_move_recorded_late_is_found_by_the_next_checkpoint(node, runc_execs) 
         env.destroy()
 
 
+def test_a_lost_move_signal_is_sent_again(node, runc_execs, monkeypatch) -> None:
+    """The first SIGUSR1 is lost (as when it reaches PID 1 while that is still runc's init,
+    right after `runc run -d` returned): the checkpoint asks again instead of timing out."""
+    root, service, client = node
+    env = client.create(plan())
+    remember(root, env.id)
+    real, sent = teardown.signal_init, []
+
+    def first_lost(handle, sig):
+        sent.append(sig)
+        return True if len(sent) == 1 else real(handle, sig)
+
+    try:
+        monkeypatch.setattr(teardown, "signal_init", first_lost)
+        assert env.pause("checkpoint").pause_mode == "checkpoint"
+        assert sent[:2] == [signal.SIGUSR1, signal.SIGUSR1]
+        env.resume()
+        assert env.exec(["echo", "ok"]).stdout == "ok\n" and runc_execs == []
+    finally:
+        env.destroy()
+
+
 def test_an_agent_address_taken_inside_leaves_execs_to_runc(node, runc_execs, tmp_path: Path) -> None:
     """A process of the environment holds the agent's address in its network namespace before
     the checkpoint: execd cannot listen there, so execs go through `runc exec`, and still work."""
