@@ -374,7 +374,9 @@ static void shim(int conn) {
     }
     int killed = 0;
     while (!main_done) {
-        struct pollfd p[2] = {{.fd = conn, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
+        /* once killed, the connection is not watched: its hang-up would wake poll at once,
+         * again and again, while an unkillable command (stuck in the kernel) lingers */
+        struct pollfd p[2] = {{.fd = killed ? -1 : conn, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
         int r = poll(p, 2, -1);
         if (r < 0) {
             if (errno == EINTR) continue;
@@ -412,25 +414,6 @@ static void shim(int conn) {
 
 /* ---- PID 1 -------------------------------------------------------------------------------- */
 
-/* Replace the listener at fd LISTEN_FD with one at NETNS_ADDRESS in this network namespace,
- * made whole (bound, listening, non-blocking, close-on-exec) before dup3 swaps it in, so the node
- * sees fd LISTEN_FD go from its socket to this one at once; or close it when the address is
- * taken (by the environment's own processes). Returns the new listener or -1. */
-static int listen_in_netns(void) {
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    memcpy(a.sun_path + 1, NETNS_ADDRESS, sizeof NETNS_ADDRESS - 1);
-    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + sizeof NETNS_ADDRESS - 1);
-    if (s >= 0 && bind(s, (struct sockaddr *)&a, len) == 0 && listen(s, 512) == 0 &&
-        dup3(s, LISTEN_FD, O_CLOEXEC) == LISTEN_FD) {
-        close(s);
-        return LISTEN_FD;
-    }
-    if (s >= 0) close(s);
-    close(LISTEN_FD);
-    return -1;
-}
-
 /* Whether the peer of `conn` is outside this pid namespace (SO_PEERCRED reads its pid as 0):
  * the node. Processes of the environment (any uid, nested pid namespaces included) see a pid. */
 static int peer_is_node(int conn) {
@@ -460,6 +443,30 @@ static void accept_all(int lfd, int sigfd) {
     }
 }
 
+/* Replace the listener at fd LISTEN_FD with one at NETNS_ADDRESS in this network namespace,
+ * made whole (bound, listening, non-blocking, close-on-exec) before dup3 swaps it in, so the node
+ * sees fd LISTEN_FD go from its socket to this one at once; or close it when the address is
+ * taken (by the environment's own processes). The node's listener is shut for reading first
+ * (its connects are refused from then on: the node runs those commands with `runc exec`) and
+ * what it had queued is served, so no connection is reset by the swap. Returns the new listener
+ * or -1. */
+static int listen_in_netns(int sigfd) {
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path + 1, NETNS_ADDRESS, sizeof NETNS_ADDRESS - 1);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + sizeof NETNS_ADDRESS - 1);
+    int ok = s >= 0 && bind(s, (struct sockaddr *)&a, len) == 0 && listen(s, 512) == 0;
+    shutdown(LISTEN_FD, SHUT_RD);
+    accept_all(LISTEN_FD, sigfd); /* an exec already queued runs (and CRIU refuses) */
+    if (ok && dup3(s, LISTEN_FD, O_CLOEXEC) == LISTEN_FD) {
+        close(s);
+        return LISTEN_FD;
+    }
+    if (s >= 0) close(s);
+    close(LISTEN_FD);
+    return -1;
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -484,8 +491,7 @@ int main(int argc, char **argv) {
                  * counts (a sender outside this pid namespace reads as pid 0; the environment's
                  * own processes cannot) */
                 if (si.ssi_signo == SIGUSR1 && si.ssi_pid == 0 && lfd == LISTEN_FD && !in_netns) {
-                    accept_all(lfd, sigfd); /* an exec already queued runs (and CRIU refuses) */
-                    lfd = listen_in_netns();
+                    lfd = listen_in_netns(sigfd);
                     in_netns = 1;
                 }
             }

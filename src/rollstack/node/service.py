@@ -778,13 +778,18 @@ class NodeService:
         start a process in an environment being ended for lack of memory), or a checkpoint that
         ended the processes after the exec was let in (`environment_paused`, as if it had come a
         moment later). Only while a checkpoint is being taken does it wait (for the pause's lock,
-        held until the pause is recorded); a freeze never ends a command."""
+        held until the pause is recorded); a freeze never ends a command, but one whose timeout
+        passed while frozen cannot be ended before the resume: `environment_paused` too."""
         self._exec_end(rec, stages, kills)
         if rec.checkpointing and rec.lock.acquire(timeout=PAUSE_SETTLE_S):
             rec.lock.release()
         if rec.state == st.RUNNING and rec.paused and rec.checkpointed:
             raise EnvironmentPaused(f"environment {rec.id} was checkpointed while the command started: "
                                     "resume it first") from error
+        if rec.state == st.RUNNING and rec.paused and isinstance(error, RuntimeFailure):
+            raise EnvironmentPaused(f"environment {rec.id} was paused while the command ran and its "
+                                    "timeout passed: the command ends when the environment resumes; "
+                                    "resume it and run it again") from error
 
     def _exec_end(self, rec: EnvRecord, stages: Stages, kills: int) -> None:
         """An OOM ending during the exec (provisioner or kernel) raises OomTerminated."""

@@ -354,7 +354,8 @@ class AgentPump:
 
     def _pump(self, conn: socket.socket, readers: dict[Fd, str], stdin_w: Fd | None,
               start: float) -> tuple[int, bool]:
-        """Move bytes until the status arrived and output drained; (wait status, timed out).
+        """Move bytes until the status arrived, output drained and the shim hung up (bounded by
+        the drain grace); (wait status, timed out).
         The descriptors stay the caller's (`write_pending` closes stdin once it is written)."""
         sel = selectors.DefaultSelector()
         try:
@@ -369,7 +370,10 @@ class AgentPump:
                 sel.register(stdin_w, selectors.EVENT_WRITE)
             deadline = start + self.timeout if self.timeout is not None else None
             replies, status, ended_at, timed_out = bytearray(), None, None, False
-            while status is None or any(k.fileobj in readers for k in sel.get_map().values()):
+            # done once the status came, the output drained and the shim hung up (it has exited:
+            # a checkpoint right after must not find its socket to the node, which CRIU refuses)
+            while status is None or any(k.fileobj in readers or k.fileobj is conn
+                                        for k in sel.get_map().values()):
                 now = time.monotonic()
                 if deadline is not None and now >= deadline and status is None:
                     if not timed_out:
@@ -521,7 +525,7 @@ class _LoopPump:
                              f"timed-out command within {KILL_GRACE}s")
 
     def _check_done(self) -> None:
-        if self.status is not None and not self.open:
+        if self.status is not None and not self.open and not self.conn_open:  # as `_pump`
             self._finish()
 
     def _finish(self, exc: BaseException | None = None) -> None:

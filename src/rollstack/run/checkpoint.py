@@ -111,9 +111,12 @@ def restore(env: "Environment", criu: str) -> dict[str, float]:
         raise RuntimeFailure(f"environment {env.id} has no checkpoint to restore", path=str(images))
     remove_tree(work)
     env.pid = env.engine.restore(env.id, env.bundle, images, work, criu)
-    forget(env)
-    remove_tree(images)
-    remove_tree(work)
+    try:  # the processes run again: what is left is bookkeeping, never a failed resume
+        forget(env)
+        remove_tree(images)
+        remove_tree(work)
+    except OSError:  # a full disk, an I/O error: a restarted node sees the running container
+        log.exception("cleaning up after the restore of %s failed", env.id)
     return {"seconds": round(time.perf_counter() - t0, 6)}
 
 

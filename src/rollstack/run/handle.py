@@ -343,9 +343,11 @@ class Environment:
 
     def _agent_failed(self, e: RuntimeFailure) -> None:
         """Always raises: EnvironmentGone when PID 1 is gone (the shim dies with everything else
-        when PID 1 is killed: destroy, OOM end), else `e`."""
+        when PID 1 is killed: destroy, OOM end), else `e` (also when it is frozen: a paused
+        environment is not gone; the node says `environment_paused`)."""
         init = self._init_pid()
-        if init is None or teardown.wait_exit(init, [], timeout=0.5) or self.status() != "running":
+        if init is None or teardown.wait_exit(init, [], timeout=0.5) or \
+                self.status() not in ("running", "paused"):
             raise EnvironmentGone(f"environment {self.id} is not running: {e}") from e
         raise e
 

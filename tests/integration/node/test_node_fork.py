@@ -6,6 +6,7 @@ exactly as long as an environment stacks it."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -218,6 +219,47 @@ def test_pause_freezes_gives_quota_back_and_resume_thaws(node) -> None:
     service.wait_destroyed(120)
     with pytest.raises(errors.EnvironmentNotFound):
         env.resume()
+
+
+def test_a_command_whose_timeout_passes_while_paused(node) -> None:
+    """An exec runs, the environment is frozen, the exec's timeout passes: the caller gets
+    `environment_paused` (not `environment_gone`: it is alive), and the resume ends the command."""
+    root, service, client = node
+    env = client.create(plan())
+    remember(root, env.id)
+    outcome: list[BaseException | object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(env.exec(["/bin/sh", "-c", "echo $$ > /tmp/slow.pid; exec sleep 600"], timeout=1))
+        except BaseException as e:  # noqa: BLE001 - what the test checks
+            outcome.append(e)
+
+    runner = threading.Thread(target=run)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 60
+        while b"" == _read_or_empty(env, "/tmp/slow.pid"):
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.02)
+        env.pause()
+        runner.join(120)
+        assert not runner.is_alive() and isinstance(outcome[0], errors.EnvironmentPaused), outcome
+        assert env.info().state == "paused"
+        env.resume()
+        deadline = time.monotonic() + 60  # its shim, thawed, finds the node gone and ends it
+        while "sleep 600" in _sh(env, "ps -o args"):
+            assert time.monotonic() < deadline, "the timed-out command outlived the resume"
+            time.sleep(0.1)
+    finally:
+        env.destroy()
+
+
+def _read_or_empty(env, path: str) -> bytes:
+    try:
+        return env.read_file(path)
+    except errors.RollstackError:
+        return b""
 
 
 @pytest.mark.parametrize("userns", [False, True])
