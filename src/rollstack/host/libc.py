@@ -63,3 +63,15 @@ def syscall(nr: int, *args: object) -> int:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return int(res)
+
+
+def malloc_trim() -> bool:
+    """glibc's malloc_trim(0): give the memory freed in every malloc arena back to the kernel
+    (not only the top of the heap). A long-running process whose threads allocate in many arenas
+    keeps what they freed otherwise (measured: docs/benchmarks.md, "The node agent's memory").
+    False where the C library has no such call (musl)."""
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    return bool(trim(0))

@@ -80,6 +80,8 @@ BUILD_WAIT = 600.0
 PAUSE_SETTLE_S = 330.0
 """Seconds a failed exec waits for a pause in progress to be recorded (a checkpoint's CRIU call
 times out after 300 s) before it reports its own error."""
+TRIM_INTERVAL = 60.0
+"""Seconds between the reaper's malloc_trim calls (rollstack.host.libc.malloc_trim)."""
 _TOMBSTONES = 4096
 """Destroyed ids remembered so that a repeated destroy is a no-op, not a 404."""
 _RETRY_FIRST = 1.0
@@ -1017,12 +1019,19 @@ class NodeService:
 
     def _reap_loop(self) -> None:
         """Every `reap_interval`: reap (teardowns may take a while: the lazy store has its own
-        watcher, `_watch_loop`, so a dead daemon is replaced within a second regardless)."""
+        watcher, `_watch_loop`, so a dead daemon is replaced within a second regardless); every
+        TRIM_INTERVAL, hand the memory the node's threads freed back to the kernel."""
+        from rollstack.host.libc import malloc_trim
+
+        trimmed = time.monotonic()
         while not self._stopping.wait(self.config.reap_interval):
             try:
                 self.reap_expired()
             except Exception:  # noqa: BLE001 - the reaper must outlive any one bad record
                 log.exception("reaping failed; trying again in %.1f s", self.config.reap_interval)
+            if time.monotonic() - trimmed >= TRIM_INTERVAL:
+                malloc_trim()
+                trimmed = time.monotonic()
 
     def _watch_loop(self) -> None:
         """Every second: restart a dead lazy store daemon (creates that met it wait for this)."""
