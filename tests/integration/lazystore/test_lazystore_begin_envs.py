@@ -102,7 +102,7 @@ def test_bad_group_bodies_get_a_clear_400_and_the_daemon_stays_up(tmp_path, oci_
     assert [e["env_id"] for e in lazy.begin_envs(ok, layers, background=False)["envs"]] == ok
     for e in ok:
         lazy.end_env(e)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while lazy.stats()["environments"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert lazy.stats()["environments"] == 0

@@ -28,7 +28,7 @@ def _kill(lazy) -> None:
     os.kill(lazy.process.pid, signal.SIGKILL)
     lazy.process.wait()
     state = lazy.socket_path.parent
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while holder.ping(state) == "owned" and time.monotonic() < deadline:
         time.sleep(0.02)
 

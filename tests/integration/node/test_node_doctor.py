@@ -41,10 +41,10 @@ def node(corpus: str, tmp_path: Path):
 
     config = NodeConfig(root=tmp_path / "node", store=corpus, listen=f"127.0.0.1:{free_port()}")
     started = agent.start(config)
-    try:
-        client = Client(config.url(), token=config.token_path.read_text().strip())
-        env = client.create(plan())
-        assert env.exec("cat hello.txt").exit_code == 0
+    try:  # no lease: the tests crash the agent, which a renewer would then keep calling
+        with Client(config.url(), token=config.token_path.read_text().strip(), lease=None) as client:
+            env = client.create(plan())
+            assert env.exec("cat hello.txt").exit_code == 0
         yield config, env.id, started["pid"]
     finally:
         if agent.read_pid(config) is not None and agent.root_held(config):

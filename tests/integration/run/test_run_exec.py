@@ -75,9 +75,9 @@ def test_output_cap_flags_truncation(make_env):
 def test_background_process_holding_stdout_does_not_block(make_env):
     env = make_env()
     start = time.monotonic()
-    r = env.exec("sleep 30 & echo bg")
+    r = env.exec("sleep 600 & echo bg")
     assert r.exit_code == 0 and r.stdout == b"bg\n"
-    assert time.monotonic() - start < 20  # did not wait for the background sleep
+    assert time.monotonic() - start < 300  # did not wait for the background sleep
 
 
 def test_exec_validation_and_gone(make_env, wait_stopped):
