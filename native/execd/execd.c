@@ -27,7 +27,8 @@
  *            string: 'a' argv element (in order), 'e' "KEY=VALUE" (overrides PID 1's env),
  *            'c' cwd.
  *   control  host -> shim: 'K' = kill the command's whole tree now (timeout). EOF (the node
- *            went away or gave up) does the same. 'S' u8 signo = send signo to the command's
+ *            went away or gave up) does the same. A 'K' or EOF already there when the shim has
+ *            read the request: the command is never started ('K': status SIGKILL). 'S' u8 signo = send signo to the command's
  *            process group (it runs in a session of its own); an invalid signo is ignored.
  *   replies  shim -> host: tag byte + u32 len + payload: 'X' i32 wait status (the command's
  *            end; always the last message), 'E' error text (the command did not start).
@@ -343,6 +344,16 @@ static void shim(int conn) {
     if (rq.cwd && chdir(rq.cwd) < 0) {
         reply_error(conn, "chdir to cwd (\"%s\") set in exec request: %s", rq.cwd, strerror(errno));
         _exit(1);
+    }
+    /* the node gave up before we read its request (a timeout's 'K', or it hung up): start
+     * nothing; a 'K' is answered as a kill of the command before it ran */
+    char first = 0;
+    ssize_t ahead = recv(conn, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (ahead == 0) _exit(0);
+    if (ahead == 1 && first == 'K') {
+        int32_t st = SIGKILL;
+        reply(conn, 'X', &st, 4);
+        _exit(0);
     }
     int errpipe[2];
     if (pipe2(errpipe, O_CLOEXEC) < 0) {

@@ -168,3 +168,17 @@ def test_create_exec_destroy_cycles_leave_nothing(runtime, busybox_lower):
             continue
         assert not any(i.encode() in cmd for i in ids), cmd
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 2  # no socket or pipe of ours leaked
+
+
+def test_a_kill_that_came_before_the_request_was_read_starts_nothing(make_env, monkeypatch):
+    """The node's 'K' (a timeout, a kill) is already waiting when the shim has read the request
+    (a shim slowed down by a busy node): the command never runs, the exec ends as killed."""
+    env = make_env()
+    real = agent.encode_request
+    # the 'K' right behind the request, in the same write: there when the shim has read it
+    monkeypatch.setattr(agent, "encode_request", lambda *a: real(*a) + b"K")
+    r = env.exec("touch /tmp/ran")
+    assert r.exit_code == agent.exit_code(9) and not r.timed_out, r
+    monkeypatch.undo()
+    assert env.exec("test -e /tmp/ran").exit_code == 1  # never started
+    assert env.exec("echo still here").stdout == b"still here\n"
