@@ -28,8 +28,9 @@
  *            'c' cwd.
  *   control  host -> shim: 'K' = kill the command's whole tree now (timeout). EOF (the node
  *            went away or gave up) does the same. A 'K' or EOF already there when the shim has
- *            read the request: the command is never started ('K': status SIGKILL). 'S' u8 signo = send signo to the command's
- *            process group (it runs in a session of its own); an invalid signo is ignored.
+ *            read the request: the command is never started ('K': status SIGKILL). 'S' u8
+ *            signo = send signo to the command's process group (it runs in a session of its
+ *            own); an invalid signo is ignored.
  *   replies  shim -> host: tag byte + u32 len + payload: 'X' i32 wait status (the command's
  *            end; always the last message), 'E' error text (the command did not start).
  * A command that cannot be executed (not found, not executable) starts and exits 127/126 with

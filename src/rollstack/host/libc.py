@@ -1,6 +1,6 @@
 """The C library, loaded once through ctypes, with the prototypes of the calls the node makes
 itself: mount(2), umount2(2), syncfs(2), setns(2), prctl(2) and syscall(2) (the new mount API, open_tree,
-mount_setattr). Each caller turns an errno into its own error."""
+mount_setattr), and glibc's malloc_trim(3). Each caller turns an errno into its own error."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.syscall.restype = ctypes.c_long
 libc.syncfs.argtypes = [ctypes.c_int]
 libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_malloc_trim = getattr(libc, "malloc_trim", None)  # glibc only
+if _malloc_trim is not None:
+    _malloc_trim.argtypes = [ctypes.c_size_t]
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND = 1, 2, 4, 4096
 """mount(2) flags the node passes (<sys/mount.h>)."""
@@ -70,8 +73,4 @@ def malloc_trim() -> bool:
     (not only the top of the heap). A long-running process whose threads allocate in many arenas
     keeps what they freed otherwise (measured: docs/benchmarks.md, "The node agent's memory").
     False where the C library has no such call (musl)."""
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is None:
-        return False
-    trim.argtypes = [ctypes.c_size_t]
-    return bool(trim(0))
+    return _malloc_trim is not None and bool(_malloc_trim(0))

@@ -37,6 +37,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -166,17 +167,15 @@ def _build_all(service: "NodeService", plan: Any, recs: list[Any], prepared: Any
     per child is ~1 ms of Python and small cgroup writes, and eight threads doing that at once
     only queue for the GIL (a fork of 8, A/B in one process: 69.7 vs 76.7 ms p50). Otherwise in
     parallel (`START_WORKERS`): a cold child's mounts and `runc run` mostly wait."""
-    outcomes: list[Any] = []
     if serial:
-        for rec in recs:
-            try:
-                outcomes.append(service._create(plan, False, rec, prepared))
-            except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
-                outcomes.append(exc)
-        return outcomes
-    for f in [_pool().submit(service._create, plan, False, rec, prepared) for rec in recs]:
+        builds = [partial(service._create, plan, False, rec, prepared) for rec in recs]
+    else:
+        futures = [_pool().submit(service._create, plan, False, rec, prepared) for rec in recs]
+        builds = [f.result for f in futures]
+    outcomes: list[Any] = []
+    for build in builds:
         try:
-            outcomes.append(f.result())
+            outcomes.append(build())
         except BaseException as exc:  # noqa: BLE001 - collected, the first one re-raised
             outcomes.append(exc)
     return outcomes

@@ -785,10 +785,12 @@ class NodeService:
         self._exec_end(rec, stages, kills)
         if rec.checkpointing and rec.lock.acquire(timeout=PAUSE_SETTLE_S):
             rec.lock.release()
-        if rec.state == st.RUNNING and rec.paused and rec.checkpointed:
+        if rec.state != st.RUNNING or not rec.paused:
+            return
+        if rec.checkpointed:
             raise EnvironmentPaused(f"environment {rec.id} was checkpointed while the command started: "
                                     "resume it first") from error
-        if rec.state == st.RUNNING and rec.paused and isinstance(error, RuntimeFailure):
+        if isinstance(error, RuntimeFailure):
             raise EnvironmentPaused(f"environment {rec.id} was paused while the command ran and its "
                                     "timeout passed: the command ends when the environment resumes; "
                                     "resume it and run it again") from error
