@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from rollstack.host import atomic, libc, mountinfo
+from rollstack.host.foreground import Foreground
 from rollstack.host.umount import detach
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,11 @@ class ErofsLowers:
     def __init__(self, root: Path, lazy: Any, tocs_dir: Path,
                  on_ready: Callable[[], None] | None = None, min_idle: float = 0.0, max_wait: float = 5.0,
                  meter: Any = None, grace: float = 0.0,
-                 fetch_image: Callable[[Any], bytes] | None = None) -> None:
+                 fetch_image: Callable[[Any], bytes] | None = None,
+                 foreground: Foreground | None = None) -> None:
         self.root = Path(root)
+        # stops a background build while the node forks (host.foreground); not one a create waits for
+        self.foreground = foreground
         self.lazy = lazy  # LazyStore: its layer_dir() says where /blobs is
         self.tocs_dir = Path(tocs_dir)
         self.on_ready = on_ready  # called (worker thread) after a layer's mount is ready
@@ -207,7 +211,7 @@ class ErofsLowers:
         # a background build is under way: it now runs at normal priority (not once reaped:
         # its pid may belong to another process by then)
         if proc is not None and proc.returncode is None:
-            _hurry(proc)
+            self._hurry(proc)
         self.used(refs)
         end = time.monotonic() + timeout
         with self._done:
@@ -316,14 +320,18 @@ class ErofsLowers:
                 # environment's CPU (measured: in-thread, a lone cold start lost ~0.1-0.3 s)
                 proc = subprocess.Popen(build_argv(self.tocs_dir, digest, tmp),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                with self._lock:
+                with self._lock:  # registered before `ensure` can see it (and unregister it)
+                    if self.foreground is not None:
+                        self.foreground.register(proc.pid)
                     self._proc = proc
                     hurry = bool(self._urgent)
                 if hurry:  # a create began waiting between the check above and the spawn
-                    _hurry(proc)
+                    self._hurry(proc)
                 try:
                     _, err = proc.communicate()
                 finally:
+                    if self.foreground is not None:
+                        self.foreground.unregister(proc.pid)
                     with self._lock:
                         self._proc = None
                 if proc.returncode != 0:
@@ -359,6 +367,14 @@ class ErofsLowers:
         with self._lock:
             self._fetched += 1
         return True
+
+
+    def _hurry(self, proc: "subprocess.Popen[str]") -> None:
+        """A create waits for this build: never stopped by a fork from now on, and at normal
+        priority."""
+        if self.foreground is not None:
+            self.foreground.unregister(proc.pid)
+        _hurry(proc)
 
 
 class _BuildInstead(Exception):

@@ -10,7 +10,8 @@ period: the blob is streamed once, in blob order, and decoded straight into `<ro
 (chunks the node's disk cache holds are taken from there), single-threaded at SCHED_IDLE /
 nice 19 and the idle I/O class, in the node's background cgroup (`cpu` cores at most, default
 1.0, and the lowest CPU share: host.background), waiting for idle CPU before each read
-(`min_idle`), so it uses at most one core and only what running environments leave; the lazy store daemon does no work for it. Without a store (the old path, kept for
+(`min_idle`), so it uses at most one core and only what running environments leave, and stopped
+while the node forks (`foreground`: host.foreground); the lazy store daemon does no work for it. Without a store (the old path, kept for
 tests), it fetches the layer through the daemon (`fetch_all(background=True)`) and copies the
 FUSE view with `cp -a`. The directory is renamed to `<root>/<hex>` when complete. New
 environments stack the local directory instead of the FUSE one; running ones keep theirs.
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from rollstack.host import mountinfo
+from rollstack.host.foreground import Foreground
 from rollstack.host.libc import syncfs
 
 log = logging.getLogger(__name__)
@@ -96,8 +98,9 @@ class LayerMaterializer:
                  min_free: int = 8 << 30, disk_free: Callable[[Path], int] | None = None,
                  store: str | None = None, chunk_cache: Path | None = None,
                  cpu: float = 1.0, cgroup_tag: str | None = None, min_idle: float = 0.0,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None, foreground: Foreground | None = None) -> None:
         self.root = root
+        self.foreground = foreground  # stops the extraction while the node forks (host.foreground)
         self.on_ready = on_ready  # called (worker thread) after a layer's copy is ready
         self.min_idle = min_idle  # idle cores the extraction waits for before each read
         self.cpu = cpu  # cores the extraction may use at most (host.background); 0: uncapped
@@ -160,6 +163,8 @@ class LayerMaterializer:
             self._queue.put(None)
             proc = self._proc
             if proc is not None and proc.poll() is None:
+                if self.foreground is not None:
+                    self.foreground.unregister(proc.pid)  # continued, so the SIGTERM takes effect
                 proc.terminate()
             self._thread.join(timeout=60)
             self._thread = None
@@ -295,9 +300,13 @@ class LayerMaterializer:
             if self._stopping.is_set():
                 raise RuntimeError("materializer stopping")
             self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if self.foreground is not None:
+                self.foreground.register(self._proc.pid)
         try:
             out, err = self._proc.communicate()
         finally:
+            if self.foreground is not None:
+                self.foreground.unregister(self._proc.pid)
             code = self._proc.returncode
             self._proc = None
         if code != 0:

@@ -12,15 +12,19 @@ as its faster form is ready, and running environments keep the dirs they mounted
 `prepare` is what a create calls: it starts the EROFS builds of the stack's layers and may wait
 for them (`erofs_wait`, a GRPO group or a sibling of a wave), then answers the lowers top first.
 `used` counts a create's layers toward materialization. When a layer gets a faster lower,
-`on_ready` fires (the warm pool refills on the new dirs).
+`on_ready` fires (the warm pool refills on the new dirs). `hold` stops the background
+extraction and EROFS builds for a latency-critical block (a fork: host.foreground).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from rollstack.host.foreground import Foreground
 
 from rollstack.lazystore.protocol import LazyStore
 from rollstack.lowers.config import LowersConfig
@@ -37,6 +41,7 @@ class Lowers:
         self.lazy = lazy
         self.materializer: LayerMaterializer | None = None
         self.erofs: ErofsLowers | None = None
+        self.foreground = Foreground()
 
     @classmethod
     def start(cls, config: LowersConfig, lazy: LazyStore, *, layers_dir: Path, erofs_dir: Path,
@@ -54,12 +59,13 @@ class Lowers:
                     layers_dir, lazy, after=config.materialize_after, budget=config.materialize_budget,
                     min_free=config.materialize_min_free, store=store, chunk_cache=chunk_cache,
                     cpu=config.materialize_cpu, min_idle=config.materialize_min_idle,
-                    cgroup_tag=cgroup_tag, on_ready=on_ready).start()
+                    cgroup_tag=cgroup_tag, on_ready=on_ready, foreground=self.foreground).start()
             if config.erofs and erofs.supported():
                 self.erofs = ErofsLowers(
                     erofs_dir, lazy, tocs_dir, on_ready=on_ready, grace=config.erofs_grace,
                     min_idle=config.erofs_min_idle,
-                    fetch_image=fetch_image if config.erofs_published else None).start()
+                    fetch_image=fetch_image if config.erofs_published else None,
+                    foreground=self.foreground).start()
             elif config.erofs:
                 log.info("this kernel cannot mount EROFS from files: layers stay on FUSE lowers")
         except BaseException:
@@ -113,15 +119,25 @@ class Lowers:
             self.materializer.used(refs)
 
     def metrics(self) -> dict[str, float]:
-        """Flat gauges for /metrics: `materialized_*`, `erofs_*`."""
-        out: dict[str, float] = {}
+        """Flat gauges for /metrics: `materialized_*`, `erofs_*`, `background_*` (holds, stops,
+        stops that ran out: host.foreground)."""
+        out: dict[str, float] = flatten(dict(self.foreground.counters), "background")
         for prefix, part in (("materialized", self.materializer), ("erofs", self.erofs)):
             if part is not None:
                 out.update(flatten(part.stats(), prefix))
         return out
 
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """The background extraction and EROFS build stopped for the block (`Foreground.hold`:
+        1 s at most in a row); not a build a create waits for."""
+        with self.foreground.hold():
+            yield
+
     def stop(self) -> None:
-        """Stop the EROFS worker, then the materializer (each once; the other still stops if one fails)."""
+        """Continue what a hold stopped, stop the EROFS worker, then the materializer (each
+        once; the other still stops if one fails)."""
+        self.foreground.close()
         for name in ("erofs", "materializer"):
             part = getattr(self, name)
             if part is None:

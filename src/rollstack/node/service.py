@@ -19,6 +19,7 @@ orchestration over `Stages`; splitting it would split the one place the stages m
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -495,8 +496,10 @@ class NodeService:
             made.append(prepared.fork_layers[0])
             return prepared
 
-        try:
-            group = create_group(self, plan, count, source=source)
+        lowers = stages.lowers
+        try:  # the node's background extraction and builds wait for the cut and the binds
+            with lowers.hold() if lowers is not None else contextlib.nullcontext():
+                group = create_group(self, plan, count, source=source)
         finally:
             for layer in made:
                 stages.forks.settle(layer)

@@ -74,6 +74,50 @@ def test_children_start_from_the_cut_and_are_isolated(node, userns: bool) -> Non
     assert _forks(root) == []  # the last environment stacking it is gone: so is the layer
 
 
+def _proc_state(pid: int) -> str:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2]
+
+
+def test_a_fork_holds_the_nodes_background_work_stopped(node, monkeypatch) -> None:
+    """The layer extraction and EROFS builds (registered with the node's Foreground) are stopped
+    for a fork's cut and binds, and run again after it (host.foreground)."""
+    import subprocess
+    import sys
+
+    root, service, client = node
+    fg = service.stages.lowers.foreground
+    bg = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    seen: list[str] = []
+    fork_source = service.stages.fork_source
+
+    def observed(rec):
+        end = time.monotonic() + 30  # a generous wait on a condition
+        while _proc_state(bg.pid) != "T" and time.monotonic() < end:
+            time.sleep(0.01)
+        seen.append(_proc_state(bg.pid))
+        return fork_source(rec)
+
+    monkeypatch.setattr(service.stages, "fork_source", observed)
+    parent = client.create(plan())
+    remember(root, parent.id)
+    fg.register(bg.pid)
+    try:
+        kids = parent.fork(2)
+        assert seen == ["T"]  # stopped during the cut
+        end = time.monotonic() + 30
+        while _proc_state(bg.pid) == "T" and time.monotonic() < end:
+            time.sleep(0.01)
+        assert _proc_state(bg.pid) != "T"  # and running again after the fork
+        for k in kids:
+            k.destroy()
+    finally:
+        fg.unregister(bg.pid)
+        bg.kill()
+        bg.wait(30)
+        parent.destroy()
+
+
 def test_a_fork_of_a_fork_and_bad_input(node) -> None:
     root, service, client = node
     parent = client.create(plan())
