@@ -74,3 +74,27 @@ def malloc_trim() -> bool:
     keeps what they freed otherwise (measured: docs/benchmarks.md, "The node agent's memory").
     False where the C library has no such call (musl)."""
     return _malloc_trim is not None and bool(_malloc_trim(0))
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal this process gets when the thread that forked it ends."""
+SPAWNER_ENV = "ROLLSTACK_SPAWNER"
+"""The pid of the node process that spawned a helper (`spawner_env`), for `die_with_spawner`."""
+
+
+def spawner_env() -> dict[str, str]:
+    """The environment for a helper process the node spawns and that must not outlive it."""
+    return {**os.environ, SPAWNER_ENV: str(os.getpid())}
+
+
+def die_with_spawner() -> None:
+    """First thing in a node's helper process (a layer extraction, an EROFS build): SIGKILL when
+    the thread that spawned it ends (PR_SET_PDEATHSIG; SIGKILL also ends a helper a fork holds
+    stopped, host.foreground), and exit now if the spawner named in `SPAWNER_ENV` is already gone.
+    Without the variable (run by hand) nothing changes."""
+    spawner = os.environ.get(SPAWNER_ENV)
+    if not spawner:
+        return
+    libc.prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL
+    if os.getppid() != int(spawner):
+        os._exit(1)  # the spawner died before the prctl: its child would never be told

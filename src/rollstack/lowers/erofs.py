@@ -318,7 +318,7 @@ class ErofsLowers:
                 tmp.write_bytes(build_image(self.tocs_dir, digest))
             else:  # nobody waits: its own process at nice 10, off the node's GIL and the starting
                 # environment's CPU (measured: in-thread, a lone cold start lost ~0.1-0.3 s)
-                proc = subprocess.Popen(build_argv(self.tocs_dir, digest, tmp),
+                proc = subprocess.Popen(build_argv(self.tocs_dir, digest, tmp), env=libc.spawner_env(),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                 with self._lock:  # registered before `ensure` can see it (and unregister it)
                     if self.foreground is not None:
@@ -396,6 +396,7 @@ def main(argv: list[str]) -> int:
     from rollstack.errors import RollstackError
 
     tocs, digest, out = argv
+    libc.die_with_spawner()  # never an orphan, least of all one a fork stopped (host.foreground)
     try:
         image = build_image(Path(tocs), digest)
     except RollstackError as exc:

@@ -32,6 +32,7 @@ from rollstack.format.chunk import decode_chunk
 from rollstack.format.reader import read_toc
 from rollstack.format.toc import Chunk, EntryType, TocEntry
 from rollstack.host import cpuidle
+from rollstack.host.libc import die_with_spawner
 
 WINDOW = 8 << 20  # bytes per range read of the blob
 GAP = 256 << 10  # cached chunks shorter than this between two missing ones are fetched anyway
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-idle", type=float, default=0.0,
                     help="idle cores to wait for before each read (0: do not wait)")
     args = ap.parse_args(argv)
+    die_with_spawner()  # never an orphan, least of all one a fork stopped (host.foreground)
     if args.cgroup:
         from rollstack.host.background import join
 

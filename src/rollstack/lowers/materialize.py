@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 
 from rollstack.host import mountinfo
 from rollstack.host.foreground import Foreground
-from rollstack.host.libc import syncfs
+from rollstack.host.libc import spawner_env, syncfs
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,8 @@ class LayerMaterializer:
         with self._lock:
             if self._stopping.is_set():
                 raise RuntimeError("materializer stopping")
-            self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=spawner_env())
             if self.foreground is not None:
                 self.foreground.register(self._proc.pid)
         try:

@@ -127,6 +127,11 @@ class Lowers:
                 out.update(flatten(part.stats(), prefix))
         return out
 
+    def wait_idle(self, timeout: float) -> bool:
+        """True once no EROFS build and no extraction is queued or under way (benchmarks
+        settle on it); False after `timeout` s of each."""
+        return all(part is None or part.wait_idle(timeout) for part in (self.erofs, self.materializer))
+
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         """The background extraction and EROFS build stopped for the block (`Foreground.hold`:

@@ -191,9 +191,7 @@ class RollstackSystem:
         materialized the layers it found hot (`lowers.materialize`)."""
         stages = self.node.service.stages if self.node is not None else None
         lowers = stages.lowers if stages is not None else None
-        e = lowers.erofs if lowers is not None else None
-        m = lowers.materializer if lowers is not None else None
-        return (e is None or e.wait_idle(timeout)) and (m is None or m.wait_idle(timeout))
+        return lowers is None or lowers.wait_idle(timeout)
 
     def clear(self) -> None:
         """Cold start: stop the node, forget every cached chunk/TOC/trace/tag, drop the page cache."""

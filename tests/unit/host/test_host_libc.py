@@ -49,3 +49,39 @@ def test_malloc_trim_gives_a_threads_freed_memory_back() -> None:
     assert libc.malloc_trim()
     assert _rss_mib() < before - 100, (before, _rss_mib())
     assert len(kept) == 500
+
+
+HELPER = "from rollstack.host import libc; libc.die_with_spawner(); import time; print('up', flush=True); time.sleep(600)"
+
+
+def test_a_helper_dies_with_the_thread_that_spawned_it_even_when_stopped() -> None:
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    procs: list[subprocess.Popen] = []
+
+    def spawn() -> None:
+        p = subprocess.Popen([sys.executable, "-c", HELPER], env=libc.spawner_env(), stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        assert p.stdout is not None and p.stdout.readline() == "up\n"  # past die_with_spawner
+        p.send_signal(signal.SIGSTOP)  # as a fork holds it (host.foreground)
+
+    t = threading.Thread(target=spawn)
+    t.start()
+    t.join()  # the spawning thread ends: its child gets SIGKILL
+    assert procs[0].wait(30) == -signal.SIGKILL
+
+
+def test_a_helper_whose_spawner_is_gone_exits_and_one_run_by_hand_does_not() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, libc.SPAWNER_ENV: "1"}  # not our parent: the spawner is gone
+    assert subprocess.run([sys.executable, "-c", HELPER], env=env, timeout=60).returncode == 1
+    env.pop(libc.SPAWNER_ENV)
+    hand = "from rollstack.host import libc; libc.die_with_spawner(); print('ran')"
+    assert subprocess.run([sys.executable, "-c", hand], env=env, capture_output=True, text=True,
+                          timeout=60).stdout == "ran\n"
