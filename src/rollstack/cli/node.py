@@ -41,6 +41,8 @@ def start(
     warm_pool: Annotated[Optional[int], typer.Option("--warm-pool", help="started sandboxes kept per stack [default: 0, off]")] = None,
     fork_warm: Annotated[Optional[int], typer.Option(
         "--fork-warm", help="late-bound sandboxes kept for forks' children once the node forked [default: 8; 0: off]")] = None,
+    fork_warm_max: Annotated[Optional[int], typer.Option(
+        "--fork-warm-max", help="the late-bound pool grows to the largest fork, up to this [default: 32]")] = None,
     uplink: Annotated[Optional[list[str]], typer.Option(
         "--uplink", help="host interface whose forwarding egress may switch on (repeatable) [default: those the routes to each destination use]")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", help="stay attached")] = False,
@@ -57,6 +59,7 @@ def start(
         max_environments=max_environments,
         warm_pool=warm_pool,
         fork_warm=fork_warm,
+        fork_warm_max=fork_warm_max,
         network_uplinks=uplink or None,
     )
     if foreground:

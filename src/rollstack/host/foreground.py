@@ -8,7 +8,9 @@ work"). While at least one `hold()` is open, every registered process is stopped
 last release continues them (SIGCONT).
 
 - Bounded: a stop that lasts `max_hold` seconds (holds overlapping back to back) continues the
-  processes until the holds have all ended, so background work is delayed, never starved.
+  processes until the holds have all ended, and after any stop they run at least as long as
+  they were stopped before a hold may stop them again (forks one after the other hold them half
+  the time at most), so background work is delayed, never starved.
 - One owner per process: its spawner registers it after the spawn and unregisters it once it
   has exited, or before it signals it (a stopped process is continued first, so a SIGTERM takes
   effect). Signals go through a pidfd, never to a PID that may have been reused.
@@ -41,6 +43,7 @@ class Foreground:
         self._fds: dict[int, int] = {}  # pid -> pidfd
         self._stopped_at: float | None = None  # the processes are stopped since
         self._expired = False  # this run of holds outlasted max_hold: processes run until it ends
+        self._run_until = 0.0  # after a stop, no new one before (as long as the stop lasted)
         self._watchdog: threading.Thread | None = None
         self._closed = False
         self.counters = {"holds": 0, "stops": 0, "expired": 0}
@@ -80,7 +83,8 @@ class Foreground:
             self.counters["holds"] += 1
             if self._holds == 1:
                 self._expired = False
-            if self._stopped_at is None and not self._expired and self._fds and not self._closed:
+            if self._stopped_at is None and not self._expired and self._fds and not self._closed \
+                    and time.monotonic() >= self._run_until:
                 self._stop_all()
         try:
             yield
@@ -103,13 +107,18 @@ class Foreground:
 
     # -- internals (under the lock) -----------------------------------------------------------
     def _stop_all(self) -> None:
+        if self._watchdog is None:  # first: no stop without the thread that bounds it
+            try:
+                watchdog = threading.Thread(target=self._watch, name="foreground-watchdog", daemon=True)
+                watchdog.start()
+            except RuntimeError as exc:  # no thread to be had: the processes run on
+                log.warning("no watchdog thread (%s): background work is not held", exc)
+                return
+            self._watchdog = watchdog
         for fd in self._fds.values():
             _signal(fd, signal.SIGSTOP)
         self._stopped_at = time.monotonic()
         self.counters["stops"] += 1
-        if self._watchdog is None:
-            self._watchdog = threading.Thread(target=self._watch, name="foreground-watchdog", daemon=True)
-            self._watchdog.start()
         self._lock.notify_all()
 
     def _cont_all(self) -> None:
@@ -117,6 +126,8 @@ class Foreground:
             return
         for fd in self._fds.values():
             _signal(fd, signal.SIGCONT)
+        now = time.monotonic()
+        self._run_until = now + (now - self._stopped_at)
         self._stopped_at = None
 
     def _watch(self) -> None:

@@ -92,9 +92,10 @@ def die_with_spawner() -> None:
     the thread that spawned it ends (PR_SET_PDEATHSIG; SIGKILL also ends a helper a fork holds
     stopped, host.foreground), and exit now if the spawner named in `SPAWNER_ENV` is already gone.
     Without the variable (run by hand) nothing changes."""
-    spawner = os.environ.get(SPAWNER_ENV)
-    if not spawner:
+    spawner = os.environ.get(SPAWNER_ENV, "")
+    if not spawner.isdigit():
         return
-    libc.prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL
-    if os.getppid() != int(spawner):
+    if libc.prctl(PR_SET_PDEATHSIG, 9) != 0:  # SIGKILL
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(spawner):  # the process, not the thread: a dead thread is signalled
         os._exit(1)  # the spawner died before the prctl: its child would never be told

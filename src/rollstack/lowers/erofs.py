@@ -206,12 +206,14 @@ class ErofsLowers:
         refs = list(refs)
         digests = [r.digest for r in refs]
         with self._lock:
-            self._urgent.update(digests)
+            # only layers still to come (`_settled` forgets them): a ready one left here would
+            # make every later background build urgent
+            self._urgent.update(d for d in digests if d not in self._ready and d not in self._failed)
             proc = self._proc
-        # a background build is under way: it now runs at normal priority (not once reaped:
-        # its pid may belong to another process by then)
-        if proc is not None and proc.returncode is None:
-            self._hurry(proc)
+            # a background build is under way: it now runs at normal priority (while it is
+            # still ours, under the lock: once reaped, its pid may be another process's)
+            if proc is not None and proc.returncode is None:
+                self._hurry(proc)
         self.used(refs)
         end = time.monotonic() + timeout
         with self._done:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -119,9 +120,9 @@ class Lowers:
             self.materializer.used(refs)
 
     def metrics(self) -> dict[str, float]:
-        """Flat gauges for /metrics: `materialized_*`, `erofs_*`, `background_*` (holds, stops,
-        stops that ran out: host.foreground)."""
-        out: dict[str, float] = flatten(dict(self.foreground.counters), "background")
+        """Flat gauges for /metrics: `materialized_*`, `erofs_*`, `background_*_total` (holds,
+        stops, stops that ran out: host.foreground)."""
+        out = flatten({f"{k}_total": v for k, v in self.foreground.counters.items()}, "background")
         for prefix, part in (("materialized", self.materializer), ("erofs", self.erofs)):
             if part is not None:
                 out.update(flatten(part.stats(), prefix))
@@ -130,7 +131,9 @@ class Lowers:
     def wait_idle(self, timeout: float) -> bool:
         """True once no EROFS build and no extraction is queued or under way (benchmarks
         settle on it); False after `timeout` s of each."""
-        return all(part is None or part.wait_idle(timeout) for part in (self.erofs, self.materializer))
+        end = time.monotonic() + timeout
+        return all(part is None or part.wait_idle(max(0.0, end - time.monotonic()))
+                   for part in (self.erofs, self.materializer))
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:

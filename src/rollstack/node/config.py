@@ -97,6 +97,10 @@ class NodeConfig(BaseModel):
     """Late-bound sandboxes kept for forks' children once the node has forked (rollstack.node.
     warm, rollstack.run.lateroot; docs/fork.md): a child takes one and gets its root switched in
     instead of a cold start; 0: off, every child starts its container."""
+    fork_warm_max: int = Field(default=32, ge=0)
+    """The late-bound pool grows to the largest fork the node serves, up to this many (a node
+    forking 16 at a time keeps 16), and back to `fork_warm` 10 minutes after the last fork that
+    large (rollstack.node.warm, GROWN_FOR); never below `fork_warm`."""
     warm_pool_max: int = Field(default=64, ge=1)
     """Warm sandboxes on the node in all (never more than max_environments minus live ones)."""
     warm_stacks: int = Field(default=4, ge=1)

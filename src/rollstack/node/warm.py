@@ -43,7 +43,8 @@ Late-bound sandboxes (`NodeConfig.fork_warm`, on by default): a second pool of t
 any stack, and a fork's children take them, each getting the overlay of the parent's frozen
 changes mounted and switched in at handout (`lateroot.bind`, ~3-8 ms) instead of a `runc run`
 (~35-50 ms; 8 at once 3-3.5x one). It fills only after the node's first fork (a node that never
-forks holds none), to `fork_warm`; a child whose switch fails is created cold.
+forks holds none), to `fork_warm`, and grows to the largest fork it serves (`fork_warm_max` at
+most; back after GROWN_FOR without a fork that large); a child whose switch fails is created cold.
 
 Accounting: a warm sandbox is a container but not an environment: it is not admitted, holds no
 provisioner quota and is not listed. It uses ~1 MiB (execd's RSS, kernel objects) and no CPU
@@ -88,6 +89,9 @@ MAX_DEFER = 1.0
 """Seconds the refill waits for such a quiet moment at most, in a row: handouts closer together
 than REFILL_GRACE (back-to-back forks, a steady stream of creates) would otherwise never let it
 start one, and every later handout would miss."""
+GROWN_FOR = 600.0
+"""Seconds a late pool stays grown past `size` (to the largest fork it served, `grow_to` at most)
+after the last fork that large; then it gives the extra sandboxes back."""
 BREAKER_STREAK = 4
 """Failed binds in a row (no bind succeeding between) after which a late pool stops handing out
 and refilling for BREAKER_COOLDOWN: when every switch fails on a node (a broken helper, a kernel
@@ -124,11 +128,14 @@ class WarmPool:
                  stacks: int = 4, cpu_share: float = 0.5,
                  room: Callable[[], int] | None = None, records: Path | None = None,
                  fast: Callable[[Sequence[str]], bool] | None = None, late: bool = False,
-                 room_lock: "threading.Lock | None" = None) -> None:
+                 room_lock: "threading.Lock | None" = None, grow_to: int = 0) -> None:
         if size < 1 or max_total < 1 or stacks < 1 or not 0 < cpu_share <= 1:
             raise ValueError("warm pool: size, max_total, stacks >= 1 and 0 < cpu_share <= 1")
         self.late = late
         self.runtime, self.size, self.max_total = runtime, size, max_total
+        # a late pool grows to the largest fork it serves, `grow_to` at most (GROWN_FOR)
+        self.base, self.grow_to = size, max(size, grow_to) if late else size
+        self._grown_at = 0.0  # the last take larger than `base`
         self.stacks, self.cpu_share = stacks, cpu_share
         self.room = room or (lambda: 1 << 30)  # containers the node allows besides live envs
         self.records = records  # the node root whose records a handout saves (node.recovery)
@@ -170,6 +177,10 @@ class WarmPool:
             if self._stopped:
                 return []
             self._forking += self.late  # each take of a late pool is answered by one `forked`
+            if n > self.base and self.grow_to > self.base:  # forks this large: keep as many ready
+                want = min(n, self.grow_to)
+                if want >= self.size:  # as large as the pool is now: it stays this large
+                    self.size, self._grown_at = want, time.monotonic()
             if self._open():
                 self.counters["misses"] += n
                 return []
@@ -298,6 +309,7 @@ class WarmPool:
             out[f"{p}_ready"] = float(sum(len(s.ready) for s in self._pools.values()))
             if self.late:
                 out["fork_warm_breaker_open"] = float(self._open())
+                out["fork_warm_size"] = float(self.size)
                 return out
             out["warm_stale"] = float(sum(len(s.stale) for s in self._pools.values()))
             out["warm_stacks"] = float(len(self._pools))
@@ -333,6 +345,17 @@ class WarmPool:
                     self.counters["discarded"] += 1
                     surplus -= 1
 
+    def _shrink(self) -> None:
+        """(under the lock) A late pool grown past `base` whose last fork that large was
+        GROWN_FOR s ago: back to `base`, the extra ready sandboxes destroyed."""
+        if self.size <= self.base or time.monotonic() - self._grown_at < GROWN_FOR:
+            return
+        self.size = self.base
+        for stack in self._pools.values():
+            while len(stack.ready) > self.size:
+                self._discard.append(stack.ready.pop())
+                self.counters["discarded"] += 1
+
     def _plan(self) -> "tuple[_Stack | None, _Stack | None]":
         """(the stack to start a sandbox for, the stack that gives up a ready one to make room
         or None); (None, None): nothing to do. The most recently used stack below its size goes
@@ -367,8 +390,10 @@ class WarmPool:
     def _loop(self) -> None:
         while True:
             with self._cond:
+                self._shrink()  # every pass: forks that keep the refill busy do not keep it grown
                 while not self._stopped and not self._discard and self._plan()[0] is None:
                     self._trim()
+                    self._shrink()
                     if self._discard:
                         break
                     self._cond.wait(1.0)
@@ -559,8 +584,9 @@ def attach(service: Any) -> None:
         from rollstack.run import lateroot
 
         if lateroot.available(stages.runtime):
-            stages.late = WarmPool(stages.runtime, cfg.fork_warm, max_total=cfg.fork_warm, stacks=1,
+            grow_to = max(cfg.fork_warm, cfg.fork_warm_max)
+            stages.late = WarmPool(stages.runtime, cfg.fork_warm, max_total=grow_to, stacks=1,
                                    cpu_share=cfg.warm_cpu_share, room=room_beside("warm"),
-                                   records=cfg.root, late=True, room_lock=room_lock)
+                                   records=cfg.root, late=True, room_lock=room_lock, grow_to=grow_to)
         else:
             log.info("late-bound fork sandboxes off: %s not built", lateroot.ROOTSWITCH_NAME)

@@ -24,7 +24,8 @@ POOL = 3
 @pytest.fixture(scope="module")
 def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("late-root")
-    with serve_node(root, corpus, TOKEN, max_environments=12, reap_interval=0.5, fork_warm=POOL) as (service, server):
+    with serve_node(root, corpus, TOKEN, max_environments=12, reap_interval=0.5, fork_warm=POOL,
+                    fork_warm_max=POOL + 2) as (service, server):
         assert service.stages.late is not None, "late-bound sandboxes are off: make setup builds rollstack-rootswitch"
         with Client(server.url, token=TOKEN, lease=None) as client:
             yield root, service, client
@@ -33,7 +34,7 @@ def node(corpus: str, tmp_path_factory: pytest.TempPathFactory):
 
 def _full(service) -> None:
     assert service.stages.late.wait_full(120), service.stages.late.stats()
-    assert service.stages.late.ready() == POOL
+    assert service.stages.late.ready() == service.stages.late.size >= POOL
 
 
 @contextmanager
@@ -137,3 +138,18 @@ def test_children_get_the_workdir_even_when_the_parent_removed_it(node) -> None:
         assert [k.created.timings.warm for k in kids[-2:]] == [True, True]
         for k in kids[-2:]:
             assert _sh(k, "pwd && ls -A") == "/work/app\n"  # made empty, as runc makes a cwd
+
+
+def test_the_pool_grows_to_the_largest_fork(node) -> None:
+    """(last in the module: the pool stays grown for GROWN_FOR)"""
+    big = POOL + 2
+    with _family(node, "echo cut > state.txt") as (service, parent, kids):
+        first = parent.fork(big)  # the pool has POOL: the other two start cold
+        assert sum(bool(k.created.timings.warm) for k in first) == POOL
+        for k in first:
+            k.destroy()
+        _full(service)
+        assert service.stages.late.ready() == big and service.metrics()["fork_warm_size"] == big
+        kids += parent.fork(big)
+        assert [bool(k.created.timings.warm) for k in kids[1:]] == [True] * big
+        assert all(_sh(k, "cat state.txt") == "cut\n" for k in kids)

@@ -29,6 +29,13 @@ def _wait_state(pid: int, stopped: bool) -> None:
     raise AssertionError(f"pid {pid} is {'not ' if stopped else ''}stopped after {DEADLINE} s")
 
 
+def _wait_until(cond) -> None:
+    end = time.monotonic() + DEADLINE
+    while not cond():
+        assert time.monotonic() < end, "condition not met"
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def child():
     procs: list[subprocess.Popen] = []
@@ -68,9 +75,25 @@ def test_a_stop_that_outlasts_max_hold_is_continued_until_the_holds_end(child):
             time.sleep(0.05)
             assert _state(p.pid) != "T"
     assert fg.counters["expired"] == 1
+    _wait_until(lambda: time.monotonic() >= fg._run_until)  # it ran as long as it was stopped
     with fg.hold():  # a new run of holds stops it again
         _wait_state(p.pid, stopped=True)
     _wait_state(p.pid, stopped=False)
+    fg.close()
+
+
+def test_after_a_stop_the_process_runs_as_long_before_the_next(child):
+    fg, p = Foreground(), child()
+    fg.register(p.pid)
+    with fg.hold():
+        _wait_state(p.pid, stopped=True)
+        time.sleep(1.0)  # a long stop ...
+    with fg.hold():  # ... so the next hold, right after, leaves it running
+        assert _state(p.pid) != "T" and fg.counters["stops"] == 1
+    _wait_until(lambda: time.monotonic() >= fg._run_until)
+    with fg.hold():  # once it ran that long, holds stop it again
+        _wait_state(p.pid, stopped=True)
+    assert fg.counters["stops"] == 2
     fg.close()
 
 

@@ -95,8 +95,8 @@ def test_without_faster_forms_every_layer_is_its_fuse_dir_and_stop_is_idempotent
 def test_metrics_are_flat_names() -> None:
     lowers = Lowers(LowersConfig(), FakeLazy())
     lowers.erofs = FakeErofs({"a": Path("/erofs/a")})
-    assert lowers.metrics() == {"erofs_mounted": 1.0, "erofs_nested_a_b": 2.0, "background_holds": 0.0,
-                                "background_stops": 0.0, "background_expired": 0.0}
+    assert lowers.metrics() == {"erofs_mounted": 1.0, "erofs_nested_a_b": 2.0, "background_holds_total": 0.0,
+                                "background_stops_total": 0.0, "background_expired_total": 0.0}
     assert flatten({"x": True, "y": "s", "z": 1}, "p") == {"p_z": 1.0}
 
 

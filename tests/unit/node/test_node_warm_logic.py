@@ -258,3 +258,47 @@ def test_failed_binds_in_a_row_open_the_breaker_and_a_success_closes_it(monkeypa
         assert pool.counters["bind_failures"] == 2 * (warm.BREAKER_STREAK - 1) + 4
     finally:
         pool.stop()
+
+
+def test_a_late_pool_grows_to_the_largest_fork_and_shrinks_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from rollstack.node import warm
+
+    starts: list[FakeEnv] = []
+
+    def start(rt, env_id, params):  # noqa: ANN001 - lateroot.start's signature
+        env = FakeEnv(env_id, [])
+        starts.append(env)
+        return env
+
+    monkeypatch.setattr("rollstack.run.lateroot.start", start)
+    monkeypatch.setattr(warm, "LATE_GRACE", 0.0)
+    monkeypatch.setattr(warm, "MAX_DEFER", 0.0)
+    pool = WarmPool(FakeRuntime(), size=2, max_total=6, cpu_share=1.0, late=True, grow_to=6)  # type: ignore[arg-type]
+    try:
+        assert pool.take_late(1) == [] and pool.wait_full(30)
+        assert pool.ready() == 2  # a fork of 1: the base size
+        assert len(pool.take_late(4)) == 2  # a fork of 4 takes what there is ...
+        pool.forked()
+        assert pool.wait_full(30) and pool.ready() == 4  # ... and the pool now keeps 4
+        pool.take_late(9)  # larger than grow_to: 6 at most
+        pool.forked()
+        assert pool.wait_full(30) and pool.ready() == 6 and pool.stats()["fork_warm_size"] == 6
+        monkeypatch.setattr(warm, "GROWN_FOR", 0.0)  # no fork that large since: back to 2
+        end = time.monotonic() + 30  # the refill loop looks once a second
+        while pool.ready() != 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert pool.ready() == 2 and pool.stats()["fork_warm_size"] == 2
+        assert pool.wait_full(30) and sum(e.destroyed for e in starts) == 4  # the extra ones destroyed
+    finally:
+        pool.stop()
+
+
+def test_a_pool_of_stacks_never_grows() -> None:
+    pool, _ = _pool(grow_to=8)
+    try:
+        pool.take_many(["a"], [Path("/l/a")], 5)
+        assert pool.size == 2 and pool.wait_full(10) and _ready(pool) == [2]
+    finally:
+        pool.stop()
