@@ -197,3 +197,18 @@ def test_an_unusable_image_is_built_by_the_build_worker_and_never_fetched_again(
         assert asked.count(bad.digest) == 1
     finally:
         lowers.stop()
+
+
+def test_ensure_of_settled_layers_leaves_nothing_urgent(tmp_path: Path) -> None:
+    """A layer already failed (or mounted) is not waited for: left in the urgent set it would
+    make every later background build skip its grace and idle wait (and a fork's hold)."""
+    lowers = ErofsLowers(tmp_path / "erofs", _Lazy(), tmp_path / "tocs", grace=30.0).start()
+    try:
+        assert lowers.ensure([_Ref(3)], timeout=10) is False  # tried now: failed
+        assert lowers.ensure([_Ref(3)], timeout=10) is False  # settled: nothing to wait for
+        assert not lowers._urgent_now()
+        lowers.used([_Ref(4)])  # so a background build keeps its grace
+        time.sleep(0.3)
+        assert _Ref(4).digest not in lowers.failures()
+    finally:
+        lowers.stop()
