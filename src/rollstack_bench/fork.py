@@ -11,6 +11,8 @@ An in-process node (`rollstack.Node`: lazy store, overlayfs, runc) over the busy
   (waiting for them, for the pool and for the layers' background extraction and EROFS builds
   that the image's first use started; the time waited for those is `settle_s`), and again with
   every child a cold start (the pool set aside), side by side;
+- the same quiet forks of a parent with a network (`expose`: its own namespace, veth and table,
+  set up after each late-bound child's bind), and all cold;
 - bare `runc run -d` of a static init, 1 and 8 at once (the floor of cold starts on this node);
 - the same with the big diff;
 - `create(count=8)` beside `create()` of the same plan, the cost a fork replaces;
@@ -153,6 +155,21 @@ def _cold_children(node: Any) -> Iterator[None]:
         yield
     finally:
         stages.late = late
+
+
+def _network_forks(node: Any, plan: dict[str, Any], reps: int) -> dict[str, Any]:
+    """Quiet forks of a parent with a network (`expose`: a namespace, a veth, a table; no
+    traffic), its children on late-bound sandboxes and then all cold, side by side."""
+    parent = node.create({**plan, "expose": [8080]})
+    try:
+        parent.exec(["/bin/sh", "-c", "echo cut > marker"])
+        out = {"fork_1": _fork_times(parent, 1, reps, quiet=node),
+               "fork_8": _fork_times(parent, 8, max(2, reps // 3), quiet=node)}
+        with _cold_children(node):
+            out["cold_fork_8"] = _fork_times(parent, 8, max(2, reps // 3), quiet=node)
+        return out
+    finally:
+        parent.destroy()
 
 
 def _exec_p50(env: Any, n: int = 20) -> float:
@@ -307,6 +324,7 @@ def run(files: int, file_kib: int, big_mib: int, reps: int, cycles: int, work: P
             with _cold_children(node):  # the same forks with every child a cold start, side by side
                 doc["small_cold"] = {"fork_1": _fork_times(parent, 1, reps, quiet=node),
                                      "fork_8": _fork_times(parent, 8, max(2, reps // 3), quiet=node)}
+            doc["network"] = _network_forks(node, plan, reps)
             with _on_disk(node):  # the same cuts with the fork store's tmpfs off, side by side
                 doc["small_on_disk"] = {"fork_1": _fork_times(parent, 1, reps),
                                         "fork_8": _fork_times(parent, 8, max(2, reps // 3))}
@@ -390,6 +408,10 @@ def _human(doc: dict[str, Any]) -> None:
           f"{q['fork_1']['p50_s'] * 1e3:.0f} ms, fork(8) p50 {q['fork_8']['p50_s'] * 1e3:.0f} ms "
           f"({doc['fork_8_over_fork_1_quiet']}x); every child cold: {cd['fork_1']['p50_s'] * 1e3:.0f} ms, "
           f"{cd['fork_8']['p50_s'] * 1e3:.0f} ms ({doc['fork_8_over_fork_1_cold']}x)")
+    nw = doc["network"]
+    print(f"children with a network (expose), quiet: fork(1) p50 {nw['fork_1']['p50_s'] * 1e3:.0f} ms, fork(8) "
+          f"{nw['fork_8']['p50_s'] * 1e3:.0f} ms on late-bound sandboxes ({nw['fork_8']['late_bound_children']}), "
+          f"{nw['cold_fork_8']['p50_s'] * 1e3:.0f} ms all cold")
     fl = doc["runc_floor"]
     if "skipped" not in fl:
         print(f"bare runc run -d of a static init: 1 p50 {fl['run_1_p50_s'] * 1e3:.0f} ms, 8 at once "

@@ -195,7 +195,7 @@ def _take_late(stages: "Stages", service: "NodeService", recs: list[Any], group:
     """Up to len(recs) late-bound sandboxes for a fork's children, each taken one's record
     taking its id (`_bind_late` gives them their roots)."""
     late = stages.late  # read once: a node stop may clear it
-    if late is None or not _eligible(stages, group.plan):
+    if late is None or not _eligible(stages, group.plan, late=True):
         return
     t = time.perf_counter()
     envs = late.take_late(len(recs))
@@ -227,11 +227,11 @@ def _forked(stages: "Stages", group: Group) -> None:
         late.forked()
 
 
-def _eligible(stages: "Stages", plan: Any) -> bool:
+def _eligible(stages: "Stages", plan: Any, late: bool = False) -> bool:
     from rollstack.node.netplan import network_spec
     from rollstack.node.warm import eligible
 
-    return eligible(plan, network_spec(plan, reserved_node_ports=(stages.config.host_port()[1],)))
+    return eligible(plan, network_spec(plan, reserved_node_ports=(stages.config.host_port()[1],)), late)
 
 
 def _hand(service: "NodeService", recs: list[Any], envs: list[Any], group: Group, t: float) -> None:

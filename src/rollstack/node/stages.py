@@ -38,6 +38,7 @@ from rollstack.node.forks import ForkLayers
 from rollstack.node.volumes import Volumes
 from rollstack.node.recovery import end_orphan_daemon
 from rollstack.run import lateroot
+from rollstack.run.network import GATEWAY_REF
 from rollstack.fetch.traces import trace_keys
 
 if TYPE_CHECKING:
@@ -379,10 +380,15 @@ class Stages:
         if warm is not None and warm.meta().get("late_root"):  # bound by its group (fanout), or now
             if lateroot.unbound(warm) and self.bind_late({rec.id: rec}, lowers, shared.fork_layers, mutate):
                 warm = None  # destroyed: created cold below
+            if warm is not None and net.needs_netns and not self._attach_network(rec, warm, net):
+                warm = None  # destroyed: created cold below
             if warm is not None:
                 from rollstack.node.warm import handout
 
-                handout(warm, plan, dict(params.env), mutated=True,  # workdir, exec defaults
+                h = warm.net  # the gateway is known once a slot is claimed (as the runtime does)
+                exec_env = {k: v.replace(GATEWAY_REF, h.gateway) if h is not None else v
+                            for k, v in params.env.items()}
+                handout(warm, plan, exec_env, mutated=True,  # workdir, exec defaults
                         workdir_there=group is not None and group.workdir_there)
         elif warm is not None:
             from rollstack.node.warm import handout
@@ -421,6 +427,53 @@ class Stages:
         return Built(runtime=env, refs=refs, stack_digest=stack.stack_digest, fetch=fetch,
                      network=network)
 
+    def _attach_network(self, rec: EnvRecord, env: Any, net: Any) -> bool:
+        """Give a bound late-bound sandbox the plan's network as a cold create with a user
+        namespace gets it after its start: a claimed slot whose veth moves into the sandbox's
+        own network namespace (runc made it at the sandbox's start: loopback only), the policy
+        loaded, the allowed names in /etc/hosts. False when that failed: the sandbox is destroyed
+        (its teardown takes the slot back) and the record left without a runtime, to be built
+        cold under the same id; a destroy that fails raises (the record keeps the sandbox, as
+        `bind_late` does)."""
+        from rollstack.run.files import SafeRoot
+        from rollstack.run.network import add_hosts
+        from rollstack.run.userns import HOST_BASE
+
+        assert self.runtime is not None
+        network = self.runtime.network
+        try:
+            handle = network.claim(f"{self.runtime.root}:{env.id}")
+        except Exception as e:  # noqa: BLE001 - the pool is exhausted: a cold create says so
+            log.warning("late-bound sandbox %s: no network slot (%s); creating it cold", env.id, e)
+            self._drop_late(rec, env)
+            return False
+        try:
+            try:
+                env._write_meta({**env.meta(), "net": handle.to_dict()})  # how destroy finds the slot
+            except BaseException:
+                network.teardown(handle)
+                raise
+            if net.hosts:
+                add_hosts(SafeRoot(env.rootfs, HOST_BASE if env.meta().get("userns") else 0), net)
+            pid = env.pid or env._init_pid()
+            if pid is None:
+                raise EnvironmentGone(f"late-bound sandbox {env.id} has no init process")
+            network.setup(handle, net, attach_pid=pid)
+        except Exception as e:  # noqa: BLE001 - reported, and the child created cold
+            log.warning("late-bound sandbox %s: its network failed (%s); creating it cold", env.id, e)
+            self._drop_late(rec, env)
+            return False
+        return True
+
+    def _drop_late(self, rec: EnvRecord, env: Any) -> None:
+        """A taken late-bound sandbox that cannot serve: counted as a failed bind, destroyed,
+        its record left without a runtime (built cold)."""
+        late = self.late
+        if late is not None:
+            late.bound(0, 1)
+        env.destroy()  # raises: the record keeps it, its release retries
+        rec.runtime = None
+
     def bind_late(self, recs: dict[str, EnvRecord], lowers: list[Path], fork_layers: list[Path],
                   mutate: Callable[[Path], None] | None) -> list[str]:
         """Bind the late-bound sandboxes the records took (rollstack.run.lateroot.bind_many; with
@@ -432,7 +485,7 @@ class Stages:
         envs = [r.runtime for r in recs.values() if r.runtime is not None]
         rec0 = next(iter(recs.values()))
         plan = rec0.plan
-        net = network_spec(plan, reserved_node_ports=self._reserved_ports())  # eligible: no netns, no token
+        net = network_spec(plan, reserved_node_ports=self._reserved_ports())  # the token and gateway: at handout
         defaults = (plan.workdir, harness_env(plan, net, "", internal=rec0.internal))
         failed = lateroot.bind_many(envs, lowers, fork_layers, before_start=mutate, exec_defaults=defaults)
         late, errors = self.late, []

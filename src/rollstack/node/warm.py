@@ -544,14 +544,15 @@ def has_dir(env: "Environment", path: str) -> bool:
         return False
 
 
-def eligible(plan: Any, net: Any) -> bool:
+def eligible(plan: Any, net: Any, late: bool = False) -> bool:
     """Plans a warm sandbox can serve: runc, the user-namespace choice the sandboxes are started
     with (the node's default; a plan that asks for the same explicitly fits too, the other
-    choice goes cold), no network, no volumes (mounts are made at start)."""
+    choice goes cold), no volumes (mounts are made at start), and no network unless `late` (a
+    late-bound sandbox gets its network after the bind: `Stages._attach_network`)."""
     from rollstack.run import userns
 
     return plan.runtime == "runc" and plan.security.userns in (None, userns.resolve(None, "runc")) \
-        and not net.needs_netns and not plan.volumes
+        and (late or not net.needs_netns) and not plan.volumes
 
 
 def attach(service: Any) -> None:

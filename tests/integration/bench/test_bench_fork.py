@@ -27,6 +27,9 @@ def test_fork_bench_small():
     assert doc["small_quiet"]["fork_8"]["late_bound_children"] == "16/16"
     assert doc["small_cold"]["fork_1"]["late_bound_children"] == "0/3"
     assert doc["small_cold"]["fork_8"]["late_bound_children"] == "0/16"
+    # children with a network take late-bound sandboxes too (their slot set up after the bind)
+    assert doc["network"]["fork_8"]["late_bound_children"] == "16/16"
+    assert doc["network"]["cold_fork_8"]["late_bound_children"] == "0/16"
     assert doc["small"]["fork_1"]["layers_in_memory"] == "3/3"
     assert doc["small_on_disk"]["fork_1"]["layers_in_memory"] == "0/3"
     assert doc["small"]["fork_1"]["child_start_p50_s"] > 0

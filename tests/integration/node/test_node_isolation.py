@@ -225,3 +225,69 @@ def test_gvisor_with_an_allow_policy_runs_the_harness(client, node, model):
         assert env.exec(f"timeout 3 wget -q -O - http://{gw}:{node[1].url.rsplit(':', 1)[1]}/healthz").exit_code != 0
         score = env.evaluate()
         assert (score.reward, score.exit_code) == (1.0, 0), score.output
+
+
+def test_a_forks_children_get_their_own_network_on_late_bound_sandboxes(client, node, model):
+    """Children of a parent with an allow policy take late-bound sandboxes (no cold start) and
+    each gets its own slot (address, token), the policy, and the allowed endpoint."""
+    up, log = model
+    service = node[0]
+    overrides = dict(network={"allow": [f"{up.addr}:{MODEL_PORT}"]},
+                     env={"TASK": "app", "OPENAI_BASE_URL": "http://${ROLLSTACK_ENDPOINT_0}/v1",
+                          "OPENAI_API_KEY": "${ROLLSTACK_ENV_TOKEN}"})
+    with _create(client, node, **overrides) as parent:
+        parent.write_file("/tmp/harness.sh", HARNESS)
+        for k in parent.fork(1):  # the node's first fork: the late pool starts filling
+            k.destroy()
+        assert service.stages.late.wait_full(120), service.stages.late.stats()
+        kids = parent.fork(2)
+        try:
+            for k in kids:
+                remember(service.config.root, k.id)
+            assert [bool(k.created.timings.warm) for k in kids] == [True, True]
+            nets = [parent.created.network] + [k.created.network for k in kids]
+            assert len({n.address for n in nets}) == 3 and len({n.token for n in nets}) == 3
+            for k, net in zip(kids, nets[1:]):
+                assert net.mode == "allow" and net.endpoints == [f"{up.addr}:{MODEL_PORT}"]
+                assert k.exec("ls /tmp/harness.sh").exit_code == 0  # the parent's file, at the cut
+                r = k.exec(["sh", "/tmp/harness.sh"], timeout=60)
+                assert r.exit_code == 0, r.stderr
+                seen = json.loads(log.read_text().splitlines()[-1])
+                assert seen["auth"] == f"Bearer {net.token}"  # this child's own token
+                assert k.exec(["sh", "-c", "echo $ROLLSTACK_GATEWAY"]).stdout.strip() == net.gateway
+        finally:
+            for k in kids:
+                k.destroy()
+    service.wait_destroyed(120)
+    rt = service.stages.runtime
+    for env in (parent, *kids):  # every child's slot went with it (the node's prepared ones stay)
+        assert rt.network.owned(f"{rt.root}:{env.id}") == []
+
+
+def test_a_child_whose_network_fails_on_a_late_bound_sandbox_starts_cold(client, node, model, monkeypatch):
+    up, _ = model
+    service = node[0]
+    network = service.stages.runtime.network
+    real, calls = network.setup, []
+
+    def setup(h, spec, attach_pid=None):  # noqa: ANN001 - NetworkManager.setup's signature
+        if attach_pid is not None and not calls:
+            calls.append(h.slot)
+            raise errors.RuntimeFailure("injected: the veth could not move")
+        return real(h, spec, attach_pid=attach_pid)
+
+    with _create(client, node, network={"allow": [f"{up.addr}:{MODEL_PORT}"]}) as parent:
+        for k in parent.fork(1):
+            k.destroy()
+        assert service.stages.late.wait_full(120)
+        monkeypatch.setattr(network, "setup", setup)
+        (kid,) = parent.fork(1)
+        try:
+            remember(service.config.root, kid.id)
+            assert calls and not kid.created.timings.warm  # the sandbox failed: created cold
+            assert kid.created.network is not None and kid.exec("true").exit_code == 0
+        finally:
+            kid.destroy()
+    service.wait_destroyed(120)
+    rt = service.stages.runtime
+    assert [rt.network.owned(f"{rt.root}:{e.id}") for e in (parent, kid)] == [[], []]
