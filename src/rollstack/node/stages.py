@@ -380,8 +380,6 @@ class Stages:
         if warm is not None and warm.meta().get("late_root"):  # bound by its group (fanout), or now
             if lateroot.unbound(warm) and self.bind_late({rec.id: rec}, lowers, shared.fork_layers, mutate):
                 warm = None  # destroyed: created cold below
-            if warm is not None and net.needs_netns and not self._attach_network(rec, warm, net):
-                warm = None  # destroyed: created cold below
             if warm is not None:
                 from rollstack.node.warm import handout
 
@@ -477,9 +475,10 @@ class Stages:
     def bind_late(self, recs: dict[str, EnvRecord], lowers: list[Path], fork_layers: list[Path],
                   mutate: Callable[[Path], None] | None) -> list[str]:
         """Bind the late-bound sandboxes the records took (rollstack.run.lateroot.bind_many; with
-        the exec defaults `build`'s handout would write: one meta.json write each) and return the
-        ids whose bind failed: each of those sandboxes is destroyed and its record left without a
-        runtime, to be built cold under the same id."""
+        the exec defaults `build`'s handout would write: one meta.json write each), then give
+        each its network if the plan has one (`_attach_network`, all at once on the bind
+        threads), and return the ids whose bind or network failed: each of those sandboxes is
+        destroyed and its record left without a runtime, to be built cold under the same id."""
         from rollstack.node.netplan import harness_env, network_spec
 
         envs = [r.runtime for r in recs.values() if r.runtime is not None]
@@ -503,7 +502,15 @@ class Stages:
             recs[env_id].runtime = None
         if errors:
             raise errors[0]  # the fork fails, typed; every sandbox left is still its record's
-        return list(failed)
+        out = list(failed)
+        if net.needs_netns:  # every bound one's network at once: each is mostly `ip` and `nft` waits
+            bound = [r for r in recs.values() if r.id not in failed and r.runtime is not None]
+            results = list(lateroot.workers().map(lambda r: _attempt(self._attach_network, r, r.runtime, net), bound))
+            out += [r.id for r, (ok, _) in zip(bound, results) if not ok]
+            raised = [e for _, e in results if e is not None]
+            if raised:
+                raise raised[0]  # a destroy failed: as above
+        return out
 
     def fork_source(self, rec: EnvRecord) -> Prepared:
         """What a fork's children share: the parent's upper frozen into a layer (the parent
@@ -921,3 +928,11 @@ def _rss() -> int:
 def _node_tag(root: Path) -> str:
     """A short name for this node's host resources (its background cgroup), from its root."""
     return hashlib.sha256(os.fsencode(str(Path(root).resolve()))).hexdigest()[:12]
+
+
+def _attempt(fn: Callable[..., bool], *args: Any) -> tuple[bool, BaseException | None]:
+    """`fn(*args)` in a worker thread: (its answer, None), or (False, what it raised)."""
+    try:
+        return fn(*args), None
+    except BaseException as e:  # noqa: BLE001 - handed back to the calling thread
+        return False, e

@@ -180,6 +180,11 @@ _MOUNTERS: ThreadPoolExecutor | None = None
 _MOUNTERS_LOCK = threading.Lock()
 
 
+def workers() -> ThreadPoolExecutor:
+    """The bind threads, for the node's other per-child steps of a bind (a child's network)."""
+    return _mounters()
+
+
 def _mounters() -> ThreadPoolExecutor:
     """The node's bind threads, kept between forks: starting them per fork cost more than the
     mounts they overlap (each `Thread.start` waits for the new thread to take the GIL)."""
