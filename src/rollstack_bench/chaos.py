@@ -2,7 +2,8 @@
 
 A node agent (its own root on a small ext4 filesystem, so the disk can be filled) serves the
 busybox corpus (and `--image`, imported as a group) from a real registry. `--workers` threads
-run rollouts through the SDK for `--seconds`: create (a group of `--fanout` now and then),
+run rollouts through the SDK for `--seconds` (on the busybox plan, the same with a network
+(`expose`), and the image's, in turn by worker): create (a group of `--fanout` now and then),
 write a random file, read it back through `cat` and `read_file`, pipe it through `cat` on stdin,
 branch it now and then (`--branch`: a fork of 1 or 2 with an idempotency key, each child must
 see the file and keep its own writes; a pause (a freeze, or a CRIU checkpoint one time in three)
@@ -377,7 +378,9 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
             publish_plan(store, TEMPLATE, busybox_plan())
         finally:
             store.close()
-        plans = [busybox_plan()]
+        # the third worker's environments have a network (`expose`: a namespace, veth and table
+        # each, no traffic): their forks' children take late-bound sandboxes and get a slot
+        plans = [busybox_plan(), {**busybox_plan(), "expose": [8080]}]
         if image:
             from rollstack_bench.node_image import image_plan, import_group
 
