@@ -101,8 +101,9 @@ class ErofsLowers:
                  fetch_image: Callable[[Any], bytes] | None = None,
                  foreground: Foreground | None = None) -> None:
         self.root = Path(root)
-        # stops a background build while the node forks (host.foreground); not one a create waits for
-        self.foreground = foreground
+        # stops a background build while the node forks (host.foreground; its own: never held);
+        # not one a create waits for
+        self.foreground = foreground or Foreground()
         self.lazy = lazy  # LazyStore: its layer_dir() says where /blobs is
         self.tocs_dir = Path(tocs_dir)
         self.on_ready = on_ready  # called (worker thread) after a layer's mount is ready
@@ -323,8 +324,7 @@ class ErofsLowers:
                 proc = subprocess.Popen(build_argv(self.tocs_dir, digest, tmp), env=libc.spawner_env(),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                 with self._lock:  # registered before `ensure` can see it (and unregister it)
-                    if self.foreground is not None:
-                        self.foreground.register(proc.pid)
+                    self.foreground.register(proc.pid)
                     self._proc = proc
                     hurry = bool(self._urgent)
                 if hurry:  # a create began waiting between the check above and the spawn
@@ -332,8 +332,7 @@ class ErofsLowers:
                 try:
                     _, err = proc.communicate()
                 finally:
-                    if self.foreground is not None:
-                        self.foreground.unregister(proc.pid)
+                    self.foreground.unregister(proc.pid)
                     with self._lock:
                         self._proc = None
                 if proc.returncode != 0:
@@ -370,12 +369,10 @@ class ErofsLowers:
             self._fetched += 1
         return True
 
-
     def _hurry(self, proc: "subprocess.Popen[str]") -> None:
         """A create waits for this build: never stopped by a fork from now on, and at normal
         priority."""
-        if self.foreground is not None:
-            self.foreground.unregister(proc.pid)
+        self.foreground.unregister(proc.pid)
         _hurry(proc)
 
 

@@ -100,7 +100,8 @@ class LayerMaterializer:
                  cpu: float = 1.0, cgroup_tag: str | None = None, min_idle: float = 0.0,
                  on_ready: Callable[[], None] | None = None, foreground: Foreground | None = None) -> None:
         self.root = root
-        self.foreground = foreground  # stops the extraction while the node forks (host.foreground)
+        # stops the extraction while the node forks (host.foreground; its own: never held)
+        self.foreground = foreground or Foreground()
         self.on_ready = on_ready  # called (worker thread) after a layer's copy is ready
         self.min_idle = min_idle  # idle cores the extraction waits for before each read
         self.cpu = cpu  # cores the extraction may use at most (host.background); 0: uncapped
@@ -163,8 +164,7 @@ class LayerMaterializer:
             self._queue.put(None)
             proc = self._proc
             if proc is not None and proc.poll() is None:
-                if self.foreground is not None:
-                    self.foreground.unregister(proc.pid)  # continued, so the SIGTERM takes effect
+                self.foreground.unregister(proc.pid)  # continued, so the SIGTERM takes effect
                 proc.terminate()
             self._thread.join(timeout=60)
             self._thread = None
@@ -301,13 +301,11 @@ class LayerMaterializer:
                 raise RuntimeError("materializer stopping")
             self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           env=spawner_env())
-            if self.foreground is not None:
-                self.foreground.register(self._proc.pid)
+            self.foreground.register(self._proc.pid)
         try:
             out, err = self._proc.communicate()
         finally:
-            if self.foreground is not None:
-                self.foreground.unregister(self._proc.pid)
+            self.foreground.unregister(self._proc.pid)
             code = self._proc.returncode
             self._proc = None
         if code != 0:

@@ -18,12 +18,11 @@ extraction and EROFS builds for a latency-critical block (a fork: host.foregroun
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 from rollstack.host.foreground import Foreground
 
@@ -135,12 +134,10 @@ class Lowers:
         return all(part is None or part.wait_idle(max(0.0, end - time.monotonic()))
                    for part in (self.erofs, self.materializer))
 
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
+    def hold(self) -> ContextManager[None]:
         """The background extraction and EROFS build stopped for the block (`Foreground.hold`:
         1 s at most in a row); not a build a create waits for."""
-        with self.foreground.hold():
-            yield
+        return self.foreground.hold()
 
     def stop(self) -> None:
         """Continue what a hold stopped, stop the EROFS worker, then the materializer (each

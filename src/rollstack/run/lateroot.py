@@ -168,7 +168,7 @@ def bind_many(envs: Sequence[Environment], lowers: Sequence[Path], fork_layers: 
 
     todo = [env for env in envs if env.id not in failed]
     if len(todo) > 1:  # every mount at once: much of one is waiting (on the disk the uppers are on)
-        list(_mounters().map(mount, todo))
+        list(workers().map(mount, todo))
     elif todo:
         mount(todo[0])
     if mounted:
@@ -181,13 +181,9 @@ _MOUNTERS_LOCK = threading.Lock()
 
 
 def workers() -> ThreadPoolExecutor:
-    """The bind threads, for the node's other per-child steps of a bind (a child's network)."""
-    return _mounters()
-
-
-def _mounters() -> ThreadPoolExecutor:
-    """The node's bind threads, kept between forks: starting them per fork cost more than the
-    mounts they overlap (each `Thread.start` waits for the new thread to take the GIL)."""
+    """The node's bind threads (also for the node's other per-child steps of a bind: a child's
+    network), kept between forks: starting them per fork cost more than the mounts they overlap
+    (each `Thread.start` waits for the new thread to take the GIL)."""
     global _MOUNTERS
     with _MOUNTERS_LOCK:
         if _MOUNTERS is None:
