@@ -214,7 +214,7 @@ class ErofsLowers:
             # a background build is under way: it now runs at normal priority (while it is
             # still ours, under the lock: once reaped, its pid may be another process's)
             if proc is not None and proc.returncode is None:
-                self._hurry(proc)
+                self._prioritize(proc)
         self.used(refs)
         end = time.monotonic() + timeout
         with self._done:
@@ -328,7 +328,7 @@ class ErofsLowers:
                     self._proc = proc
                     hurry = bool(self._urgent)
                 if hurry:  # a create began waiting between the check above and the spawn
-                    self._hurry(proc)
+                    self._prioritize(proc)
                 try:
                     _, err = proc.communicate()
                 finally:
@@ -369,7 +369,7 @@ class ErofsLowers:
             self._fetched += 1
         return True
 
-    def _hurry(self, proc: "subprocess.Popen[str]") -> None:
+    def _prioritize(self, proc: "subprocess.Popen[str]") -> None:
         """A create waits for this build: never stopped by a fork from now on, and at normal
         priority."""
         self.foreground.unregister(proc.pid)

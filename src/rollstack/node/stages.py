@@ -464,11 +464,8 @@ class Stages:
         return True
 
     def _drop_late(self, rec: EnvRecord, env: Any) -> None:
-        """A taken late-bound sandbox that cannot serve: counted as a failed bind, destroyed,
-        its record left without a runtime (built cold)."""
-        late = self.late
-        if late is not None:
-            late.bound(0, 1)
+        """A taken late-bound sandbox that cannot serve (counted as a failed bind by
+        `bind_late`): destroyed, its record left without a runtime (built cold)."""
         env.destroy()  # raises: the record keeps it, its release retries
         rec.runtime = None
 
@@ -487,9 +484,18 @@ class Stages:
         net = network_spec(plan, reserved_node_ports=self._reserved_ports())  # the token and gateway: at handout
         defaults = (plan.workdir, harness_env(plan, net, "", internal=rec0.internal))
         failed = lateroot.bind_many(envs, lowers, fork_layers, before_start=mutate, exec_defaults=defaults)
-        late, errors = self.late, []
-        if late is not None:
-            late.bound(len(envs) - len(failed), len(failed))
+        out: list[str] = list(failed)
+        try:
+            return self._after_bind(recs, failed, net, out)
+        finally:  # each taken sandbox counted once toward the breaker: bound, or failed (its bind or its network)
+            if self.late is not None:
+                self.late.bound(len(envs) - len(out), len(out))
+
+    def _after_bind(self, recs: dict[str, EnvRecord], failed: dict[str, Exception], net: Any,
+                    out: list[str]) -> list[str]:
+        """`bind_late`'s second half: the failed binds' sandboxes destroyed, then the bound
+        ones' networks; `out` (the failed ids so far) grows with the networks that failed."""
+        errors = []
         for env_id, err in failed.items():
             log.warning("late-bound sandbox %s: binding its root failed (%s); creating it cold", env_id, err)
             env = recs[env_id].runtime
@@ -502,7 +508,6 @@ class Stages:
             recs[env_id].runtime = None
         if errors:
             raise errors[0]  # the fork fails, typed; every sandbox left is still its record's
-        out = list(failed)
         if net.needs_netns:  # every bound one's network at once: each is mostly `ip` and `nft` waits
             bound = [r for r in recs.values() if r.id not in failed and r.runtime is not None]
             results = list(lateroot.workers().map(lambda r: _attempt(self._attach_network, r, r.runtime, net), bound))

@@ -5,6 +5,7 @@ gVisor tier (runtime: runsc)."""
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
@@ -94,7 +95,10 @@ def test_harness_reaches_model_fixes_task_and_scores_1(client, node, model):
 
 def test_same_run_without_network_fails_clearly(client, node, model):
     up, log = model
-    before = len(log.read_text().splitlines())
+    def lines() -> int:  # the upstream writes its log at its first request
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    before = lines()
     with _create(client, node, env={"TASK": "app",
                                     "OPENAI_BASE_URL": f"http://{up.addr}:{MODEL_PORT}/v1",
                                     "OPENAI_API_KEY": "none"}) as env:
@@ -102,7 +106,7 @@ def test_same_run_without_network_fails_clearly(client, node, model):
         r = _run_harness(env)
         assert r.exit_code == 7 and "unreachable" in r.stderr
         assert env.evaluate().reward == 0.0
-    assert len(log.read_text().splitlines()) == before  # nothing left the environment
+    assert lines() == before  # nothing left the environment
 
 
 def test_expose_through_the_authenticated_api(client, node):
@@ -265,29 +269,41 @@ def test_a_forks_children_get_their_own_network_on_late_bound_sandboxes(client, 
 
 
 def test_a_child_whose_network_fails_on_a_late_bound_sandbox_starts_cold(client, node, model, monkeypatch):
+    from rollstack.node import warm
+
     up, _ = model
     service = node[0]
     network = service.stages.runtime.network
     real, calls = network.setup, []
 
     def setup(h, spec, attach_pid=None):  # noqa: ANN001 - NetworkManager.setup's signature
-        if attach_pid is not None and not calls:
-            calls.append(h.slot)
+        if attach_pid is not None and threading.current_thread().name.startswith("rollstack-bind"):
+            calls.append(h.slot)  # a late-bound sandbox's (a cold create's runs elsewhere)
             raise errors.RuntimeFailure("injected: the veth could not move")
         return real(h, spec, attach_pid=attach_pid)
 
+    monkeypatch.setattr(warm, "BREAKER_STREAK", 2)
+    monkeypatch.setattr(warm, "BREAKER_COOLDOWN", 0.5)  # what stays open after the test is short
+    kids = []
     with _create(client, node, network={"allow": [f"{up.addr}:{MODEL_PORT}"]}) as parent:
         for k in parent.fork(1):
             k.destroy()
-        assert service.stages.late.wait_full(120)
+        m = service.metrics()
+        failures, trips = m["fork_warm_bind_failures_total"], m["fork_warm_breaker_trips_total"]
         monkeypatch.setattr(network, "setup", setup)
-        (kid,) = parent.fork(1)
         try:
-            remember(service.config.root, kid.id)
-            assert calls and not kid.created.timings.warm  # the sandbox failed: created cold
-            assert kid.created.network is not None and kid.exec("true").exit_code == 0
+            for n in (1, 2):  # a failed network counts once, as a failed bind: two in a row trip the breaker
+                assert service.stages.late.wait_full(120)
+                kids += parent.fork(1)
+                remember(service.config.root, kids[-1].id)
+                assert len(calls) == n and not kids[-1].created.timings.warm  # the sandbox failed: cold
+                assert service.metrics()["fork_warm_bind_failures_total"] == failures + n
+            assert service.metrics()["fork_warm_breaker_trips_total"] == trips + 1
+            for kid in kids:
+                assert kid.created.network is not None and kid.exec("true").exit_code == 0
         finally:
-            kid.destroy()
+            for kid in kids:
+                kid.destroy()
     service.wait_destroyed(120)
     rt = service.stages.runtime
-    assert [rt.network.owned(f"{rt.root}:{e.id}") for e in (parent, kid)] == [[], []]
+    assert [rt.network.owned(f"{rt.root}:{e.id}") for e in (parent, *kids)] == [[], [], []]
