@@ -44,7 +44,9 @@ any stack, and a fork's children take them, each getting the overlay of the pare
 changes mounted and switched in at handout (`lateroot.bind`, ~3-8 ms) instead of a `runc run`
 (~35-50 ms; 8 at once 3-3.5x one). It fills only after the node's first fork (a node that never
 forks holds none), to `fork_warm`, and grows to the largest fork it serves (`fork_warm_max` at
-most; back after GROWN_FOR without a fork that large); a child whose switch fails is created cold.
+most), and by the children it could not serve when forks come faster than it refills (a fork
+of 8 right after another on a pool of 8: 16 kept ready from then on); back to `fork_warm` after
+GROWN_FOR without a fork that large or short. A child whose switch fails is created cold.
 
 Accounting: a warm sandbox is a container but not an environment: it is not admitted, holds no
 provisioner quota and is not listed. It uses ~1 MiB (execd's RSS, kernel objects) and no CPU
@@ -114,6 +116,7 @@ class _Stack:
     starting: int = 0
     used: float = field(default_factory=time.monotonic)
     workdir: str | None = None  # the last handout's plan workdir: copied up in new sandboxes
+    filled: bool = False  # it held the pool's size once: a take it cannot serve then grows it
 
 
 LATE = ("late-bound",)
@@ -177,6 +180,7 @@ class WarmPool:
             if self._stopped:
                 return []
             self._forking += self.late  # each take of a late pool is answered by one `forked`
+            before = self.size
             if n > self.base and self.grow_to > self.base:  # forks this large: keep as many ready
                 want = min(n, self.grow_to)
                 if want >= self.size:  # as large as the pool is now: it stays this large
@@ -207,6 +211,12 @@ class WarmPool:
                     self.counters["dead"] += 1
             self.counters["hits"] += len(got)
             self.counters["misses"] += n - len(got)
+            if self.late and n > len(got) and stack.filled:  # forks outran the refill: keep as many
+                want = min(before + n - len(got), self.grow_to)  # more ready (not for the
+                if want > self.size:  # first fork: the pool fills only after it)
+                    self.size = want
+                if self.size > self.base:
+                    self._grown_at = time.monotonic()
             # a late pool holds still until the forks that took say they are done (`forked`),
             # MAX_DEFER at most
             self._quiet_until = time.monotonic() + (MAX_DEFER if self.late else REFILL_GRACE)
@@ -429,6 +439,7 @@ class WarmPool:
                 if env is not None and self._pools.get(stack.digests) is stack \
                         and stack.lowers == env.warm_lowers and not self._stopped:
                     stack.ready.append(env)
+                    stack.filled |= len(stack.ready) >= self.size
                     if stack.stale and len(stack.ready) + len(stack.stale) > self.size:
                         self._discard.append(stack.stale.pop())  # replaced by this fresh one
                         self.counters["discarded"] += 1

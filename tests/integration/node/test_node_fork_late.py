@@ -140,6 +140,32 @@ def test_children_get_the_workdir_even_when_the_parent_removed_it(node) -> None:
             assert _sh(k, "pwd && ls -A") == "/work/app\n"  # made empty, as runc makes a cwd
 
 
+def test_back_to_back_forks_grow_the_pool_by_the_children_they_left_cold(node, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollstack.node import warm
+
+    with _family(node, "echo cut > state.txt") as (service, parent, kids):
+        monkeypatch.setattr(warm, "MAX_DEFER", 30.0)  # no refill between the two forks
+        monkeypatch.setattr(warm, "LATE_GRACE", 5.0)
+        pair = parent.fork(POOL)
+        pair += parent.fork(POOL)  # right after: the pool is empty, its children start cold
+        assert [bool(k.created.timings.warm) for k in pair] == [True] * POOL + [False] * POOL
+        assert service.metrics()["fork_warm_size"] == POOL + 2  # grown by the shortfall, fork_warm_max at most
+        for k in pair:  # room for the grown pool (max_environments)
+            remember(node[0], k.id)
+            k.destroy()
+        service.wait_destroyed(120)
+        _full(service)  # after LATE_GRACE
+        kids += parent.fork(POOL)
+        kids += parent.fork(2)
+        assert [bool(k.created.timings.warm) for k in kids[-POOL - 2:]] == [True] * (POOL + 2)
+        assert all(_sh(k, "cat state.txt") == "cut\n" for k in kids)
+        monkeypatch.setattr(warm, "GROWN_FOR", 0.0)  # then back to fork_warm (the refill looks once a second)
+        end = time.monotonic() + 60
+        while service.metrics()["fork_warm_size"] != POOL and time.monotonic() < end:
+            time.sleep(0.1)
+        assert service.metrics()["fork_warm_size"] == POOL
+
+
 def test_the_pool_grows_to_the_largest_fork(node) -> None:
     """(last in the module: the pool stays grown for GROWN_FOR)"""
     big = POOL + 2

@@ -295,6 +295,31 @@ def test_a_late_pool_grows_to_the_largest_fork_and_shrinks_back(monkeypatch: pyt
         pool.stop()
 
 
+def test_a_late_pool_grows_by_the_children_back_to_back_forks_left_cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollstack.node import warm
+
+    monkeypatch.setattr("rollstack.run.lateroot.start", lambda rt, env_id, params: FakeEnv(env_id, []))
+    monkeypatch.setattr(warm, "LATE_GRACE", 0.0)
+    pool = WarmPool(FakeRuntime(), size=2, max_total=8, cpu_share=1.0, late=True, grow_to=5)  # type: ignore[arg-type]
+    try:
+        assert pool.take_late(2) == []  # the node's first fork: the pool was empty, it stays at 2
+        pool.forked()
+        assert pool.wait_full(30) and pool.stats()["fork_warm_size"] == 2
+        monkeypatch.setattr(warm, "MAX_DEFER", 30.0)  # no refill between the next two forks
+        assert len(pool.take_late(2)) == 2
+        assert pool.take_late(2) == []  # right after: the pool was drained, both children cold
+        assert pool.stats()["fork_warm_size"] == 4  # ... so it keeps 2 more ready
+        pool.forked()
+        pool.forked()
+        assert pool.wait_full(30) and pool.ready() == 4
+        assert [len(pool.take_late(2)) for _ in range(2)] == [2, 2]  # now both are served
+        assert len(pool.take_late(3)) == 0 and pool.stats()["fork_warm_size"] == 5  # grow_to at most
+        for _ in range(3):
+            pool.forked()
+    finally:
+        pool.stop()
+
+
 def test_a_pool_of_stacks_never_grows() -> None:
     pool, _ = _pool(grow_to=8)
     try:
