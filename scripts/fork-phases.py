@@ -1,6 +1,6 @@
 """Where a fork's time goes, per phase, for fork(1) and fork(8), in one process.
 
-    PYTHONPATH=src .venv/bin/python scripts/fork-phases.py [IMAGE] [REPS] [THREADS]
+    PYTHONPATH=src .venv/bin/python scripts/fork-phases.py [IMAGE|""] [REPS] [THREADS]
 
 An in-process node over IMAGE (default: the python-project bench image); a parent writes 1,000
 x 10 KiB, three forks make the image's layer hot and the node's background work is waited for,
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import shutil
 import statistics
 import sys
@@ -55,7 +54,7 @@ def timed(owner: Any, name: str) -> None:
 
 
 def main() -> None:
-    image = sys.argv[1] if len(sys.argv) > 1 else IMAGE
+    image = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] else IMAGE
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 11
     threads = [int(t) for t in sys.argv[3].split(",")] if len(sys.argv) > 3 else []
     for owner, name in PHASES:
