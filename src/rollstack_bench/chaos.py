@@ -3,8 +3,11 @@
 A node agent (its own root on a small ext4 filesystem, so the disk can be filled) serves the
 busybox corpus (and `--image`, imported as a group) from a real registry. `--workers` threads
 run rollouts through the SDK for `--seconds` (on the busybox plan, the same with a network
-(`expose`), and the image's, in turn by worker): create (a group of `--fanout` now and then),
-write a random file, read it back through `cat` and `read_file`, pipe it through `cat` on stdin,
+(`expose`, and egress allowed to one upstream: a network namespace of the bench's own serving a
+random token over HTTP, which each of these environments, forks' children included, fetches
+with `wget` and must get back), and the image's, in turn by worker): create (a group of
+`--fanout` now and then), write a random file, read it back through `cat` and `read_file`, pipe
+it through `cat` on stdin,
 branch it now and then (`--branch`: a fork of 1 or 2 with an idempotency key, each child must
 see the file and keep its own writes; a pause (a freeze, or a CRIU checkpoint one time in three)
 and resume after which the file is still there;
@@ -40,6 +43,7 @@ from typing import Annotated, Any
 import typer
 
 from rollstack_bench.chaos_faults import FAULTS, Fault, Rig, small_fs, unmount_small_fs
+from rollstack_bench.netlab import Upstream
 
 RETRY_FOR = 60.0
 """Seconds a step keeps retrying a retryable error (the node restarting, the registry away)."""
@@ -48,6 +52,8 @@ GRACE = 5.0
 TEMPLATE = "chaos/app:1"
 DATA = "/tmp/chaos-data.bin"
 """The file each rollout writes and reads back (in /tmp: every image has it)."""
+EGRESS_PORT = 8000
+"""The upstream's HTTP port (in its own network namespace: the networked worker's allow rule)."""
 
 
 def _log(msg: str) -> None:
@@ -64,6 +70,8 @@ class Rollout:
     """The code of the error that ended it (None: it completed)."""
     message: str = ""
     data_checked: int = 0
+    egress_checked: int = 0
+    """Of `data_checked`: fetches from the upstream through an allow rule."""
     data_bad: list[str] = field(default_factory=list)
 
 
@@ -156,10 +164,24 @@ def _criu() -> bool:
     return find_criu() is not None
 
 
+def _egress(traffic: Traffic, env: Any, rec: Rollout, egress: tuple[str, str] | None) -> None:
+    """`egress` (URL, body): `env` fetches the URL through its allow rule and gets the body."""
+    if egress is None:
+        return
+    url, body = egress
+    # busybox sh's applet; `timeout`, not wget's -T (busybox 1.35's wget dies of SIGSEGV with it)
+    got = _ok(traffic.step("exec", env.exec, f"timeout 30 wget -q -O - {url}", timeout=60))
+    rec.data_checked += 1
+    rec.egress_checked += 1
+    if got != body:
+        rec.data_bad.append(f"{env.id} egress {url}: {got[:80]!r}")
+
+
 def _branch(traffic: Traffic, client: Any, env: Any, payload: str, rng: random.Random, rec: Rollout,
-            envs: list[Any]) -> None:
+            envs: list[Any], egress: tuple[str, str] | None = None) -> None:
     """Fork `env` (and now and then pause/resume or snapshot it), checking that `payload` (its
-    DATA file) is in every child, that a child's write stays its own, and that it survives."""
+    DATA file) is in every child, that a child's write stays its own, that a child of a
+    networked environment reaches the upstream (`egress`), and that the parent survives."""
     import uuid
 
     def check(what: str, got: str) -> None:
@@ -173,6 +195,7 @@ def _branch(traffic: Traffic, client: Any, env: Any, payload: str, rng: random.R
     for kid in kids:
         check(f"{kid.id} fork of {env.id}", traffic.step("read_file", kid.read_file, DATA).decode())
         traffic.step("write_file", kid.write_file, DATA, "the child's own")
+        _egress(traffic, kid, rec, egress)
     check(f"{env.id} after its children wrote", traffic.step("read_file", env.read_file, DATA).decode())
     if rng.random() < 0.5:  # a third of them checkpoints (CRIU), the rest freezes
         mode = "checkpoint" if rng.random() < 1 / 3 and _criu() else "freeze"
@@ -193,7 +216,7 @@ def _branch(traffic: Traffic, client: Any, env: Any, payload: str, rng: random.R
 
 
 def _rollout(traffic: Traffic, client: Any, plan: dict[str, Any], rng: random.Random, worker: str,
-             fanout: int, branch: float = 0.0) -> Rollout:
+             fanout: int, branch: float = 0.0, egress: tuple[str, str] | None = None) -> Rollout:
     from rollstack.errors import RollstackError
 
     rec = Rollout(worker, time.monotonic())
@@ -216,8 +239,9 @@ def _rollout(traffic: Traffic, client: Any, plan: dict[str, Any], rng: random.Ra
                                     ("stdin", piped, payload[:65536])):
                 if got != want:
                     rec.data_bad.append(f"{env.id} {what}: {len(got)} bytes, want {len(want)}")
+            _egress(traffic, env, rec, egress)
             if env is made[0] and rng.random() < branch:
-                _branch(traffic, client, env, payload, rng, rec, envs)
+                _branch(traffic, client, env, payload, rng, rec, envs, egress)
             if plan.get("evaluator"):
                 traffic.step("exec", env.exec, f"rm {DATA} && echo fixed > /work/app/hello.txt", timeout=60)
         if plan.get("evaluator"):  # a clean environment scores the first one's diff
@@ -368,6 +392,7 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
     stop = threading.Event()
     t0 = time.monotonic()
     doc: dict[str, Any] = {}
+    upstream: Upstream | None = None
     pools: dict[str, Any] = {}
     try:
         registry.start()
@@ -378,9 +403,17 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
             publish_plan(store, TEMPLATE, busybox_plan())
         finally:
             store.close()
-        # the third worker's environments have a network (`expose`: a namespace, veth and table
-        # each, no traffic): their forks' children take late-bound sandboxes and get a slot
-        plans = [busybox_plan(), {**busybox_plan(), "expose": [8080]}]
+        # the second worker's environments have a network (`expose` and an allow rule: a
+        # namespace, veth and table each) and fetch a token from the upstream: their forks'
+        # children take late-bound sandboxes and get a slot of their own
+        body = f"{rng.getrandbits(128):032x}\n"
+        (base / "www").mkdir()
+        (base / "www" / "egress.txt").write_text(body)
+        upstream = Upstream(base / "www")
+        upstream.serve(EGRESS_PORT)
+        plans = [busybox_plan(), {**busybox_plan(), "expose": [8080],
+                                  "network": {"allow": [f"{upstream.addr}:{EGRESS_PORT}"]}}]
+        egress = {1: (f"http://{upstream.addr}:{EGRESS_PORT}/egress.txt", body)}
         if image:
             from rollstack_bench.node_image import image_plan, import_group
 
@@ -395,7 +428,8 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
                   open_stream=_open_stream(config, token))
         threading.Thread(target=_sample, args=(rig.agent_pid, samples, stop, root / "envs"), daemon=True).start()
         end = t0 + seconds
-        threads = [threading.Thread(target=_worker, args=(traffic, config, token, plans, i, end, fanout, branch),
+        threads = [threading.Thread(target=_worker, args=(traffic, config, token, plans, i, end, fanout, branch,
+                                                          egress.get(i % len(plans))),
                                     name=f"chaos-{i}") for i in range(workers)]
         if e2b:
             opts = {"api_url": config.url(), "sandbox_url": config.url(), "api_key": token}
@@ -427,6 +461,8 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
             agent.stop(config)
         except Exception as e:  # noqa: BLE001 - the leftover scan below says what it left
             _log(f"node stop: {e}")
+        if upstream is not None:
+            upstream.close()
         found = scan([root])[1]
         findings = [f.to_dict() for f in found]
         if found:  # reported as a missed goal, then reclaimed: the host is never left worse
@@ -444,6 +480,7 @@ def run_bench(seconds: float, workers: int, fault_every: float, faults: list[str
         "rollouts": {"total": len(rollouts), "completed": sum(r.error is None for r in rollouts),
                      **attribute(rollouts, fault_log)},
         "data": {"checked": sum(r.data_checked for r in rollouts),
+                 "egress_checked": sum(r.egress_checked for r in rollouts),
                  "bad": [b for r in rollouts for b in r.data_bad][:20],
                  "lost": sum(len(r.data_bad) for r in rollouts)},
         "faults": [f.to_dict(t0) for f in fault_log],
@@ -474,13 +511,13 @@ def _publish_corpus(store: Any, work: Path) -> None:
 
 
 def _worker(traffic: Traffic, config: Any, token: str, plans: list[dict[str, Any]], i: int, end: float,
-            fanout: int, branch: float) -> None:
+            fanout: int, branch: float, egress: tuple[str, str] | None = None) -> None:
     from rollstack.client import Client
 
     rng = random.Random(traffic.seed * 1000 + i)
     with Client(config.url(), token=token) as client:
         while time.monotonic() < end:
-            rec = _rollout(traffic, client, plans[i % len(plans)], rng, f"w{i}", fanout, branch)
+            rec = _rollout(traffic, client, plans[i % len(plans)], rng, f"w{i}", fanout, branch, egress)
             with traffic.lock:
                 traffic.rollouts.append(rec)
 
@@ -499,7 +536,8 @@ def _human(doc: dict[str, Any]) -> None:
     print(f"rollouts {r['total']}: completed {r['completed']}, lost to faults {r['lost_to_faults']}, "
           f"lost to rollstack {r['lost_unattributed']}")
     print(f"requests {sum(doc['requests'].values())}: failures by code {doc['failures']}")
-    print(f"data checked {d['checked']}, lost {d['lost']}; faults injected "
+    print(f"data checked {d['checked']} ({d['egress_checked']} fetches through an allow rule), lost {d['lost']}; "
+          f"faults injected "
           f"{sum(not f['skipped'] for f in doc['faults'])} of {len(doc['faults'])}")
     print(f"agent: {doc['agent']}; leftovers after stop: {len(doc['leftovers'])}")
     print(f"pools since the agent's last start: {doc['pools_since_last_agent_start']}")

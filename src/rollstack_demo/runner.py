@@ -12,6 +12,7 @@ environment that is still being built could race with its mounts.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -194,15 +195,31 @@ def _node_metrics(node: Any) -> dict[str, Any]:
 
 def find_leftovers(node_root: Path, env_ids: set[str], ignore_children: set[str] = frozenset()) -> dict[str, list[str]]:
     """What a stopped node left: mounts under its root, env dirs, runc state, env cgroups, children
-    (live child processes of this process, `"<pid> <comm>"`, except `ignore_children`)."""
+    (live child processes of this process, `"<pid> <comm>"`, except `ignore_children` and the
+    processes of another node's environments: another node in this process, a test session's,
+    has its containers' processes reparented here too, each rooted in an `envs/ID/rootfs` of
+    its own root; a process of this node's whose root was detached shows no such path and
+    counts)."""
     mounts = mountinfo.mounts_under(node_root)
     envs_dir = node_root / "envs"
     envs = sorted(p.name for p in envs_dir.iterdir()) if envs_dir.is_dir() else []
     runc_dir = node_root / "runc"
     runc = sorted(p.name for p in runc_dir.iterdir() if p.is_dir()) if runc_dir.is_dir() else []
     cgroups = sorted(str(cg) for i in env_ids for cg in env_cgroup_dirs(i))
-    processes = [c for c in child_processes() if c not in ignore_children]
+    processes = [c for c in child_processes()
+                 if c not in ignore_children and not _other_nodes(int(c.split()[0]), node_root)]
     return {"mounts": mounts, "envs": envs, "runc": runc, "cgroups": cgroups, "processes": processes}
+
+
+def _other_nodes(pid: int, node_root: Path) -> bool:
+    """Whether process `pid` runs in an environment of another node than the one at `node_root`:
+    its root is an `.../envs/ID/rootfs` outside `node_root` (see `find_leftovers`)."""
+    try:
+        root = os.readlink(f"/proc/{pid}/root")
+    except OSError:
+        return False
+    mine = os.path.realpath(node_root) + "/"
+    return re.fullmatch(r"/.+/envs/[^/]+/rootfs", root) is not None and not root.startswith(mine)
 
 
 def child_processes() -> list[str]:

@@ -272,7 +272,8 @@ class WarmPool:
     def _retarget(self, stack: _Stack, low: tuple[str, ...]) -> int:
         """(under the lock) `stack` now stacks `low`: its ready sandboxes become stale ones,
         kept while their lowers are `fast`, destroyed otherwise. Returns how many were dropped."""
-        keep, drop = [], []
+        keep: list[Environment] = []
+        drop: list[Environment] = []
         for env in stack.stale + stack.ready:
             (keep if self.fast(env.warm_lowers) else drop).append(env)
         self._discard += drop
@@ -423,8 +424,8 @@ class WarmPool:
                         stack.starting += 1
                 discard, self._discard = self._discard, []
                 self._destroying += len(discard)
-            for env in discard:
-                self._destroy(env)
+            for old in discard:
+                self._destroy(old)
             if discard:
                 with self._cond:
                     self._destroying -= len(discard)
@@ -467,7 +468,7 @@ class WarmPool:
                 self.counters["start_failures"] += 1
             time.sleep(1.0)  # a broken stack must not spin
             return None
-        env.warm_lowers = stack.lowers  # type: ignore[attr-defined]
+        env.warm_lowers = stack.lowers
         self._reserve(env, stack.workdir)
         with self._cond:
             self.counters["started"] += 1

@@ -61,6 +61,7 @@ class Environment:
         self.pid: int | None = None
         self._exec_meta: tuple[str, str | None, dict[str, str], bool] | None = None
         self._written: dict | None = None  # meta.json as this handle last wrote it
+        self.warm_lowers: tuple[str, ...] = ()  # a warm pool's sandbox: the lowers it was started on
 
     def _write_meta(self, meta: dict) -> None:
         atomic.replace(self.meta_path, json.dumps(meta).encode())  # a reserved tmp if any

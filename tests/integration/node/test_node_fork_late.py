@@ -159,15 +159,10 @@ def test_back_to_back_forks_grow_the_pool_by_the_children_they_left_cold(node, m
         kids += parent.fork(2)
         assert [bool(k.created.timings.warm) for k in kids[-POOL - 2:]] == [True] * (POOL + 2)
         assert all(_sh(k, "cat state.txt") == "cut\n" for k in kids)
-        monkeypatch.setattr(warm, "GROWN_FOR", 0.0)  # then back to fork_warm (the refill looks once a second)
-        end = time.monotonic() + 60
-        while service.metrics()["fork_warm_size"] != POOL and time.monotonic() < end:
-            time.sleep(0.1)
-        assert service.metrics()["fork_warm_size"] == POOL
+        _shrink(service, monkeypatch)
 
 
-def test_the_pool_grows_to_the_largest_fork(node) -> None:
-    """(last in the module: the pool stays grown for GROWN_FOR)"""
+def test_the_pool_grows_to_the_largest_fork(node, monkeypatch: pytest.MonkeyPatch) -> None:
     big = POOL + 2
     with _family(node, "echo cut > state.txt") as (service, parent, kids):
         first = parent.fork(big)  # the pool has POOL: the other two start cold
@@ -179,3 +174,16 @@ def test_the_pool_grows_to_the_largest_fork(node) -> None:
         kids += parent.fork(big)
         assert [bool(k.created.timings.warm) for k in kids[1:]] == [True] * big
         assert all(_sh(k, "cat state.txt") == "cut\n" for k in kids)
+        _shrink(service, monkeypatch)
+
+
+def _shrink(service, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The grown pool back to fork_warm (GROWN_FOR over; the refill looks once a second), so
+    that no other test depends on running before or after one that grew it."""
+    from rollstack.node import warm
+
+    monkeypatch.setattr(warm, "GROWN_FOR", 0.0)
+    end = time.monotonic() + 60
+    while service.metrics()["fork_warm_size"] != POOL and time.monotonic() < end:
+        time.sleep(0.1)
+    assert service.metrics()["fork_warm_size"] == POOL

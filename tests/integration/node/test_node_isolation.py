@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -307,3 +308,7 @@ def test_a_child_whose_network_fails_on_a_late_bound_sandbox_starts_cold(client,
     service.wait_destroyed(120)
     rt = service.stages.runtime
     assert [rt.network.owned(f"{rt.root}:{e.id}") for e in (parent, *kids)] == [[], [], []]
+    end = time.monotonic() + 60  # the breaker's (short) cooldown over: the next test's forks take sandboxes
+    while service.metrics()["fork_warm_breaker_open"] and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not service.metrics()["fork_warm_breaker_open"]
