@@ -92,6 +92,9 @@ def attribute(rollouts: list[Rollout], faults: list[Fault], grace: float = GRACE
         "lost_to_faults": len(hit),
         "lost_unattributed": len(ours),
         "lost_to_faults_by_code": dict(Counter(r.error for r, _ in hit)),
+        # "CODE under FAULT[+FAULT]": which faults took which rollouts, and how they failed
+        "lost_to_faults_by_fault": dict(Counter(f"{r.error} under {'+'.join(sorted({f.kind for f in by}))}"
+                                                for r, by in hit)),
         "unattributed_by_code": dict(Counter(r.error for r, _ in ours)),
         "unattributed": [{"worker": r.worker, "error": r.error, "message": r.message[:300],
                           "envs": r.env_ids} for r, _ in ours][:20],

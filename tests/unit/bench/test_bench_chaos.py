@@ -28,6 +28,8 @@ def test_a_rollout_is_lost_to_a_fault_only_when_the_fault_hit_it() -> None:
     assert sorted(u["envs"][0] for u in out["unattributed"]) == ["e4", "e5", "e9"]
     assert out["unattributed_by_code"] == {"runtime_error": 1, "environment_gone": 1, "internal_error": 1}
     assert out["lost_to_faults_by_code"] == {"environment_gone": 1, "node_unavailable": 2}
+    assert out["lost_to_faults_by_fault"] == {"environment_gone under kill_env_init": 1,
+                                              "node_unavailable under kill_agent": 2}
 
 
 def test_flatness_compares_the_first_and_last_quarters() -> None:
