@@ -484,38 +484,33 @@ class Stages:
         net = network_spec(plan, reserved_node_ports=self._reserved_ports())  # the token and gateway: at handout
         defaults = (plan.workdir, harness_env(plan, net, "", internal=rec0.internal))
         failed = lateroot.bind_many(envs, lowers, fork_layers, before_start=mutate, exec_defaults=defaults)
-        out: list[str] = list(failed)
+        out = list(failed)
         try:
-            return self._after_bind(recs, failed, net, out)
+            errors = []
+            for env_id, err in failed.items():
+                log.warning("late-bound sandbox %s: binding its root failed (%s); creating it cold", env_id, err)
+                env = recs[env_id].runtime
+                if env is not None:
+                    try:
+                        env.destroy()
+                    except Exception as e:  # noqa: BLE001 - the record keeps it: its release retries
+                        errors.append(e)
+                        continue
+                recs[env_id].runtime = None
+            if errors:
+                raise errors[0]  # the fork fails, typed; every sandbox left is still its record's
+            if net.needs_netns:  # every bound one's network at once: each is mostly `ip` and `nft` waits
+                bound = [r for r in recs.values() if r.id not in failed and r.runtime is not None]
+                results = list(lateroot.workers().map(lambda r: _attempt(self._attach_network, r, r.runtime, net),
+                                                      bound))
+                out += [r.id for r, (ok, _) in zip(bound, results) if not ok]
+                raised = [e for _, e in results if e is not None]
+                if raised:
+                    raise raised[0]  # a destroy failed: as above
+            return out
         finally:  # each taken sandbox counted once toward the breaker: bound, or failed (its bind or its network)
             if self.late is not None:
                 self.late.bound(len(envs) - len(out), len(out))
-
-    def _after_bind(self, recs: dict[str, EnvRecord], failed: dict[str, Exception], net: Any,
-                    out: list[str]) -> list[str]:
-        """`bind_late`'s second half: the failed binds' sandboxes destroyed, then the bound
-        ones' networks; `out` (the failed ids so far) grows with the networks that failed."""
-        errors = []
-        for env_id, err in failed.items():
-            log.warning("late-bound sandbox %s: binding its root failed (%s); creating it cold", env_id, err)
-            env = recs[env_id].runtime
-            if env is not None:
-                try:
-                    env.destroy()
-                except Exception as e:  # noqa: BLE001 - the record keeps it: its release retries
-                    errors.append(e)
-                    continue
-            recs[env_id].runtime = None
-        if errors:
-            raise errors[0]  # the fork fails, typed; every sandbox left is still its record's
-        if net.needs_netns:  # every bound one's network at once: each is mostly `ip` and `nft` waits
-            bound = [r for r in recs.values() if r.id not in failed and r.runtime is not None]
-            results = list(lateroot.workers().map(lambda r: _attempt(self._attach_network, r, r.runtime, net), bound))
-            out += [r.id for r, (ok, _) in zip(bound, results) if not ok]
-            raised = [e for _, e in results if e is not None]
-            if raised:
-                raise raised[0]  # a destroy failed: as above
-        return out
 
     def fork_source(self, rec: EnvRecord) -> Prepared:
         """What a fork's children share: the parent's upper frozen into a layer (the parent
